@@ -1,0 +1,11 @@
+//! ooze-core: the vocabulary every other ooze crate speaks.
+//!
+//! A [`Sample`] is one trainable sequence (prompt tokens + response tokens) with everything the
+//! trainer needs to use it and everything a person needs to audit it. This crate knows nothing of
+//! tensors or async runtimes, so data tools, servers and the trainer can all depend on it.
+
+pub mod ids;
+pub mod sample;
+
+pub use ids::{GroupIndex, RolloutId, SampleIndex, SessionId};
+pub use sample::{FinishReason, Prompt, Reward, Sample, SampleError, Status, StopMatch};

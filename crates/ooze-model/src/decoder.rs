@@ -1,0 +1,282 @@
+//! The decoder shared by Qwen2/Qwen2.5, Qwen3 and Llama 3.x: pre-norm blocks of grouped-query
+//! attention with RoPE and a SiLU-gated MLP, RMSNorm everywhere, an LM head tied to the embeddings
+//! or not. Family quirks (q/k/v bias, q/k RMSNorm, Llama 3 RoPE scaling) come from [`ModelConfig`].
+//!
+//! Parameters are named exactly as in the transformers state dict (`model.layers.{i}.self_attn.q_proj.weight`
+//! …), so loading and saving is a rename-free walk. Weights never hold per-request state: attention
+//! context lives in a [`KvCache`] that the caller owns, so the same weights serve training (full
+//! sequences, autograd) and decoding.
+//!
+//! Attention layouts ([`Attention`]): right-padded batches use the causal kernel directly (padding
+//! sits after every real token, so causality already hides it); packed batches use a block-diagonal
+//! causal mask; incremental decoding attends to the cache plus the new tokens.
+
+use crate::checkpoint::{save_weights, SaveOptions, WeightSet};
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::rope;
+use ooze_torch::tch::{Device, Kind, Tensor};
+use std::path::Path;
+
+/// RMSNorm as transformers computes it: normalise in fp32, cast back, then scale.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let kind = x.kind();
+    let xf = x.to_kind(Kind::Float);
+    let variance = xf.square().mean_dim([-1i64].as_slice(), true, Kind::Float);
+    let normed = (xf * (variance + eps).rsqrt()).to_kind(kind);
+    weight * normed
+}
+
+fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    x.linear(weight, bias)
+}
+
+struct Layer {
+    input_norm: Tensor,
+    q: (Tensor, Option<Tensor>),
+    k: (Tensor, Option<Tensor>),
+    v: (Tensor, Option<Tensor>),
+    o: (Tensor, Option<Tensor>),
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    post_norm: Tensor,
+    gate: (Tensor, Option<Tensor>),
+    up: (Tensor, Option<Tensor>),
+    down: (Tensor, Option<Tensor>),
+}
+
+/// Key/value tensors of one layer for a batch of sequences that all have `len` cached tokens.
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    len: i64,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> KvCache {
+        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0 }
+    }
+    /// Tokens cached so far (per sequence).
+    pub fn len(&self) -> i64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// How the tokens of a batch may attend to each other.
+pub enum Attention<'a> {
+    /// `[B, T]` right-padded sequences; position `t` sees positions `≤ t` of its own row.
+    Causal,
+    /// `[1, N]` packed sequences: token `i` sees token `j ≤ i` only when both belong to the same
+    /// sequence. The lengths must sum to `N`.
+    Packed { lengths: &'a [i64] },
+    /// New tokens `[B, T]` appended to the cache; they see the whole cache and causally each other.
+    Cached(&'a mut KvCache),
+}
+
+/// A loaded decoder.
+pub struct Decoder {
+    pub config: ModelConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<Tensor>,
+    inv_freq: Tensor,
+    device: Device,
+    kind: Kind,
+}
+
+impl Decoder {
+    /// Loads `config.json` and the safetensors weights of an HF model directory.
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Decoder> {
+        let config = ModelConfig::load(dir)?;
+        let weights = WeightSet::load(dir, device, kind)?;
+        Self::from_weights(config, weights, device, kind)
+    }
+
+    /// Builds the decoder from loaded tensors, checking every name and shape against the config.
+    pub fn from_weights(config: ModelConfig, mut w: WeightSet, device: Device, kind: Kind) -> Result<Decoder> {
+        let c = &config;
+        let (h, q_dim, kv_dim) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let proj = |w: &mut WeightSet, name: String, out: i64, inp: i64, bias: bool| -> Result<(Tensor, Option<Tensor>)> {
+            let weight = w.take(&format!("{name}.weight"), &[out, inp])?;
+            let bias = if bias { Some(w.take(&format!("{name}.bias"), &[out])?) } else { None };
+            Ok((weight, bias))
+        };
+        let embed_tokens = w.take("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let mut layers = Vec::with_capacity(c.num_layers as usize);
+        for i in 0..c.num_layers {
+            let p = format!("model.layers.{i}");
+            let attn = format!("{p}.self_attn");
+            let mlp = format!("{p}.mlp");
+            layers.push(Layer {
+                input_norm: w.take(&format!("{p}.input_layernorm.weight"), &[h])?,
+                q: proj(&mut w, format!("{attn}.q_proj"), q_dim, h, c.qkv_bias)?,
+                k: proj(&mut w, format!("{attn}.k_proj"), kv_dim, h, c.qkv_bias)?,
+                v: proj(&mut w, format!("{attn}.v_proj"), kv_dim, h, c.qkv_bias)?,
+                o: proj(&mut w, format!("{attn}.o_proj"), h, q_dim, c.o_bias)?,
+                q_norm: if c.qk_norm { Some(w.take(&format!("{attn}.q_norm.weight"), &[c.head_dim])?) } else { None },
+                k_norm: if c.qk_norm { Some(w.take(&format!("{attn}.k_norm.weight"), &[c.head_dim])?) } else { None },
+                post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                gate: proj(&mut w, format!("{mlp}.gate_proj"), c.intermediate_size, h, c.mlp_bias)?,
+                up: proj(&mut w, format!("{mlp}.up_proj"), c.intermediate_size, h, c.mlp_bias)?,
+                down: proj(&mut w, format!("{mlp}.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
+            });
+        }
+        let norm = w.take("model.norm.weight", &[h])?;
+        let lm_head = if c.tie_word_embeddings {
+            w.discard("lm_head.weight");
+            None
+        } else {
+            Some(w.take("lm_head.weight", &[c.vocab_size, h])?)
+        };
+        w.finish()?;
+        let inv_freq = rope::inverse_frequencies(&c.rope, c.head_dim, device);
+        Ok(Decoder { config, embed_tokens, layers, norm, lm_head, inv_freq, device, kind })
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The LM head matrix `[vocab, hidden]`.
+    pub fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// All parameters with their transformers state-dict names, in checkpoint order.
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_owned(), self.embed_tokens.shallow_clone())];
+        let mut push = |name: String, t: &Tensor| out.push((name, t.shallow_clone()));
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            push(format!("{p}.input_layernorm.weight"), &l.input_norm);
+            for (name, (weight, bias)) in [("self_attn.q_proj", &l.q), ("self_attn.k_proj", &l.k), ("self_attn.v_proj", &l.v), ("self_attn.o_proj", &l.o), ("mlp.gate_proj", &l.gate), ("mlp.up_proj", &l.up), ("mlp.down_proj", &l.down)] {
+                push(format!("{p}.{name}.weight"), weight);
+                if let Some(b) = bias {
+                    push(format!("{p}.{name}.bias"), b);
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                push(format!("{p}.self_attn.q_norm.weight"), qn);
+                push(format!("{p}.self_attn.k_norm.weight"), kn);
+            }
+            push(format!("{p}.post_attention_layernorm.weight"), &l.post_norm);
+        }
+        push("model.norm.weight".into(), &self.norm);
+        if let Some(head) = &self.lm_head {
+            push("lm_head.weight".into(), head);
+        }
+        out
+    }
+
+    /// Saves the weights into `dir` (config and tokenizer files are the caller's to copy).
+    pub fn save_weights(&self, dir: &Path, options: SaveOptions) -> Result<()> {
+        save_weights(dir, &self.named_parameters(), options)?;
+        Ok(())
+    }
+
+    /// Runs the blocks and the final norm: token ids `[B, T]` (int64) and positions `[B, T]` →
+    /// hidden states `[B, T, hidden]`.
+    pub fn hidden_states(&self, input_ids: &Tensor, positions: &Tensor, attention: Attention<'_>) -> Tensor {
+        let c = &self.config;
+        let (b, t) = input_ids.size2().expect("invariant: input_ids is [B, T]");
+        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
+        let (mask, mut cache, causal) = match attention {
+            Attention::Causal => (None, None, true),
+            Attention::Packed { lengths } => (Some(packed_mask(lengths, self.device)), None, false),
+            Attention::Cached(cache) => {
+                let past = cache.len;
+                // One new token attends to everything; several need the causal part written out,
+                // because the kernel's is_causal aligns the triangle to the top-left corner.
+                let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
+                (mask, Some(cache), false)
+            }
+        };
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let heads = |x: &Tensor, n: i64| x.view([b, t, n, c.head_dim]);
+        for (i, l) in self.layers.iter().enumerate() {
+            let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
+            let mut q = heads(&linear(&hn, &l.q.0, l.q.1.as_ref()), c.num_heads);
+            let mut k = heads(&linear(&hn, &l.k.0, l.k.1.as_ref()), c.num_kv_heads);
+            let v = heads(&linear(&hn, &l.v.0, l.v.1.as_ref()), c.num_kv_heads).transpose(1, 2);
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                q = rms_norm(&q, qn, c.rms_norm_eps);
+                k = rms_norm(&k, kn, c.rms_norm_eps);
+            }
+            let q = rope::apply(&q.transpose(1, 2), &cos, &sin);
+            let k = rope::apply(&k.transpose(1, 2), &cos, &sin);
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => {
+                    let (k, v) = match cache.layers[i].take() {
+                        Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+                        None => (k, v),
+                    };
+                    cache.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
+                    (k, v)
+                }
+                None => (k, v),
+            };
+            let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, causal, scale, c.num_kv_heads != c.num_heads);
+            let attn = attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim]);
+            x = x + linear(&attn, &l.o.0, l.o.1.as_ref());
+            let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
+            let gated = linear(&hn, &l.gate.0, l.gate.1.as_ref()).silu() * linear(&hn, &l.up.0, l.up.1.as_ref());
+            x = x + linear(&gated, &l.down.0, l.down.1.as_ref());
+        }
+        if let Some(cache) = cache {
+            cache.len += t;
+        }
+        rms_norm(&x, &self.norm, c.rms_norm_eps)
+    }
+
+    /// Logits `[.., vocab]` for hidden states `[.., hidden]`, in the model dtype.
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        hidden.matmul(&self.head_weight().tr())
+    }
+
+    /// One decoding step for a batch whose rows all have `cache.len()` cached tokens: appends
+    /// `tokens [B, T]` and returns the fp32 logits of the last position `[B, vocab]`.
+    pub fn decode_step(&self, tokens: &Tensor, cache: &mut KvCache) -> Tensor {
+        let (b, t) = tokens.size2().expect("invariant: tokens is [B, T]");
+        let positions = Tensor::arange_start(cache.len, cache.len + t, (Kind::Int64, self.device)).unsqueeze(0).expand([b, t], false);
+        let hidden = self.hidden_states(tokens, &positions, Attention::Cached(cache));
+        self.logits(&hidden.select(1, t - 1)).to_kind(Kind::Float)
+    }
+}
+
+/// `[1, 1, N, N]` boolean mask: true where query `i` may attend key `j`.
+fn packed_mask(lengths: &[i64], device: Device) -> Tensor {
+    let segments: Vec<i64> = lengths.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(i as i64, n as usize)).collect();
+    let seg = Tensor::from_slice(&segments).to_device(device);
+    let n = segments.len() as i64;
+    let same = seg.unsqueeze(1).eq_tensor(&seg.unsqueeze(0));
+    let causal = Tensor::ones([n, n], (Kind::Bool, device)).tril(0);
+    same.logical_and(&causal).view([1, 1, n, n])
+}
+
+/// `[1, 1, T, past + T]` mask for `T` new tokens after `past` cached ones.
+fn offset_causal_mask(past: i64, t: i64, device: Device) -> Tensor {
+    Tensor::ones([t, past + t], (Kind::Bool, device)).tril(past).view([1, 1, t, past + t])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks() {
+        let m = packed_mask(&[2, 1], Device::Cpu).view([3, 3]);
+        let expect = Tensor::from_slice(&[true, false, false, true, true, false, false, false, true]).view([3, 3]);
+        assert!(m.equal(&expect));
+        let m = offset_causal_mask(2, 2, Device::Cpu).view([2, 4]);
+        let expect = Tensor::from_slice(&[true, true, true, false, true, true, true, true]).view([2, 4]);
+        assert!(m.equal(&expect));
+    }
+}

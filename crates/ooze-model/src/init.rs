@@ -1,0 +1,268 @@
+//! `ooze init-model`: a new model directory in the real Hugging Face format — `config.json`,
+//! `generation_config.json`, safetensors weights, a byte-level BPE `tokenizer.json` trained on given
+//! text, and `tokenizer_config.json` with a chat template — so tests and demos load it through the
+//! same code path as a downloaded checkpoint, and transformers loads it too.
+//!
+//! Weights are random (normal, std 0.02, as transformers initialises; norms 1, biases 0) and depend
+//! only on the seed.
+
+use crate::checkpoint::{save_weights, SaveOptions};
+use crate::config::{Family, ModelConfig};
+use crate::error::{write_atomic, ModelError, Result};
+use ooze_torch::tch::{self, Device, Kind, Tensor};
+use serde_json::json;
+use std::path::Path;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder};
+
+const CHATML: &str = include_str!("../templates/chatml.jinja");
+const LLAMA3: &str = include_str!("../templates/llama3.jinja");
+
+/// Model shapes `init-model` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    /// 2 layers, hidden 64: unit tests and CPU demos.
+    Tiny,
+    /// 4 layers, hidden 256: CPU integration runs.
+    Small,
+    /// The Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, vocab 151,936): GPU benchmarks.
+    Qwen05b,
+}
+
+impl std::str::FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tiny" => Ok(Size::Tiny),
+            "small" => Ok(Size::Small),
+            "0.5b" | "0.5B" => Ok(Size::Qwen05b),
+            _ => Err(format!("unknown size `{s}`; expected tiny, small or 0.5b")),
+        }
+    }
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub family: Family,
+    pub size: Size,
+    /// BPE merges are learned until the vocabulary (special tokens included) has this many entries.
+    pub tokenizer_vocab: usize,
+    /// Embedding rows; at least the tokenizer's vocabulary (real checkpoints pad it).
+    pub vocab_size: Option<i64>,
+    pub tie_word_embeddings: bool,
+    pub seed: i64,
+    pub dtype: Kind,
+    pub max_shard_bytes: usize,
+}
+
+impl InitOptions {
+    pub fn new(family: Family, size: Size) -> InitOptions {
+        InitOptions {
+            family,
+            size,
+            tokenizer_vocab: 1024,
+            vocab_size: (size == Size::Qwen05b).then_some(151_936),
+            tie_word_embeddings: true,
+            seed: 0,
+            dtype: Kind::Float,
+            max_shard_bytes: 2 << 30,
+        }
+    }
+}
+
+struct FamilyTokens {
+    special: &'static [&'static str],
+    /// Added tokens that decode even with skip_special_tokens (tool-call markup).
+    plain: &'static [&'static str],
+    bos: Option<&'static str>,
+    eos: &'static str,
+    pad: &'static str,
+    /// Tokens generation stops at.
+    stop: &'static [&'static str],
+}
+
+fn family_tokens(family: Family) -> FamilyTokens {
+    match family {
+        Family::Qwen2 => FamilyTokens {
+            special: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            plain: &["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+            bos: None,
+            eos: "<|im_end|>",
+            pad: "<|endoftext|>",
+            stop: &["<|im_end|>", "<|endoftext|>"],
+        },
+        Family::Qwen3 => FamilyTokens {
+            special: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            plain: &["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"],
+            bos: None,
+            eos: "<|im_end|>",
+            pad: "<|endoftext|>",
+            stop: &["<|im_end|>", "<|endoftext|>"],
+        },
+        Family::Llama => FamilyTokens {
+            special: &["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+            plain: &[],
+            bos: Some("<|begin_of_text|>"),
+            eos: "<|eot_id|>",
+            pad: "<|end_of_text|>",
+            stop: &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+        },
+    }
+}
+
+fn chat_template(family: Family) -> String {
+    match family {
+        Family::Qwen2 => format!("{{%- set thinking = false -%}}\n{CHATML}"),
+        Family::Qwen3 => format!("{{%- set thinking = true -%}}\n{CHATML}"),
+        Family::Llama => LLAMA3.to_owned(),
+    }
+}
+
+/// Trains a byte-level BPE tokenizer on `corpus` and returns its `tokenizer.json` text.
+pub fn train_tokenizer(family: Family, corpus: &str, vocab: usize) -> Result<String> {
+    let tokens = family_tokens(family);
+    let fail = |e: tokenizers::Error| ModelError::Invalid(format!("tokenizer training failed: {e}"));
+    let mut trainer = BpeTrainerBuilder::new()
+        .show_progress(false)
+        .vocab_size(vocab.saturating_sub(tokens.special.len() + tokens.plain.len()))
+        .min_frequency(2)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build();
+    let mut tokenizer = TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
+        .with_model(BPE::default())
+        .with_normalizer(None)
+        .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false).into()))
+        .with_post_processor(Some(ByteLevel::default().trim_offsets(false).into()))
+        .with_decoder(Some(ByteLevel::default().into()))
+        .build()
+        .map_err(fail)?;
+    tokenizer.train(&mut trainer, corpus.lines().map(|l| format!("{l}\n"))).map_err(fail)?;
+    let special: Vec<AddedToken> = tokens.special.iter().map(|t| AddedToken::from(*t, true)).collect();
+    let plain: Vec<AddedToken> = tokens.plain.iter().map(|t| AddedToken::from(*t, false)).collect();
+    tokenizer.add_special_tokens(&special);
+    tokenizer.add_tokens(&plain);
+    if let Some(bos) = tokens.bos {
+        let id = tokenizer.token_to_id(bos).expect("invariant: bos was just added");
+        let processor = TemplateProcessing::builder()
+            .try_single(format!("{bos}:0 $A:0"))
+            .and_then(|b| b.try_pair(format!("{bos}:0 $A:0 {bos}:1 $B:1")))
+            .map_err(|e| ModelError::Invalid(format!("post-processor: {e}")))?
+            .special_tokens(vec![(bos, id)])
+            .build()
+            .map_err(|e| ModelError::Invalid(format!("post-processor: {e}")))?;
+        tokenizer.with_post_processor(Some(PostProcessorWrapper::from(processor)));
+    }
+    tokenizer.to_string(true).map_err(fail)
+}
+
+fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
+    let (hidden, inter, layers, heads, kv) = match options.size {
+        Size::Tiny => (64, 176, 2, 4, 2),
+        Size::Small => (256, 768, 4, 8, 2),
+        Size::Qwen05b => (896, 4864, 24, 14, 2),
+    };
+    let family = options.family;
+    let mut c = json!({
+        "architectures": [family.architecture()],
+        "model_type": family.model_type(),
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hidden / heads,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "tie_word_embeddings": options.tie_word_embeddings,
+        "use_cache": true,
+        "torch_dtype": if options.dtype == Kind::BFloat16 { "bfloat16" } else { "float32" },
+    });
+    let extra = match family {
+        Family::Qwen2 => json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 32768,
+            "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0}),
+        Family::Qwen3 => json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960,
+            "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0}),
+        Family::Llama => json!({"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "max_position_embeddings": 131072,
+            "attention_bias": false, "mlp_bias": false, "attention_dropout": 0.0, "pretraining_tp": 1,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
+    };
+    for (k, v) in extra.as_object().expect("invariant: object literal") {
+        c[k] = v.clone();
+    }
+    c
+}
+
+/// Random weights for `config`, named as in the transformers state dict.
+pub fn random_weights(config: &ModelConfig, seed: i64) -> Vec<(String, Tensor)> {
+    tch::manual_seed(seed);
+    let opts = (Kind::Float, Device::Cpu);
+    let normal = |shape: &[i64]| Tensor::randn(shape, opts) * 0.02;
+    let (h, hd) = (config.hidden_size, config.head_dim);
+    let (q, kv, i) = (config.num_heads * hd, config.num_kv_heads * hd, config.intermediate_size);
+    let mut out = vec![("model.embed_tokens.weight".to_owned(), normal(&[config.vocab_size, h]))];
+    for l in 0..config.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), Tensor::ones([h], opts)));
+        for (name, rows, cols, bias) in [("self_attn.q_proj", q, h, config.qkv_bias), ("self_attn.k_proj", kv, h, config.qkv_bias), ("self_attn.v_proj", kv, h, config.qkv_bias), ("self_attn.o_proj", h, q, config.o_bias), ("mlp.gate_proj", i, h, config.mlp_bias), ("mlp.up_proj", i, h, config.mlp_bias), ("mlp.down_proj", h, i, config.mlp_bias)] {
+            out.push((format!("{p}.{name}.weight"), normal(&[rows, cols])));
+            if bias {
+                out.push((format!("{p}.{name}.bias"), Tensor::zeros([rows], opts)));
+            }
+        }
+        if config.qk_norm {
+            out.push((format!("{p}.self_attn.q_norm.weight"), Tensor::ones([hd], opts)));
+            out.push((format!("{p}.self_attn.k_norm.weight"), Tensor::ones([hd], opts)));
+        }
+        out.push((format!("{p}.post_attention_layernorm.weight"), Tensor::ones([h], opts)));
+    }
+    out.push(("model.norm.weight".to_owned(), Tensor::ones([h], opts)));
+    if !config.tie_word_embeddings {
+        out.push(("lm_head.weight".to_owned(), normal(&[config.vocab_size, h])));
+    }
+    out
+}
+
+/// Writes a complete model directory into `out` and returns its config.
+pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<ModelConfig> {
+    std::fs::create_dir_all(out).map_err(ModelError::io(out))?;
+    let tokens = family_tokens(options.family);
+    let tokenizer_json = train_tokenizer(options.family, corpus, options.tokenizer_vocab)?;
+    let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes()).map_err(|e| ModelError::Invalid(format!("trained tokenizer does not reload: {e}")))?;
+    let id = |t: &str| tokenizer.token_to_id(t).expect("invariant: family tokens were added");
+    let tokenizer_vocab = tokenizer.get_vocab_size(true) as i64;
+    let vocab = options.vocab_size.unwrap_or(tokenizer_vocab);
+    if vocab < tokenizer_vocab {
+        return Err(ModelError::Invalid(format!("vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab} tokens")));
+    }
+    let mut config_json = shape(options, vocab);
+    let stop: Vec<u32> = tokens.stop.iter().map(|t| id(t)).collect();
+    config_json["eos_token_id"] = json!(id(tokens.eos));
+    config_json["bos_token_id"] = json!(tokens.bos.map(id).unwrap_or_else(|| id(tokens.pad)));
+    config_json["pad_token_id"] = json!(id(tokens.pad));
+    let config = ModelConfig::from_json(&out.join("config.json"), config_json.clone())?;
+
+    let weights = random_weights(&config, options.seed);
+    save_weights(out, &weights, SaveOptions { max_shard_bytes: options.max_shard_bytes, kind: options.dtype })?;
+    let generation = json!({"bos_token_id": config_json["bos_token_id"], "eos_token_id": stop, "pad_token_id": id(tokens.pad), "do_sample": true, "temperature": 1.0, "top_p": 1.0});
+    let tokenizer_config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tokens.bos,
+        "eos_token": tokens.eos,
+        "pad_token": tokens.pad,
+        "unk_token": null,
+        "model_max_length": config.max_position_embeddings,
+        "clean_up_tokenization_spaces": false,
+        "chat_template": chat_template(options.family),
+    });
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("invariant: JSON value serialises");
+    write_atomic(&out.join("tokenizer.json"), tokenizer_json.as_bytes())?;
+    write_atomic(&out.join("tokenizer_config.json"), pretty(&tokenizer_config).as_bytes())?;
+    write_atomic(&out.join("generation_config.json"), pretty(&generation).as_bytes())?;
+    // config.json last: a directory with a config is a complete model.
+    write_atomic(&out.join("config.json"), pretty(&config_json).as_bytes())?;
+    Ok(config)
+}

@@ -1,0 +1,146 @@
+//! Per-token log-probabilities and entropies of given target tokens — the quantity RL trains on.
+//!
+//! `log p(target) = log_softmax(logits / temperature)[target]`, with logits from the LM head. Only
+//! positions that have a target go through the head, in chunks of [`ScoreOptions::chunk_tokens`]
+//! rows, so at most `chunk × vocab` fp32 logits exist at once (a 152k vocabulary over 16k tokens
+//! would otherwise need 10 GB). Autograd flows through when the caller enables it.
+
+use crate::decoder::{Attention, Decoder};
+use crate::error::{ModelError, Result};
+use ooze_torch::tch::{Kind, Tensor};
+
+#[derive(Debug, Clone, Copy)]
+pub struct ScoreOptions {
+    /// Sampling temperature the log-probs are defined at (1.0 = plain softmax).
+    pub temperature: f64,
+    /// Rows of fp32 logits materialised at once.
+    pub chunk_tokens: i64,
+    /// Also compute the entropy of each position's distribution.
+    pub entropy: bool,
+}
+
+impl Default for ScoreOptions {
+    fn default() -> Self {
+        ScoreOptions { temperature: 1.0, chunk_tokens: 1024, entropy: false }
+    }
+}
+
+/// Log-probs (and entropies) of `targets [N]` under the head applied to `hidden [N, H]`.
+pub fn head_log_probs(decoder: &Decoder, hidden: &Tensor, targets: &Tensor, options: &ScoreOptions) -> (Tensor, Option<Tensor>) {
+    let n = hidden.size()[0];
+    let mut log_probs = Vec::new();
+    let mut entropies = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let len = options.chunk_tokens.min(n - start);
+        let logits = decoder.logits(&hidden.narrow(0, start, len)).to_kind(Kind::Float) / options.temperature;
+        let logp = logits.log_softmax(-1, Kind::Float);
+        let tgt = targets.narrow(0, start, len).unsqueeze(1);
+        log_probs.push(logp.gather(1, &tgt, false).squeeze_dim(1));
+        if options.entropy {
+            entropies.push(-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float));
+        }
+        start += len;
+    }
+    let cat = |parts: Vec<Tensor>| if parts.is_empty() { Tensor::zeros([0], (Kind::Float, hidden.device())) } else { Tensor::cat(&parts, 0) };
+    let entropy = options.entropy.then(|| cat(entropies));
+    (cat(log_probs), entropy)
+}
+
+/// Scores of one sequence: `log_probs[i]` is the log-prob of `tokens[i + 1]` given `tokens[..=i]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceScores {
+    pub log_probs: Vec<f32>,
+    pub entropy: Option<Vec<f32>>,
+}
+
+/// How a batch of sequences is laid out for the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// `[B, max_len]`, right-padded: the causal kernel, no mask.
+    #[default]
+    Padded,
+    /// `[1, Σ len]`, with a block-diagonal causal mask and positions restarting per sequence.
+    Packed,
+}
+
+/// Scores every next token of each sequence in one forward pass.
+pub fn score_sequences(decoder: &Decoder, sequences: &[Vec<u32>], layout: Layout, options: &ScoreOptions) -> Result<Vec<SequenceScores>> {
+    if options.temperature <= 0.0 {
+        return Err(ModelError::Invalid(format!("temperature must be > 0 for scoring, got {}", options.temperature)));
+    }
+    let vocab = decoder.config.vocab_size;
+    for (i, seq) in sequences.iter().enumerate() {
+        if seq.is_empty() {
+            return Err(ModelError::Invalid(format!("sequence {i} is empty")));
+        }
+        if let Some(&bad) = seq.iter().find(|&&t| t as i64 >= vocab) {
+            return Err(ModelError::Invalid(format!("sequence {i} has token id {bad}, outside the vocabulary of {vocab}")));
+        }
+    }
+    if sequences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let device = decoder.device();
+    let lengths: Vec<i64> = sequences.iter().map(|s| s.len() as i64).collect();
+    let _guard = ooze_torch::tch::no_grad_guard();
+    // `select` lists, per sequence, the flat indices of positions that predict a next token.
+    let (hidden, flat_targets, select) = match layout {
+        Layout::Padded => {
+            let width = *lengths.iter().max().expect("invariant: non-empty batch");
+            let mut ids = vec![0i64; sequences.len() * width as usize];
+            let mut select = Vec::new();
+            let mut targets = Vec::new();
+            for (row, seq) in sequences.iter().enumerate() {
+                let base = row * width as usize;
+                for (j, &tok) in seq.iter().enumerate() {
+                    ids[base + j] = tok as i64;
+                    if j + 1 < seq.len() {
+                        select.push((base + j) as i64);
+                        targets.push(seq[j + 1] as i64);
+                    }
+                }
+            }
+            let ids = Tensor::from_slice(&ids).view([sequences.len() as i64, width]).to_device(device);
+            let positions = Tensor::arange(width, (Kind::Int64, device)).unsqueeze(0).expand([sequences.len() as i64, width], false);
+            let hidden = decoder.hidden_states(&ids, &positions, Attention::Causal);
+            (hidden.view([-1, decoder.config.hidden_size]), targets, select)
+        }
+        Layout::Packed => {
+            let mut ids = Vec::new();
+            let mut positions = Vec::new();
+            let mut select = Vec::new();
+            let mut targets = Vec::new();
+            for seq in sequences {
+                for (j, &tok) in seq.iter().enumerate() {
+                    if j + 1 < seq.len() {
+                        select.push(ids.len() as i64);
+                        targets.push(seq[j + 1] as i64);
+                    }
+                    ids.push(tok as i64);
+                    positions.push(j as i64);
+                }
+            }
+            let ids = Tensor::from_slice(&ids).unsqueeze(0).to_device(device);
+            let positions = Tensor::from_slice(&positions).unsqueeze(0).to_device(device);
+            let hidden = decoder.hidden_states(&ids, &positions, Attention::Packed { lengths: &lengths });
+            (hidden.view([-1, decoder.config.hidden_size]), targets, select)
+        }
+    };
+    let index = Tensor::from_slice(&select).to_device(device);
+    let targets = Tensor::from_slice(&flat_targets).to_device(device);
+    let (log_probs, entropy) = head_log_probs(decoder, &hidden.index_select(0, &index), &targets, options);
+    let log_probs = Vec::<f32>::try_from(log_probs.to_device(ooze_torch::tch::Device::Cpu))?;
+    let entropy = entropy.map(|e| Vec::<f32>::try_from(e.to_device(ooze_torch::tch::Device::Cpu))).transpose()?;
+    let mut out = Vec::with_capacity(sequences.len());
+    let mut offset = 0;
+    for len in lengths {
+        let n = (len - 1) as usize;
+        out.push(SequenceScores {
+            log_probs: log_probs[offset..offset + n].to_vec(),
+            entropy: entropy.as_ref().map(|e| e[offset..offset + n].to_vec()),
+        });
+        offset += n;
+    }
+    Ok(out)
+}

@@ -1,0 +1,49 @@
+//! One module per subcommand; each has clap `Args` and a `run`.
+
+pub mod generate;
+pub mod info;
+pub mod init_model;
+pub mod render;
+pub mod score;
+
+use anyhow::Context;
+use ooze_model::{Decoder, Tokenizer};
+use ooze_torch::{DeviceSpec, DtypeSpec};
+use std::path::Path;
+
+/// Device and dtype flags shared by commands that run a model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ComputeArgs {
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceSpec,
+    /// fp32 or bf16.
+    #[arg(long, default_value = "fp32")]
+    pub dtype: DtypeSpec,
+}
+
+/// Loads the decoder of a model directory onto the requested device.
+pub fn load_decoder(dir: &Path, compute: &ComputeArgs) -> anyhow::Result<Decoder> {
+    let device = compute.device.resolve()?;
+    let started = std::time::Instant::now();
+    let decoder = Decoder::load(dir, device, compute.dtype.kind()).with_context(|| format!("loading the model in {}", dir.display()))?;
+    eprintln!(
+        "loaded {} ({:.1}M parameters, {}) on {:?} in {:.2}s",
+        dir.display(),
+        decoder.config.num_parameters() as f64 / 1e6,
+        compute.dtype,
+        device,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(decoder)
+}
+
+pub fn load_tokenizer(dir: &Path) -> anyhow::Result<Tokenizer> {
+    Tokenizer::load(dir).with_context(|| format!("loading the tokenizer in {}", dir.display()))
+}
+
+/// Reads a JSON file, naming it on failure.
+pub fn read_json_file(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
+}

@@ -1,0 +1,42 @@
+//! `ooze`: one binary for RL post-training of LLM agents. This commands: `info`,
+//! `init-model`, `score`, `render`, `generate`.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ooze", version, about = "RL post-training for LLM agents, on libtorch")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// PyTorch version, CUDA availability, GPU names and memory.
+    Info(commands::info::Args),
+    /// Create a random-weight model with a trained tokenizer, in the Hugging Face format.
+    InitModel(commands::init_model::Args),
+    /// Per-token log-probs (and entropies) of given token ids or texts, JSONL in and out.
+    Score(commands::score::Args),
+    /// Render a conversation with the model's chat template: text, token ids, assistant spans.
+    Render(commands::render::Args),
+    /// Generate text from a prompt (a simple loop; the rollout engine serves real workloads).
+    Generate(commands::generate::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(args) => commands::info::run(args),
+        Command::InitModel(args) => commands::init_model::run(args),
+        Command::Score(args) => commands::score::run(args),
+        Command::Render(args) => commands::render::run(args),
+        Command::Generate(args) => commands::generate::run(args),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sets up what ooze builds and tests against, in the repository: a virtualenv .venv with PyTorch
+# 2.11.0 (the libtorch that tch 0.24 binds) and the Python references the tests compare against.
+# Idempotent: a second run only checks. Usage: scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+want="torch==2.11.0 transformers>=5,<6 safetensors numpy jinja2 openai"
+if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2, openai; assert torch.__version__.split("+")[0] == "2.11.0"' 2>/dev/null; then
+  echo "setup: installing $want (PyTorch is a few GB the first time)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q $want
+fi
+.venv/bin/python -c 'import torch, transformers; print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}")'
