@@ -13,12 +13,21 @@ fn torch_lib_dir() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("LIBTORCH") {
         return Some(PathBuf::from(dir).join("lib"));
     }
-    let python = if std::env::var_os("VIRTUAL_ENV").is_some() { "python" } else { "python3" };
+    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
+        "python"
+    } else {
+        "python3"
+    };
     let out = Command::new(python)
-        .args(["-c", "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .args([
+            "-c",
+            "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+        ])
         .output()
         .ok()?;
-    out.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 fn main() {

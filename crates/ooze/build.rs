@@ -5,7 +5,9 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    let Ok(lib) = std::env::var("DEP_OOZE_TORCH_LIB") else { return };
+    let Ok(lib) = std::env::var("DEP_OOZE_TORCH_LIB") else {
+        return;
+    };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
     if std::env::var("DEP_OOZE_TORCH_CUDA").as_deref() == Ok("true") {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");

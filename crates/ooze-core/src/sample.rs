@@ -74,10 +74,12 @@ impl Reward {
         match (self, key) {
             (Reward::Scalar(value), _) => Ok(*value),
             (Reward::Named(map), Some(key)) => {
-                map.get(key).copied().ok_or_else(|| SampleError::MissingRewardKey {
-                    key: key.to_owned(),
-                    available: map.keys().cloned().collect(),
-                })
+                map.get(key)
+                    .copied()
+                    .ok_or_else(|| SampleError::MissingRewardKey {
+                        key: key.to_owned(),
+                        available: map.keys().cloned().collect(),
+                    })
             }
             (Reward::Named(map), None) => Err(SampleError::RewardKeyNeeded {
                 available: map.keys().cloned().collect(),
@@ -158,11 +160,24 @@ pub struct Sample {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SampleError {
     #[error("sample {index}: `{field}` has {actual} entries but response_length is {expected}")]
-    LengthMismatch { index: SampleIndex, field: &'static str, actual: usize, expected: usize },
+    LengthMismatch {
+        index: SampleIndex,
+        field: &'static str,
+        actual: usize,
+        expected: usize,
+    },
     #[error("sample {index}: response_length {response_length} exceeds the {tokens} tokens")]
-    ResponseLongerThanTokens { index: SampleIndex, response_length: usize, tokens: usize },
+    ResponseLongerThanTokens {
+        index: SampleIndex,
+        response_length: usize,
+        tokens: usize,
+    },
     #[error("sample {index}: loss_mask entry {position} is {value}; expected 0 or 1")]
-    BadMask { index: SampleIndex, position: usize, value: u8 },
+    BadMask {
+        index: SampleIndex,
+        position: usize,
+        value: u8,
+    },
     #[error("{tokens} generated tokens were appended with {log_probs} log-probs; they must match")]
     AppendMismatch { tokens: usize, log_probs: usize },
     #[error("reward has no component `{key}`; available: {available:?}")]
@@ -210,7 +225,11 @@ impl Sample {
             }
         }
         if let Some((position, &value)) = self.loss_mask.iter().enumerate().find(|(_, &m)| m > 1) {
-            return Err(SampleError::BadMask { index: self.index.clone(), position, value });
+            return Err(SampleError::BadMask {
+                index: self.index.clone(),
+                position,
+                value,
+            });
         }
         Ok(())
     }
@@ -234,7 +253,8 @@ impl Sample {
     pub fn push_environment(&mut self, tokens: &[u32]) {
         self.tokens.extend_from_slice(tokens);
         self.loss_mask.extend(std::iter::repeat_n(0, tokens.len()));
-        self.rollout_log_probs.extend(std::iter::repeat_n(0.0, tokens.len()));
+        self.rollout_log_probs
+            .extend(std::iter::repeat_n(0.0, tokens.len()));
         self.response_length += tokens.len();
     }
 
@@ -279,7 +299,13 @@ mod tests {
     fn append_rejects_unpaired_log_probs() {
         let mut s = sample();
         let err = s.push_generated(&[10, 11], &[-0.5]).unwrap_err();
-        assert_eq!(err, SampleError::AppendMismatch { tokens: 2, log_probs: 1 });
+        assert_eq!(
+            err,
+            SampleError::AppendMismatch {
+                tokens: 2,
+                log_probs: 1
+            }
+        );
         assert_eq!(s.response_length, 0, "a rejected append changes nothing");
     }
 
@@ -295,29 +321,49 @@ mod tests {
         );
         let mut s = sample();
         s.response_length = 4;
-        assert!(matches!(s.check(), Err(SampleError::ResponseLongerThanTokens { .. })));
+        assert!(matches!(
+            s.check(),
+            Err(SampleError::ResponseLongerThanTokens { .. })
+        ));
         let mut s = sample();
         s.push_generated(&[10], &[-0.5]).unwrap();
         s.teacher_log_probs = Some(vec![]);
-        assert!(
-            matches!(s.check(), Err(SampleError::LengthMismatch { field: "teacher_log_probs", .. }))
-        );
+        assert!(matches!(
+            s.check(),
+            Err(SampleError::LengthMismatch {
+                field: "teacher_log_probs",
+                ..
+            })
+        ));
         s.teacher_log_probs = None;
         s.loss_mask[0] = 2;
-        assert!(matches!(s.check(), Err(SampleError::BadMask { position: 0, value: 2, .. })));
+        assert!(matches!(
+            s.check(),
+            Err(SampleError::BadMask {
+                position: 0,
+                value: 2,
+                ..
+            })
+        ));
     }
 
     #[test]
     fn json_round_trip_keeps_every_field() {
         let mut s = sample();
         s.push_generated(&[10], &[-0.5]).unwrap();
-        s.reward = Some(Reward::Named(BTreeMap::from([("acc".into(), 1.0), ("fmt".into(), 0.5)])));
+        s.reward = Some(Reward::Named(BTreeMap::from([
+            ("acc".into(), 1.0),
+            ("fmt".into(), 0.5),
+        ])));
         s.teacher_log_probs = Some(vec![-0.25]);
         s.weight_versions = vec![4, 5];
-        s.finish(&FinishReason::Stop { matched: StopMatch::Token(151645) });
+        s.finish(&FinishReason::Stop {
+            matched: StopMatch::Token(151645),
+        });
         s.cached_tokens = 12;
         s.timings.insert("generate".into(), 0.75);
-        s.metadata.insert("source".into(), serde_json::json!("gsm8k"));
+        s.metadata
+            .insert("source".into(), serde_json::json!("gsm8k"));
         let text = serde_json::to_string(&s).unwrap();
         let back: Sample = serde_json::from_str(&text).unwrap();
         assert_eq!(back, s);
@@ -329,8 +375,12 @@ mod tests {
 
     #[test]
     fn unknown_json_fields_are_rejected() {
-        let text = serde_json::to_string(&sample()).unwrap().replacen('{', r#"{"rewrad":1,"#, 1);
-        let err = serde_json::from_str::<Sample>(&text).unwrap_err().to_string();
+        let text = serde_json::to_string(&sample())
+            .unwrap()
+            .replacen('{', r#"{"rewrad":1,"#, 1);
+        let err = serde_json::from_str::<Sample>(&text)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown field `rewrad`"), "{err}");
     }
 
@@ -338,16 +388,27 @@ mod tests {
     fn reward_scalar_selection() {
         let named = Reward::Named(BTreeMap::from([("acc".into(), 1.0)]));
         assert_eq!(named.scalar(Some("acc")), Ok(1.0));
-        assert!(matches!(named.scalar(Some("len")), Err(SampleError::MissingRewardKey { .. })));
-        assert!(matches!(named.scalar(None), Err(SampleError::RewardKeyNeeded { .. })));
+        assert!(matches!(
+            named.scalar(Some("len")),
+            Err(SampleError::MissingRewardKey { .. })
+        ));
+        assert!(matches!(
+            named.scalar(None),
+            Err(SampleError::RewardKeyNeeded { .. })
+        ));
         assert_eq!(Reward::Scalar(-1.0).scalar(Some("acc")), Ok(-1.0));
     }
 
     #[test]
     fn finish_reasons_map_to_statuses() {
-        let stop = FinishReason::Stop { matched: StopMatch::Text("</answer>".into()) };
+        let stop = FinishReason::Stop {
+            matched: StopMatch::Text("</answer>".into()),
+        };
         assert_eq!(Status::from_finish(&stop), Status::Completed);
-        assert_eq!(Status::from_finish(&FinishReason::Length), Status::Truncated);
+        assert_eq!(
+            Status::from_finish(&FinishReason::Length),
+            Status::Truncated
+        );
         assert_eq!(Status::from_finish(&FinishReason::Abort), Status::Aborted);
     }
 }

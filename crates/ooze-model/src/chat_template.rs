@@ -49,7 +49,11 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// Compiles `source`; `origin` names where it came from in error messages.
-    pub fn new(source: &str, origin: &str, special_tokens: BTreeMap<String, String>) -> Result<ChatTemplate> {
+    pub fn new(
+        source: &str,
+        origin: &str,
+        special_tokens: BTreeMap<String, String>,
+    ) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -60,7 +64,8 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(|out, _state, value| {
             if value.kind() == ValueKind::String {
-                out.write_str(value.as_str().unwrap_or_default()).map_err(Error::from)
+                out.write_str(value.as_str().unwrap_or_default())
+                    .map_err(Error::from)
             } else if value.is_undefined() {
                 Ok(())
             } else {
@@ -68,17 +73,34 @@ impl ChatTemplate {
             }
         });
         env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<Value, Error> {
+                Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISED}{message}"),
+                ))
+            },
+        );
+        env.add_function("strftime_now", |format: String| {
+            chrono::Local::now().format(&format).to_string()
         });
-        env.add_function("strftime_now", |format: String| chrono::Local::now().format(&format).to_string());
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned()).map_err(|e| template_error(origin, e))?;
-        Ok(ChatTemplate { env, origin: origin.to_owned(), special_tokens })
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| template_error(origin, e))?;
+        Ok(ChatTemplate {
+            env,
+            origin: origin.to_owned(),
+            special_tokens,
+        })
     }
 
     /// Renders a conversation. `messages` are chat messages as JSON objects (`role`, `content`,
     /// `tool_calls`, `reasoning_content`, …), passed through unchanged.
-    pub fn render(&self, messages: &[serde_json::Value], options: &RenderOptions) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &[serde_json::Value],
+        options: &RenderOptions,
+    ) -> Result<String> {
         let mut ctx = serde_json::Map::new();
         for (k, v) in &self.special_tokens {
             ctx.insert(k.clone(), v.clone().into());
@@ -87,11 +109,25 @@ impl ChatTemplate {
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), messages.to_vec().into());
-        ctx.insert("tools".into(), options.tools.clone().map_or(serde_json::Value::Null, Into::into));
+        ctx.insert(
+            "tools".into(),
+            options
+                .tools
+                .clone()
+                .map_or(serde_json::Value::Null, Into::into),
+        );
         ctx.insert("documents".into(), serde_json::Value::Null);
-        ctx.insert("add_generation_prompt".into(), options.add_generation_prompt.into());
-        let template = self.env.get_template(TEMPLATE_NAME).expect("invariant: added in new()");
-        template.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| template_error(&self.origin, e))
+        ctx.insert(
+            "add_generation_prompt".into(),
+            options.add_generation_prompt.into(),
+        );
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .expect("invariant: added in new()");
+        template
+            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| template_error(&self.origin, e))
     }
 
     /// Byte spans of the assistant messages in `render(messages, options)` (the generation prompt
@@ -101,9 +137,19 @@ impl ChatTemplate {
     /// `messages[..k]` plus the generation prompt is the message's own rendering. Templates that
     /// render a message differently once later turns exist (Qwen3 drops old reasoning) are handled by
     /// matching the longest line-suffix of that rendering.
-    pub fn assistant_spans(&self, messages: &[serde_json::Value], options: &RenderOptions) -> Result<Vec<AssistantSpan>> {
-        let plain = RenderOptions { add_generation_prompt: false, ..options.clone() };
-        let prompt = RenderOptions { add_generation_prompt: true, ..options.clone() };
+    pub fn assistant_spans(
+        &self,
+        messages: &[serde_json::Value],
+        options: &RenderOptions,
+    ) -> Result<Vec<AssistantSpan>> {
+        let plain = RenderOptions {
+            add_generation_prompt: false,
+            ..options.clone()
+        };
+        let prompt = RenderOptions {
+            add_generation_prompt: true,
+            ..options.clone()
+        };
         let full = self.render(messages, &plain)?;
         let mut spans = Vec::new();
         let mut cursor = 0;
@@ -115,17 +161,23 @@ impl ChatTemplate {
             let through = self.render(&messages[..=k], &plain)?;
             let not_found = || ModelError::Template {
                 source_name: self.origin.clone(),
-                message: format!("cannot locate assistant message {k} in the rendered conversation"),
+                message: format!(
+                    "cannot locate assistant message {k} in the rendered conversation"
+                ),
             };
             let start = if full.starts_with(&before) && before.len() >= cursor {
                 before.len()
             } else {
-                let header = before.strip_prefix(self.render(&messages[..k], &plain)?.as_str()).unwrap_or("");
+                let header = before
+                    .strip_prefix(self.render(&messages[..k], &plain)?.as_str())
+                    .unwrap_or("");
                 line_prefixes(header)
                     .find_map(|h| full[cursor..].find(h).map(|at| cursor + at + h.len()))
                     .ok_or_else(not_found)?
             };
-            let own = through.strip_prefix(before.as_str()).unwrap_or(through.as_str());
+            let own = through
+                .strip_prefix(before.as_str())
+                .unwrap_or(through.as_str());
             let own_end = own.trim_end();
             let end = if full[start..].starts_with(own_end) {
                 start + own_end.len()
@@ -134,7 +186,11 @@ impl ChatTemplate {
                     .find_map(|s| full[start..].find(s).map(|at| start + at + s.len()))
                     .ok_or_else(not_found)?
             };
-            spans.push(AssistantSpan { message: k, start, end });
+            spans.push(AssistantSpan {
+                message: k,
+                start,
+                end,
+            });
             cursor = end;
         }
         Ok(spans)
@@ -145,14 +201,29 @@ impl ChatTemplate {
     /// ends with an assistant message, right after that message's closing token, because that is
     /// where the engine's generated tokens stop. Fails if the template renders `previous`
     /// differently once `added` follows (then the conversation cannot be extended token-exactly).
-    pub fn continuation(&self, previous: &[serde_json::Value], added: &[serde_json::Value], options: &RenderOptions) -> Result<String> {
-        let plain = RenderOptions { add_generation_prompt: false, ..options.clone() };
+    pub fn continuation(
+        &self,
+        previous: &[serde_json::Value],
+        added: &[serde_json::Value],
+        options: &RenderOptions,
+    ) -> Result<String> {
+        let plain = RenderOptions {
+            add_generation_prompt: false,
+            ..options.clone()
+        };
         let mut all = previous.to_vec();
         all.extend_from_slice(added);
         let whole = self.render(&all, options)?;
         let old = self.render(previous, &plain)?;
-        let cut = match previous.last().and_then(|m| m.get("role")).and_then(|r| r.as_str()) {
-            Some("assistant") => self.assistant_spans(previous, &plain)?.last().map_or(old.len(), |s| s.end),
+        let cut = match previous
+            .last()
+            .and_then(|m| m.get("role"))
+            .and_then(|r| r.as_str())
+        {
+            Some("assistant") => self
+                .assistant_spans(previous, &plain)?
+                .last()
+                .map_or(old.len(), |s| s.end),
             _ => old.len(),
         };
         if !whole.starts_with(&old[..cut]) {
@@ -170,23 +241,33 @@ fn line_prefixes(text: &str) -> impl Iterator<Item = &str> {
     ends.retain(|&e| e < text.len());
     ends.push(text.len());
     ends.sort_unstable_by(|a, b| b.cmp(a));
-    ends.into_iter().map(move |e| &text[..e]).filter(|s| !s.trim().is_empty())
+    ends.into_iter()
+        .map(move |e| &text[..e])
+        .filter(|s| !s.trim().is_empty())
 }
 
 fn line_suffixes(text: &str) -> impl Iterator<Item = &str> {
-    std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1)).map(move |s| &text[s..]).filter(|s| !s.trim().is_empty())
+    std::iter::once(0)
+        .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+        .map(move |s| &text[s..])
+        .filter(|s| !s.trim().is_empty())
 }
 
 fn template_error(origin: &str, err: Error) -> ModelError {
     let detail = err.detail().unwrap_or_default();
     if let Some(message) = detail.strip_prefix(RAISED) {
-        return ModelError::TemplateRaised { message: message.to_owned() };
+        return ModelError::TemplateRaised {
+            message: message.to_owned(),
+        };
     }
     let mut message = err.to_string();
     if let Some(line) = err.line() {
         let _ = write!(message, " (template line {line})");
     }
-    ModelError::Template { source_name: origin.to_owned(), message }
+    ModelError::Template {
+        source_name: origin.to_owned(),
+        message,
+    }
 }
 
 /// Jinja's `tojson` as transformers defines it: `json.dumps(value, ensure_ascii=False, indent=…,
@@ -205,11 +286,21 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
     };
     let (item_sep, key_sep) = match separators.as_deref() {
         Some([item, key]) => (item.clone(), key.clone()),
-        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
         None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
         None => (", ".to_owned(), ": ".to_owned()),
     };
-    let style = JsonStyle { indent, item_sep, key_sep, sort_keys: sort_keys.unwrap_or(false) };
+    let style = JsonStyle {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+    };
     let mut out = String::new();
     write_json(&mut out, &value, &style, 0)?;
     Ok(out)
@@ -222,7 +313,12 @@ struct JsonStyle {
     sort_keys: bool,
 }
 
-fn write_json(out: &mut String, value: &Value, style: &JsonStyle, level: usize) -> std::result::Result<(), Error> {
+fn write_json(
+    out: &mut String,
+    value: &Value,
+    style: &JsonStyle,
+    level: usize,
+) -> std::result::Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -230,7 +326,9 @@ fn write_json(out: &mut String, value: &Value, style: &JsonStyle, level: usize) 
         ValueKind::String => write_json_string(out, value.as_str().unwrap_or_default()),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, style, level, '[', ']', &items, |out, item, level| write_json(out, item, style, level))?;
+            write_container(out, style, level, '[', ']', &items, |out, item, level| {
+                write_json(out, item, style, level)
+            })?;
         }
         ValueKind::Map => {
             let mut keys: Vec<Value> = value.try_iter()?.collect();
@@ -246,12 +344,25 @@ fn write_json(out: &mut String, value: &Value, style: &JsonStyle, level: usize) 
                 write_json(out, &value.get_item(key)?, style, level)
             })?;
         }
-        other => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot serialise a {other} value"))),
+        other => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: cannot serialise a {other} value"),
+            ))
+        }
     }
     Ok(())
 }
 
-fn write_container<F>(out: &mut String, style: &JsonStyle, level: usize, open: char, close: char, items: &[Value], mut each: F) -> std::result::Result<(), Error>
+fn write_container<F>(
+    out: &mut String,
+    style: &JsonStyle,
+    level: usize,
+    open: char,
+    close: char,
+    items: &[Value],
+    mut each: F,
+) -> std::result::Result<(), Error>
 where
     F: FnMut(&mut String, &Value, usize) -> std::result::Result<(), Error>,
 {
@@ -312,7 +423,9 @@ fn python_number(value: &Value, json: bool) -> String {
         return if f < 0.0 { format!("-{s}") } else { s.into() };
     }
     let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').expect("invariant: {:e} has an exponent");
+    let (mantissa, exp) = sci
+        .split_once('e')
+        .expect("invariant: {:e} has an exponent");
     let exp: i32 = exp.parse().expect("invariant: integer exponent");
     if (-4..16).contains(&exp) {
         let fixed = format!("{f}");
@@ -322,7 +435,11 @@ fn python_number(value: &Value, json: bool) -> String {
             format!("{fixed}.0")
         }
     } else {
-        format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+        format!(
+            "{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     }
 }
 
@@ -341,7 +458,11 @@ fn python_repr(value: &Value) -> String {
         ValueKind::Number => python_number(value, false),
         ValueKind::String => {
             let s = value.as_str().unwrap_or_default();
-            let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+            let quote = if s.contains('\'') && !s.contains('"') {
+                '"'
+            } else {
+                '\''
+            };
             let mut out = String::from(quote);
             for c in s.chars() {
                 match c {
@@ -363,13 +484,25 @@ fn python_repr(value: &Value) -> String {
             out
         }
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<String> = value.try_iter().map(|it| it.map(|v| python_repr(&v)).collect()).unwrap_or_default();
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|it| it.map(|v| python_repr(&v)).collect())
+                .unwrap_or_default();
             format!("[{}]", items.join(", "))
         }
         ValueKind::Map => {
             let items: Vec<String> = value
                 .try_iter()
-                .map(|it| it.map(|k| format!("{}: {}", python_repr(&k), python_repr(&value.get_item(&k).unwrap_or_default()))).collect())
+                .map(|it| {
+                    it.map(|k| {
+                        format!(
+                            "{}: {}",
+                            python_repr(&k),
+                            python_repr(&value.get_item(&k).unwrap_or_default())
+                        )
+                    })
+                    .collect()
+                })
                 .unwrap_or_default();
             format!("{{{}}}", items.join(", "))
         }
@@ -383,14 +516,27 @@ mod tests {
     use serde_json::json;
 
     fn template(source: &str) -> ChatTemplate {
-        ChatTemplate::new(source, "test", BTreeMap::from([("bos_token".to_owned(), "<s>".to_owned())])).unwrap()
+        ChatTemplate::new(
+            source,
+            "test",
+            BTreeMap::from([("bos_token".to_owned(), "<s>".to_owned())]),
+        )
+        .unwrap()
     }
 
     #[test]
     fn tojson_matches_python_json_dumps() {
         let t = template("{{ x | tojson }}|{{ x | tojson(indent=2) }}");
         let x = json!({"b": [1, 2.5, 1e-7, 1e16, 3.0], "a": "é\"\n\u{1}", "n": null, "t": true, "e": {}, "l": []});
-        let out = t.render(&[], &RenderOptions { kwargs: [("x".to_owned(), x)].into_iter().collect(), ..Default::default() }).unwrap();
+        let out = t
+            .render(
+                &[],
+                &RenderOptions {
+                    kwargs: [("x".to_owned(), x)].into_iter().collect(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         assert_eq!(
             out,
             "{\"b\": [1, 2.5, 1e-07, 1e+16, 3.0], \"a\": \"é\\\"\\n\\u0001\", \"n\": null, \"t\": true, \"e\": {}, \"l\": []}|{\n  \"b\": [\n    1,\n    2.5,\n    1e-07,\n    1e+16,\n    3.0\n  ],\n  \"a\": \"é\\\"\\n\\u0001\",\n  \"n\": null,\n  \"t\": true,\n  \"e\": {},\n  \"l\": []\n}"
@@ -401,7 +547,15 @@ mod tests {
     fn prints_values_like_python() {
         let t = template("{{ a }} {{ b }} {{ c }} {{ d }} {{ bos_token }}{{ missing }}");
         let kwargs = json!({"a": null, "b": true, "c": {"k": ["v", 1.5]}, "d": 2.0});
-        let out = t.render(&[], &RenderOptions { kwargs: kwargs.as_object().unwrap().clone(), ..Default::default() }).unwrap();
+        let out = t
+            .render(
+                &[],
+                &RenderOptions {
+                    kwargs: kwargs.as_object().unwrap().clone(),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         assert_eq!(out, "None True {'k': ['v', 1.5]} 2.0 <s>");
     }
 
@@ -409,8 +563,14 @@ mod tests {
     fn raise_exception_and_syntax_errors_are_reported() {
         let t = template("{% if messages|length == 0 %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}");
         let err = t.render(&[], &RenderOptions::default()).unwrap_err();
-        assert_eq!(err.to_string(), "the chat template raised an exception: Conversation roles must alternate");
-        let err = ChatTemplate::new("{% if %}", "bad.jinja", BTreeMap::new()).err().unwrap().to_string();
+        assert_eq!(
+            err.to_string(),
+            "the chat template raised an exception: Conversation roles must alternate"
+        );
+        let err = ChatTemplate::new("{% if %}", "bad.jinja", BTreeMap::new())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("chat template (bad.jinja):"), "{err}");
     }
 
@@ -419,12 +579,29 @@ mod tests {
     #[test]
     fn spans_and_continuations() {
         let t = template(CHATML);
-        let msgs = vec![json!({"role": "user", "content": "hi"}), json!({"role": "assistant", "content": "hello"}), json!({"role": "user", "content": "2+2?"}), json!({"role": "assistant", "content": "4"})];
+        let msgs = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "hello"}),
+            json!({"role": "user", "content": "2+2?"}),
+            json!({"role": "assistant", "content": "4"}),
+        ];
         let full = t.render(&msgs, &RenderOptions::default()).unwrap();
         let spans = t.assistant_spans(&msgs, &RenderOptions::default()).unwrap();
         let texts: Vec<&str> = spans.iter().map(|s| &full[s.start..s.end]).collect();
         assert_eq!(texts, vec!["hello<|im_end|>", "4<|im_end|>"]);
-        let cont = t.continuation(&msgs[..2], &msgs[2..3], &RenderOptions { add_generation_prompt: true, ..Default::default() }).unwrap();
-        assert_eq!(cont, "\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+        let cont = t
+            .continuation(
+                &msgs[..2],
+                &msgs[2..3],
+                &RenderOptions {
+                    add_generation_prompt: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            cont,
+            "\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 }

@@ -46,11 +46,16 @@ impl WeightSet {
             for (tensor, file) in index.weight_map {
                 by_file.entry(file).or_default().push(tensor);
             }
-            by_file.into_iter().map(|(file, names)| (dir.join(file), Some(names))).collect()
+            by_file
+                .into_iter()
+                .map(|(file, names)| (dir.join(file), Some(names)))
+                .collect()
         } else if dir.join(SINGLE_FILE).exists() {
             vec![(dir.join(SINGLE_FILE), None)]
         } else {
-            return Err(ModelError::NoWeights { dir: dir.to_owned() });
+            return Err(ModelError::NoWeights {
+                dir: dir.to_owned(),
+            });
         };
         let mut tensors = HashMap::new();
         for (path, expected) in files {
@@ -59,24 +64,34 @@ impl WeightSet {
             // being rewritten underneath a reader is outside what any loader can guard against.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(ModelError::io(&path))?;
             let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
-                ModelError::Safetensors { path: path.clone(), message: e.to_string() }
+                ModelError::Safetensors {
+                    path: path.clone(),
+                    message: e.to_string(),
+                }
             })?;
             if let Some(expected) = expected {
                 for name in expected {
                     if st.tensor(&name).is_err() {
                         return Err(ModelError::Safetensors {
                             path: path.clone(),
-                            message: format!("the index lists tensor `{name}` here, but the file lacks it"),
+                            message: format!(
+                                "the index lists tensor `{name}` here, but the file lacks it"
+                            ),
                         });
                     }
                 }
             }
             for (name, view) in st.tensors() {
-                let tensor = to_tensor(&path, &name, &view)?.f_to_device(device)?.f_to_kind(kind)?;
+                let tensor = to_tensor(&path, &name, &view)?
+                    .f_to_device(device)?
+                    .f_to_kind(kind)?;
                 tensors.insert(name, (tensor, path.clone()));
             }
         }
-        Ok(WeightSet { dir: dir.to_owned(), tensors })
+        Ok(WeightSet {
+            dir: dir.to_owned(),
+            tensors,
+        })
     }
 
     /// Removes and returns a tensor, checking its shape.
@@ -84,7 +99,10 @@ impl WeightSet {
         let (tensor, _) = self
             .tensors
             .remove(name)
-            .ok_or_else(|| ModelError::MissingTensor { dir: self.dir.clone(), tensor: name.into() })?;
+            .ok_or_else(|| ModelError::MissingTensor {
+                dir: self.dir.clone(),
+                tensor: name.into(),
+            })?;
         if tensor.size() != shape {
             return Err(ModelError::TensorShape {
                 tensor: name.into(),
@@ -115,7 +133,10 @@ impl WeightSet {
             return Ok(());
         }
         left.sort();
-        Err(ModelError::UnexpectedTensors { dir: self.dir, tensors: left })
+        Err(ModelError::UnexpectedTensors {
+            dir: self.dir,
+            tensors: left,
+        })
     }
 }
 
@@ -140,7 +161,10 @@ pub struct SaveOptions {
 
 impl Default for SaveOptions {
     fn default() -> Self {
-        SaveOptions { max_shard_bytes: 5 << 30, kind: Kind::Float }
+        SaveOptions {
+            max_shard_bytes: 5 << 30,
+            kind: Kind::Float,
+        }
     }
 }
 
@@ -170,19 +194,34 @@ fn to_host(tensor: &Tensor, kind: Kind) -> Result<HostTensor> {
         Kind::Float => Dtype::F32,
         Kind::BFloat16 => Dtype::BF16,
         Kind::Half => Dtype::F16,
-        other => return Err(ModelError::Invalid(format!("cannot save tensors of kind {other:?}"))),
+        other => {
+            return Err(ModelError::Invalid(format!(
+                "cannot save tensors of kind {other:?}"
+            )))
+        }
     };
-    let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(kind)?.f_contiguous()?;
+    let host = tensor
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(kind)?
+        .f_contiguous()?;
     let numel = host.numel();
     let mut bytes = vec![0u8; numel * kind.elt_size_in_bytes()];
     host.f_copy_data_u8(&mut bytes, numel)?;
     let shape = host.size().iter().map(|&d| d as usize).collect();
-    Ok(HostTensor { dtype, shape, bytes })
+    Ok(HostTensor {
+        dtype,
+        shape,
+        bytes,
+    })
 }
 
 /// Writes `tensors` into `dir` (created if needed) as safetensors, sharded with an index when they
 /// exceed one shard. Returns the files written.
-pub fn save_weights(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptions) -> Result<Vec<PathBuf>> {
+pub fn save_weights(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    options: SaveOptions,
+) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(ModelError::io(dir))?;
     let mut shards: Vec<Vec<(String, HostTensor)>> = vec![Vec::new()];
     let mut shard_bytes = 0usize;
@@ -196,7 +235,10 @@ pub fn save_weights(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptio
         }
         shard_bytes += size;
         total += size;
-        shards.last_mut().expect("invariant: shards starts non-empty").push((name.clone(), host));
+        shards
+            .last_mut()
+            .expect("invariant: shards starts non-empty")
+            .push((name.clone(), host));
     }
     let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
     let count = shards.len();
@@ -208,8 +250,12 @@ pub fn save_weights(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptio
         } else {
             format!("model-{:05}-of-{:05}.safetensors", i + 1, count)
         };
-        let bytes = safetensors::serialize(shard.iter().map(|(n, t)| (n.as_str(), t)), metadata.clone())
-            .map_err(|e| ModelError::Safetensors { path: dir.join(&file), message: e.to_string() })?;
+        let bytes =
+            safetensors::serialize(shard.iter().map(|(n, t)| (n.as_str(), t)), metadata.clone())
+                .map_err(|e| ModelError::Safetensors {
+                    path: dir.join(&file),
+                    message: e.to_string(),
+                })?;
         write_atomic(&dir.join(&file), &bytes)?;
         for (name, _) in shard {
             weight_map.insert(name.clone(), file.clone());
@@ -220,7 +266,10 @@ pub fn save_weights(dir: &Path, tensors: &[(String, Tensor)], options: SaveOptio
     if count > 1 {
         let mut meta = serde_json::Map::new();
         meta.insert("total_size".into(), total.into());
-        let index = Index { metadata: meta, weight_map };
+        let index = Index {
+            metadata: meta,
+            weight_map,
+        };
         let text = serde_json::to_string_pretty(&index).expect("invariant: index serialises");
         write_atomic(&index_path, text.as_bytes())?;
         written.push(index_path);
@@ -240,22 +289,43 @@ mod tests {
 
     fn sample_tensors() -> Vec<(String, Tensor)> {
         vec![
-            ("a.weight".into(), Tensor::arange(12, (Kind::Float, Device::Cpu)).view([3, 4])),
-            ("b.weight".into(), Tensor::ones([5], (Kind::Float, Device::Cpu)) * 0.5),
-            ("c.bias".into(), Tensor::arange(6, (Kind::Float, Device::Cpu)) - 2.0),
+            (
+                "a.weight".into(),
+                Tensor::arange(12, (Kind::Float, Device::Cpu)).view([3, 4]),
+            ),
+            (
+                "b.weight".into(),
+                Tensor::ones([5], (Kind::Float, Device::Cpu)) * 0.5,
+            ),
+            (
+                "c.bias".into(),
+                Tensor::arange(6, (Kind::Float, Device::Cpu)) - 2.0,
+            ),
         ]
     }
 
     #[test]
     fn sharded_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let files = save_weights(dir.path(), &sample_tensors(), SaveOptions { max_shard_bytes: 48, kind: Kind::Float }).unwrap();
+        let files = save_weights(
+            dir.path(),
+            &sample_tensors(),
+            SaveOptions {
+                max_shard_bytes: 48,
+                kind: Kind::Float,
+            },
+        )
+        .unwrap();
         assert_eq!(files.len(), 3, "two shards and an index: {files:?}");
         assert!(dir.path().join("model-00002-of-00002.safetensors").exists());
         let mut set = WeightSet::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
         let a = set.take("a.weight", &[3, 4]).unwrap();
         assert_eq!(a.double_value(&[2, 3]), 11.0);
-        assert!(set.take("b.weight", &[4]).unwrap_err().to_string().contains("has shape [5]; expected [4]"));
+        assert!(set
+            .take("b.weight", &[4])
+            .unwrap_err()
+            .to_string()
+            .contains("has shape [5]; expected [4]"));
         let err = set.take("zzz", &[1]).unwrap_err().to_string();
         assert!(err.contains("tensor `zzz` is missing"), "{err}");
         let err = set.finish().unwrap_err().to_string();
@@ -265,7 +335,15 @@ mod tests {
     #[test]
     fn bf16_single_file() {
         let dir = tempfile::tempdir().unwrap();
-        save_weights(dir.path(), &sample_tensors(), SaveOptions { kind: Kind::BFloat16, ..Default::default() }).unwrap();
+        save_weights(
+            dir.path(),
+            &sample_tensors(),
+            SaveOptions {
+                kind: Kind::BFloat16,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert!(dir.path().join(SINGLE_FILE).exists());
         assert!(!dir.path().join(INDEX_FILE).exists());
         let mut set = WeightSet::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
@@ -275,13 +353,36 @@ mod tests {
     #[test]
     fn corrupt_and_missing_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float).err().unwrap().to_string();
+        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("no weights found"), "{err}");
-        std::fs::write(dir.path().join(SINGLE_FILE), b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float).err().unwrap().to_string();
-        assert!(err.contains("model.safetensors: not a valid safetensors file"), "{err}");
-        std::fs::write(dir.path().join(INDEX_FILE), r#"{"weight_map": {"x": "model-00001-of-00002.safetensors"}}"#).unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float).err().unwrap().to_string();
-        assert!(err.contains("model-00001-of-00002.safetensors: cannot read"), "{err}");
+        std::fs::write(
+            dir.path().join(SINGLE_FILE),
+            b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
+        )
+        .unwrap();
+        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("model.safetensors: not a valid safetensors file"),
+            "{err}"
+        );
+        std::fs::write(
+            dir.path().join(INDEX_FILE),
+            r#"{"weight_map": {"x": "model-00001-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("model-00001-of-00002.safetensors: cannot read"),
+            "{err}"
+        );
     }
 }

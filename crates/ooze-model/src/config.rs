@@ -47,7 +47,9 @@ impl std::str::FromStr for Family {
             "qwen2" | "qwen2.5" => Ok(Family::Qwen2),
             "qwen3" => Ok(Family::Qwen3),
             "llama" | "llama3" => Ok(Family::Llama),
-            _ => Err(format!("unknown family `{s}`; expected qwen2, qwen3 or llama")),
+            _ => Err(format!(
+                "unknown family `{s}`; expected qwen2, qwen3 or llama"
+            )),
         }
     }
 }
@@ -158,8 +160,11 @@ impl ModelConfig {
 
     /// Parses a config.json value; `path` is used in error messages.
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<ModelConfig> {
-        let hf: HfConfig = serde_json::from_value(value)
-            .map_err(|source| ModelError::Json { path: path.into(), what: "a model config", source })?;
+        let hf: HfConfig = serde_json::from_value(value).map_err(|source| ModelError::Json {
+            path: path.into(),
+            what: "a model config",
+            source,
+        })?;
         let err = |key: &str, message: String| ModelError::Config {
             path: PathBuf::from(path),
             key: key.to_owned(),
@@ -172,16 +177,27 @@ impl ModelConfig {
                 None => Err(err(key, "is required".into())),
             }
         };
-        let model_type = hf.model_type.clone().ok_or_else(|| err("model_type", "is required".into()))?;
+        let model_type = hf
+            .model_type
+            .clone()
+            .ok_or_else(|| err("model_type", "is required".into()))?;
         let family = match model_type.as_str() {
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "llama" => Family::Llama,
-            _ => return Err(ModelError::UnknownModelType { path: path.into(), model_type }),
+            _ => {
+                return Err(ModelError::UnknownModelType {
+                    path: path.into(),
+                    model_type,
+                })
+            }
         };
         let hidden_size = need("hidden_size", hf.hidden_size)?;
         let num_heads = need("num_attention_heads", hf.num_attention_heads)?;
-        let num_kv_heads = need("num_key_value_heads", hf.num_key_value_heads.or(Some(num_heads)))?;
+        let num_kv_heads = need(
+            "num_key_value_heads",
+            hf.num_key_value_heads.or(Some(num_heads)),
+        )?;
         if num_heads % num_kv_heads != 0 {
             return Err(err(
                 "num_key_value_heads",
@@ -194,20 +210,31 @@ impl ModelConfig {
             None => {
                 return Err(err(
                     "head_dim",
-                    format!("missing, and hidden_size {hidden_size} is not a multiple of {num_heads} heads"),
+                    format!(
+                    "missing, and hidden_size {hidden_size} is not a multiple of {num_heads} heads"
+                ),
                 ))
             }
         };
         if head_dim % 2 != 0 {
-            return Err(err("head_dim", format!("must be even for RoPE, got {head_dim}")));
+            return Err(err(
+                "head_dim",
+                format!("must be even for RoPE, got {head_dim}"),
+            ));
         }
         if let Some(act) = &hf.hidden_act {
             if act != "silu" {
-                return Err(err("hidden_act", format!("`{act}` is not supported; expected silu")));
+                return Err(err(
+                    "hidden_act",
+                    format!("`{act}` is not supported; expected silu"),
+                ));
             }
         }
         if hf.use_sliding_window == Some(true) {
-            return Err(err("use_sliding_window", "sliding-window attention is not supported".into()));
+            return Err(err(
+                "use_sliding_window",
+                "sliding-window attention is not supported".into(),
+            ));
         }
         let rope_fields = hf.rope_parameters.or(hf.rope_scaling).unwrap_or_default();
         let rope_key = "rope_parameters";
@@ -274,7 +301,9 @@ impl ModelConfig {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let q = self.num_heads * self.head_dim;
         let kv = self.num_kv_heads * self.head_dim;
-        let attn = h * q + 2 * h * kv + q * h
+        let attn = h * q
+            + 2 * h * kv
+            + q * h
             + if self.qkv_bias { q + 2 * kv } else { 0 }
             + if self.o_bias { h } else { 0 }
             + if self.qk_norm { 2 * self.head_dim } else { 0 };
@@ -321,7 +350,13 @@ mod tests {
         assert_eq!(c.family, Family::Qwen2);
         assert_eq!(c.head_dim, 16);
         assert!(c.qkv_bias && !c.o_bias && !c.qk_norm && c.tie_word_embeddings);
-        assert_eq!(c.rope, Rope { theta: 1e6, llama3: None });
+        assert_eq!(
+            c.rope,
+            Rope {
+                theta: 1e6,
+                llama3: None
+            }
+        );
         assert_eq!(c.eos_token_ids, vec![7]);
     }
 
@@ -358,16 +393,28 @@ mod tests {
         );
         let mut v = qwen2();
         v.as_object_mut().unwrap().remove("hidden_size");
-        assert_eq!(parse(v).unwrap_err().to_string(), "m/config.json: key `hidden_size`: is required");
+        assert_eq!(
+            parse(v).unwrap_err().to_string(),
+            "m/config.json: key `hidden_size`: is required"
+        );
         let mut v = qwen2();
         v["num_key_value_heads"] = json!(3);
-        assert!(parse(v).unwrap_err().to_string().contains("`num_key_value_heads`: 3 does not divide"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("`num_key_value_heads`: 3 does not divide"));
         let mut v = qwen2();
         v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
-        assert!(parse(v).unwrap_err().to_string().contains("rope type `yarn` is not supported"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("rope type `yarn` is not supported"));
         let mut v = qwen2();
         v["hidden_size"] = json!("wide");
-        assert!(parse(v).unwrap_err().to_string().starts_with("m/config.json: not valid JSON for a model config"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .starts_with("m/config.json: not valid JSON for a model config"));
     }
 
     #[test]

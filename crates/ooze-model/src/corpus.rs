@@ -3,22 +3,117 @@
 //! Deterministic for a seed: word problems with worked answers, tool-call style JSON, short
 //! dialogue lines and code-like text — the shapes of text the recipes' agents read and write.
 
-const SUBJECTS: &[&str] = &["Alice", "Bob", "the farmer", "a student", "the robot", "Maria", "the team", "my friend", "the agent", "a baker"];
-const OBJECTS: &[&str] = &["apples", "books", "coins", "marbles", "tickets", "boxes", "cookies", "pencils", "files", "stones"];
-const VERBS: &[&str] = &["buys", "finds", "gives away", "sells", "collects", "loses", "counts", "packs", "keeps", "shares"];
-const WORDS: &[&str] = &[
-    "the", "a", "and", "of", "to", "in", "is", "that", "it", "for", "on", "with", "as", "was", "this", "by", "from", "we", "can", "will",
-    "search", "answer", "question", "result", "tool", "call", "python", "code", "test", "file", "run", "error", "value", "number", "list",
-    "think", "step", "first", "then", "finally", "because", "therefore", "check", "reward", "model", "train", "policy", "token", "sample",
-    "environment", "terminal", "command", "output", "input", "function", "return", "print", "sum", "total", "each", "every", "more", "less",
+const SUBJECTS: &[&str] = &[
+    "Alice",
+    "Bob",
+    "the farmer",
+    "a student",
+    "the robot",
+    "Maria",
+    "the team",
+    "my friend",
+    "the agent",
+    "a baker",
 ];
-const TOOLS: &[&str] = &["search", "python", "calculator", "read_file", "run_tests", "get_weather", "lookup_order"];
+const OBJECTS: &[&str] = &[
+    "apples", "books", "coins", "marbles", "tickets", "boxes", "cookies", "pencils", "files",
+    "stones",
+];
+const VERBS: &[&str] = &[
+    "buys",
+    "finds",
+    "gives away",
+    "sells",
+    "collects",
+    "loses",
+    "counts",
+    "packs",
+    "keeps",
+    "shares",
+];
+const WORDS: &[&str] = &[
+    "the",
+    "a",
+    "and",
+    "of",
+    "to",
+    "in",
+    "is",
+    "that",
+    "it",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "this",
+    "by",
+    "from",
+    "we",
+    "can",
+    "will",
+    "search",
+    "answer",
+    "question",
+    "result",
+    "tool",
+    "call",
+    "python",
+    "code",
+    "test",
+    "file",
+    "run",
+    "error",
+    "value",
+    "number",
+    "list",
+    "think",
+    "step",
+    "first",
+    "then",
+    "finally",
+    "because",
+    "therefore",
+    "check",
+    "reward",
+    "model",
+    "train",
+    "policy",
+    "token",
+    "sample",
+    "environment",
+    "terminal",
+    "command",
+    "output",
+    "input",
+    "function",
+    "return",
+    "print",
+    "sum",
+    "total",
+    "each",
+    "every",
+    "more",
+    "less",
+];
+const TOOLS: &[&str] = &[
+    "search",
+    "python",
+    "calculator",
+    "read_file",
+    "run_tests",
+    "get_weather",
+    "lookup_order",
+];
 
 struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     fn below(&mut self, n: usize) -> usize {
@@ -45,7 +140,10 @@ pub fn generate(seed: u64, approx_bytes: usize) -> String {
             }
             1 => {
                 let tool = rng.pick(TOOLS);
-                let q = (0..3).map(|_| rng.pick(WORDS)).collect::<Vec<_>>().join(" ");
+                let q = (0..3)
+                    .map(|_| rng.pick(WORDS))
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 out.push_str(&format!("<tool_call>\n{{\"name\": \"{tool}\", \"arguments\": {{\"query\": \"{q}\", \"limit\": {}}}}}\n</tool_call>\n", rng.below(10) + 1));
             }
             2 => {
@@ -57,7 +155,11 @@ pub fn generate(seed: u64, approx_bytes: usize) -> String {
             }
             _ => {
                 let (x, y) = (rng.below(100), rng.below(100));
-                out.push_str(&format!("def f(x):\n    return x * {x} + {y}\n\nprint(f({}))  # {}\n", rng.below(9), x * 3 + y));
+                out.push_str(&format!(
+                    "def f(x):\n    return x * {x} + {y}\n\nprint(f({}))  # {}\n",
+                    rng.below(9),
+                    x * 3 + y
+                ));
             }
         }
     }

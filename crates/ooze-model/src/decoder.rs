@@ -53,7 +53,10 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(num_layers: usize) -> KvCache {
-        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0 }
+        KvCache {
+            layers: (0..num_layers).map(|_| None).collect(),
+            len: 0,
+        }
     }
     /// Tokens cached so far (per sequence).
     pub fn len(&self) -> i64 {
@@ -97,12 +100,30 @@ impl Decoder {
     }
 
     /// Builds the decoder from loaded tensors, checking every name and shape against the config.
-    pub fn from_weights(config: ModelConfig, mut w: WeightSet, device: Device, kind: Kind) -> Result<Decoder> {
+    pub fn from_weights(
+        config: ModelConfig,
+        mut w: WeightSet,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Decoder> {
         let c = &config;
-        let (h, q_dim, kv_dim) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let proj = |w: &mut WeightSet, name: String, out: i64, inp: i64, bias: bool| -> Result<(Tensor, Option<Tensor>)> {
+        let (h, q_dim, kv_dim) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
+        let proj = |w: &mut WeightSet,
+                    name: String,
+                    out: i64,
+                    inp: i64,
+                    bias: bool|
+         -> Result<(Tensor, Option<Tensor>)> {
             let weight = w.take(&format!("{name}.weight"), &[out, inp])?;
-            let bias = if bias { Some(w.take(&format!("{name}.bias"), &[out])?) } else { None };
+            let bias = if bias {
+                Some(w.take(&format!("{name}.bias"), &[out])?)
+            } else {
+                None
+            };
             Ok((weight, bias))
         };
         let embed_tokens = w.take("model.embed_tokens.weight", &[c.vocab_size, h])?;
@@ -117,12 +138,38 @@ impl Decoder {
                 k: proj(&mut w, format!("{attn}.k_proj"), kv_dim, h, c.qkv_bias)?,
                 v: proj(&mut w, format!("{attn}.v_proj"), kv_dim, h, c.qkv_bias)?,
                 o: proj(&mut w, format!("{attn}.o_proj"), h, q_dim, c.o_bias)?,
-                q_norm: if c.qk_norm { Some(w.take(&format!("{attn}.q_norm.weight"), &[c.head_dim])?) } else { None },
-                k_norm: if c.qk_norm { Some(w.take(&format!("{attn}.k_norm.weight"), &[c.head_dim])?) } else { None },
+                q_norm: if c.qk_norm {
+                    Some(w.take(&format!("{attn}.q_norm.weight"), &[c.head_dim])?)
+                } else {
+                    None
+                },
+                k_norm: if c.qk_norm {
+                    Some(w.take(&format!("{attn}.k_norm.weight"), &[c.head_dim])?)
+                } else {
+                    None
+                },
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate: proj(&mut w, format!("{mlp}.gate_proj"), c.intermediate_size, h, c.mlp_bias)?,
-                up: proj(&mut w, format!("{mlp}.up_proj"), c.intermediate_size, h, c.mlp_bias)?,
-                down: proj(&mut w, format!("{mlp}.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
+                gate: proj(
+                    &mut w,
+                    format!("{mlp}.gate_proj"),
+                    c.intermediate_size,
+                    h,
+                    c.mlp_bias,
+                )?,
+                up: proj(
+                    &mut w,
+                    format!("{mlp}.up_proj"),
+                    c.intermediate_size,
+                    h,
+                    c.mlp_bias,
+                )?,
+                down: proj(
+                    &mut w,
+                    format!("{mlp}.down_proj"),
+                    h,
+                    c.intermediate_size,
+                    c.mlp_bias,
+                )?,
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
@@ -134,7 +181,16 @@ impl Decoder {
         };
         w.finish()?;
         let inv_freq = rope::inverse_frequencies(&c.rope, c.head_dim, device);
-        Ok(Decoder { config, embed_tokens, layers, norm, lm_head, inv_freq, device, kind })
+        Ok(Decoder {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+            device,
+            kind,
+        })
     }
 
     pub fn device(&self) -> Device {
@@ -151,12 +207,23 @@ impl Decoder {
 
     /// All parameters with their transformers state-dict names, in checkpoint order.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = vec![("model.embed_tokens.weight".to_owned(), self.embed_tokens.shallow_clone())];
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_owned(),
+            self.embed_tokens.shallow_clone(),
+        )];
         let mut push = |name: String, t: &Tensor| out.push((name, t.shallow_clone()));
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             push(format!("{p}.input_layernorm.weight"), &l.input_norm);
-            for (name, (weight, bias)) in [("self_attn.q_proj", &l.q), ("self_attn.k_proj", &l.k), ("self_attn.v_proj", &l.v), ("self_attn.o_proj", &l.o), ("mlp.gate_proj", &l.gate), ("mlp.up_proj", &l.up), ("mlp.down_proj", &l.down)] {
+            for (name, (weight, bias)) in [
+                ("self_attn.q_proj", &l.q),
+                ("self_attn.k_proj", &l.k),
+                ("self_attn.v_proj", &l.v),
+                ("self_attn.o_proj", &l.o),
+                ("mlp.gate_proj", &l.gate),
+                ("mlp.up_proj", &l.up),
+                ("mlp.down_proj", &l.down),
+            ] {
                 push(format!("{p}.{name}.weight"), weight);
                 if let Some(b) = bias {
                     push(format!("{p}.{name}.bias"), b);
@@ -181,9 +248,17 @@ impl Decoder {
         Ok(())
     }
 
+    // Residual adds stay out of place (`x = x + …`): an in-place add would overwrite a tensor that
+    // autograd saved for the backward pass of the norm before it.
+    #[allow(clippy::assign_op_pattern)]
     /// Runs the blocks and the final norm: token ids `[B, T]` (int64) and positions `[B, T]` →
     /// hidden states `[B, T, hidden]`.
-    pub fn hidden_states(&self, input_ids: &Tensor, positions: &Tensor, attention: Attention<'_>) -> Tensor {
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attention: Attention<'_>,
+    ) -> Tensor {
         let c = &self.config;
         let (b, t) = input_ids.size2().expect("invariant: input_ids is [B, T]");
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
@@ -223,11 +298,23 @@ impl Decoder {
                 }
                 None => (k, v),
             };
-            let attn = Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, causal, scale, c.num_kv_heads != c.num_heads);
-            let attn = attn.transpose(1, 2).reshape([b, t, c.num_heads * c.head_dim]);
+            let attn = Tensor::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                mask.as_ref(),
+                0.0,
+                causal,
+                scale,
+                c.num_kv_heads != c.num_heads,
+            );
+            let attn = attn
+                .transpose(1, 2)
+                .reshape([b, t, c.num_heads * c.head_dim]);
             x = x + linear(&attn, &l.o.0, l.o.1.as_ref());
             let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
-            let gated = linear(&hn, &l.gate.0, l.gate.1.as_ref()).silu() * linear(&hn, &l.up.0, l.up.1.as_ref());
+            let gated = linear(&hn, &l.gate.0, l.gate.1.as_ref()).silu()
+                * linear(&hn, &l.up.0, l.up.1.as_ref());
             x = x + linear(&gated, &l.down.0, l.down.1.as_ref());
         }
         if let Some(cache) = cache {
@@ -245,7 +332,9 @@ impl Decoder {
     /// `tokens [B, T]` and returns the fp32 logits of the last position `[B, vocab]`.
     pub fn decode_step(&self, tokens: &Tensor, cache: &mut KvCache) -> Tensor {
         let (b, t) = tokens.size2().expect("invariant: tokens is [B, T]");
-        let positions = Tensor::arange_start(cache.len, cache.len + t, (Kind::Int64, self.device)).unsqueeze(0).expand([b, t], false);
+        let positions = Tensor::arange_start(cache.len, cache.len + t, (Kind::Int64, self.device))
+            .unsqueeze(0)
+            .expand([b, t], false);
         let hidden = self.hidden_states(tokens, &positions, Attention::Cached(cache));
         self.logits(&hidden.select(1, t - 1)).to_kind(Kind::Float)
     }
@@ -253,7 +342,11 @@ impl Decoder {
 
 /// `[1, 1, N, N]` boolean mask: true where query `i` may attend key `j`.
 fn packed_mask(lengths: &[i64], device: Device) -> Tensor {
-    let segments: Vec<i64> = lengths.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(i as i64, n as usize)).collect();
+    let segments: Vec<i64> = lengths
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &n)| std::iter::repeat_n(i as i64, n as usize))
+        .collect();
     let seg = Tensor::from_slice(&segments).to_device(device);
     let n = segments.len() as i64;
     let same = seg.unsqueeze(1).eq_tensor(&seg.unsqueeze(0));
@@ -263,7 +356,9 @@ fn packed_mask(lengths: &[i64], device: Device) -> Tensor {
 
 /// `[1, 1, T, past + T]` mask for `T` new tokens after `past` cached ones.
 fn offset_causal_mask(past: i64, t: i64, device: Device) -> Tensor {
-    Tensor::ones([t, past + t], (Kind::Bool, device)).tril(past).view([1, 1, t, past + t])
+    Tensor::ones([t, past + t], (Kind::Bool, device))
+        .tril(past)
+        .view([1, 1, t, past + t])
 }
 
 #[cfg(test)]
@@ -273,10 +368,13 @@ mod tests {
     #[test]
     fn masks() {
         let m = packed_mask(&[2, 1], Device::Cpu).view([3, 3]);
-        let expect = Tensor::from_slice(&[true, false, false, true, true, false, false, false, true]).view([3, 3]);
+        let expect =
+            Tensor::from_slice(&[true, false, false, true, true, false, false, false, true])
+                .view([3, 3]);
         assert!(m.equal(&expect));
         let m = offset_causal_mask(2, 2, Device::Cpu).view([2, 4]);
-        let expect = Tensor::from_slice(&[true, true, true, false, true, true, true, true]).view([2, 4]);
+        let expect =
+            Tensor::from_slice(&[true, true, true, false, true, true, true, true]).view([2, 4]);
         assert!(m.equal(&expect));
     }
 }

@@ -19,7 +19,11 @@ pub enum ModelError {
         source: serde_json::Error,
     },
     #[error("{path}: key `{key}`: {message}")]
-    Config { path: PathBuf, key: String, message: String },
+    Config {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
     #[error("{path}: unknown model_type `{model_type}`; ooze supports qwen2, qwen3 and llama")]
     UnknownModelType { path: PathBuf, model_type: String },
     #[error("{dir}: no weights found; expected model.safetensors or model.safetensors.index.json")]
@@ -27,17 +31,28 @@ pub enum ModelError {
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("{path}: tensor `{tensor}` has dtype {dtype}; ooze reads F32, BF16 and F16")]
-    UnsupportedDtype { path: PathBuf, tensor: String, dtype: String },
+    UnsupportedDtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
     #[error("tensor `{tensor}` is missing from the checkpoint in {dir}")]
     MissingTensor { dir: PathBuf, tensor: String },
     #[error("tensor `{tensor}` has shape {actual:?}; expected {expected:?} from config.json")]
-    TensorShape { tensor: String, expected: Vec<i64>, actual: Vec<i64> },
+    TensorShape {
+        tensor: String,
+        expected: Vec<i64>,
+        actual: Vec<i64>,
+    },
     #[error("{dir}: unexpected tensors that this model does not use: {tensors:?}")]
     UnexpectedTensors { dir: PathBuf, tensors: Vec<String> },
     #[error("{path}: {message}")]
     Tokenizer { path: PathBuf, message: String },
     #[error("chat template ({source_name}): {message}")]
-    Template { source_name: String, message: String },
+    Template {
+        source_name: String,
+        message: String,
+    },
     #[error("the chat template raised an exception: {message}")]
     TemplateRaised { message: String },
     #[error("{0}")]

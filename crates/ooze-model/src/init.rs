@@ -9,15 +9,26 @@
 use crate::checkpoint::{save_weights, SaveOptions};
 use crate::config::{Family, ModelConfig};
 use crate::error::{write_atomic, ModelError, Result};
-use ooze_torch::tch::{self, Device, Kind, Tensor};
+use ooze_torch::tch::{Device, Kind, Tensor};
 use serde_json::json;
 use std::path::Path;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder};
+use tokenizers::SplitDelimiterBehavior;
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    TokenizerBuilder,
+};
 
 const CHATML: &str = include_str!("../templates/chatml.jinja");
+/// The pre-tokenisation split of the Qwen2/Qwen3 tokenizers (digits one by one).
+const QWEN_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The pre-tokenisation split of the Llama 3 tokenizer (digits in runs of up to three).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3: &str = include_str!("../templates/llama3.jinja");
 
 /// Model shapes `init-model` knows.
@@ -88,7 +99,12 @@ fn family_tokens(family: Family) -> FamilyTokens {
     match family {
         Family::Qwen2 => FamilyTokens {
             special: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            plain: &["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+            plain: &[
+                "<tool_call>",
+                "</tool_call>",
+                "<tool_response>",
+                "</tool_response>",
+            ],
             bos: None,
             eos: "<|im_end|>",
             pad: "<|endoftext|>",
@@ -96,14 +112,29 @@ fn family_tokens(family: Family) -> FamilyTokens {
         },
         Family::Qwen3 => FamilyTokens {
             special: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            plain: &["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"],
+            plain: &[
+                "<tool_call>",
+                "</tool_call>",
+                "<tool_response>",
+                "</tool_response>",
+                "<think>",
+                "</think>",
+            ],
             bos: None,
             eos: "<|im_end|>",
             pad: "<|endoftext|>",
             stop: &["<|im_end|>", "<|endoftext|>"],
         },
         Family::Llama => FamilyTokens {
-            special: &["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+            special: &[
+                "<|begin_of_text|>",
+                "<|end_of_text|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eot_id|>",
+                "<|eom_id|>",
+                "<|python_tag|>",
+            ],
             plain: &[],
             bos: Some("<|begin_of_text|>"),
             eos: "<|eot_id|>",
@@ -121,31 +152,78 @@ fn chat_template(family: Family) -> String {
     }
 }
 
+/// The family's real pre-tokenizer: a regex split, then byte-level mapping. transformers 5
+/// rebuilds Qwen2 tokenizers with this split whatever tokenizer.json says, so it must match.
+fn pre_tokenizer(family: Family) -> Result<PreTokenizerWrapper> {
+    let pattern = if family == Family::Llama {
+        LLAMA3_SPLIT
+    } else {
+        QWEN_SPLIT
+    };
+    let split = Split::new(
+        SplitPattern::Regex(pattern.to_owned()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(|e| ModelError::Invalid(format!("pre-tokenizer regex: {e}")))?;
+    let byte_level = ByteLevel::default()
+        .add_prefix_space(false)
+        .trim_offsets(false)
+        .use_regex(false);
+    Ok(PreTokenizerWrapper::Sequence(PreSequence::new(vec![
+        split.into(),
+        byte_level.into(),
+    ])))
+}
+
 /// Trains a byte-level BPE tokenizer on `corpus` and returns its `tokenizer.json` text.
 pub fn train_tokenizer(family: Family, corpus: &str, vocab: usize) -> Result<String> {
     let tokens = family_tokens(family);
-    let fail = |e: tokenizers::Error| ModelError::Invalid(format!("tokenizer training failed: {e}"));
+    let fail =
+        |e: tokenizers::Error| ModelError::Invalid(format!("tokenizer training failed: {e}"));
     let mut trainer = BpeTrainerBuilder::new()
         .show_progress(false)
         .vocab_size(vocab.saturating_sub(tokens.special.len() + tokens.plain.len()))
         .min_frequency(2)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
-    let mut tokenizer = TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
-        .with_model(BPE::default())
-        .with_normalizer(None)
-        .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false).into()))
-        .with_post_processor(Some(ByteLevel::default().trim_offsets(false).into()))
-        .with_decoder(Some(ByteLevel::default().into()))
-        .build()
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >::new()
+    .with_model(BPE::default())
+    .with_normalizer(if family == Family::Llama {
+        None
+    } else {
+        Some(NormalizerWrapper::from(NFC))
+    })
+    .with_pre_tokenizer(Some(pre_tokenizer(family)?))
+    .with_post_processor(Some(ByteLevel::default().trim_offsets(false).into()))
+    .with_decoder(Some(ByteLevel::default().into()))
+    .build()
+    .map_err(fail)?;
+    tokenizer
+        .train(&mut trainer, corpus.lines().map(|l| format!("{l}\n")))
         .map_err(fail)?;
-    tokenizer.train(&mut trainer, corpus.lines().map(|l| format!("{l}\n"))).map_err(fail)?;
-    let special: Vec<AddedToken> = tokens.special.iter().map(|t| AddedToken::from(*t, true)).collect();
-    let plain: Vec<AddedToken> = tokens.plain.iter().map(|t| AddedToken::from(*t, false)).collect();
+    let special: Vec<AddedToken> = tokens
+        .special
+        .iter()
+        .map(|t| AddedToken::from(*t, true))
+        .collect();
+    let plain: Vec<AddedToken> = tokens
+        .plain
+        .iter()
+        .map(|t| AddedToken::from(*t, false))
+        .collect();
     tokenizer.add_special_tokens(&special);
     tokenizer.add_tokens(&plain);
     if let Some(bos) = tokens.bos {
-        let id = tokenizer.token_to_id(bos).expect("invariant: bos was just added");
+        let id = tokenizer
+            .token_to_id(bos)
+            .expect("invariant: bos was just added");
         let processor = TemplateProcessing::builder()
             .try_single(format!("{bos}:0 $A:0"))
             .and_then(|b| b.try_pair(format!("{bos}:0 $A:0 {bos}:1 $B:1")))
@@ -182,13 +260,19 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
         "torch_dtype": if options.dtype == Kind::BFloat16 { "bfloat16" } else { "float32" },
     });
     let extra = match family {
-        Family::Qwen2 => json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 32768,
-            "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0}),
-        Family::Qwen3 => json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960,
-            "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0}),
-        Family::Llama => json!({"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "max_position_embeddings": 131072,
+        Family::Qwen2 => {
+            json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 32768,
+            "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0})
+        }
+        Family::Qwen3 => {
+            json!({"rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960,
+            "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "max_window_layers": layers, "attention_dropout": 0.0})
+        }
+        Family::Llama => {
+            json!({"rms_norm_eps": 1e-5, "rope_theta": 500_000.0, "max_position_embeddings": 131072,
             "attention_bias": false, "mlp_bias": false, "attention_dropout": 0.0, "pretraining_tp": 1,
-            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})
+        }
     };
     for (k, v) in extra.as_object().expect("invariant: object literal") {
         c[k] = v.clone();
@@ -196,28 +280,96 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
     c
 }
 
+/// A seeded normal sampler (SplitMix64 + Box–Muller) owned by the caller, so concurrent model
+/// builds cannot disturb each other's streams the way libtorch's global generator would.
+struct Normal {
+    state: u64,
+    spare: Option<f32>,
+}
+
+impl Normal {
+    fn new(seed: i64) -> Normal {
+        Normal {
+            state: seed as u64 ^ 0x9e37_79b9_7f4a_7c15,
+            spare: None,
+        }
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn sample(&mut self) -> f32 {
+        if let Some(v) = self.spare.take() {
+            return v;
+        }
+        let r = (-2.0 * self.uniform().ln()).sqrt();
+        let theta = 2.0 * std::f64::consts::PI * self.uniform();
+        self.spare = Some((r * theta.sin()) as f32);
+        (r * theta.cos()) as f32
+    }
+
+    fn tensor(&mut self, shape: &[i64], std: f32) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|_| self.sample() * std).collect();
+        Tensor::from_slice(&values).view(shape)
+    }
+}
+
 /// Random weights for `config`, named as in the transformers state dict.
 pub fn random_weights(config: &ModelConfig, seed: i64) -> Vec<(String, Tensor)> {
-    tch::manual_seed(seed);
+    let mut rng = Normal::new(seed);
     let opts = (Kind::Float, Device::Cpu);
-    let normal = |shape: &[i64]| Tensor::randn(shape, opts) * 0.02;
+    let mut normal = |shape: &[i64]| rng.tensor(shape, 0.02);
     let (h, hd) = (config.hidden_size, config.head_dim);
-    let (q, kv, i) = (config.num_heads * hd, config.num_kv_heads * hd, config.intermediate_size);
-    let mut out = vec![("model.embed_tokens.weight".to_owned(), normal(&[config.vocab_size, h]))];
+    let (q, kv, i) = (
+        config.num_heads * hd,
+        config.num_kv_heads * hd,
+        config.intermediate_size,
+    );
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_owned(),
+        normal(&[config.vocab_size, h]),
+    )];
     for l in 0..config.num_layers {
         let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), Tensor::ones([h], opts)));
-        for (name, rows, cols, bias) in [("self_attn.q_proj", q, h, config.qkv_bias), ("self_attn.k_proj", kv, h, config.qkv_bias), ("self_attn.v_proj", kv, h, config.qkv_bias), ("self_attn.o_proj", h, q, config.o_bias), ("mlp.gate_proj", i, h, config.mlp_bias), ("mlp.up_proj", i, h, config.mlp_bias), ("mlp.down_proj", h, i, config.mlp_bias)] {
+        out.push((
+            format!("{p}.input_layernorm.weight"),
+            Tensor::ones([h], opts),
+        ));
+        for (name, rows, cols, bias) in [
+            ("self_attn.q_proj", q, h, config.qkv_bias),
+            ("self_attn.k_proj", kv, h, config.qkv_bias),
+            ("self_attn.v_proj", kv, h, config.qkv_bias),
+            ("self_attn.o_proj", h, q, config.o_bias),
+            ("mlp.gate_proj", i, h, config.mlp_bias),
+            ("mlp.up_proj", i, h, config.mlp_bias),
+            ("mlp.down_proj", h, i, config.mlp_bias),
+        ] {
             out.push((format!("{p}.{name}.weight"), normal(&[rows, cols])));
             if bias {
                 out.push((format!("{p}.{name}.bias"), Tensor::zeros([rows], opts)));
             }
         }
         if config.qk_norm {
-            out.push((format!("{p}.self_attn.q_norm.weight"), Tensor::ones([hd], opts)));
-            out.push((format!("{p}.self_attn.k_norm.weight"), Tensor::ones([hd], opts)));
+            out.push((
+                format!("{p}.self_attn.q_norm.weight"),
+                Tensor::ones([hd], opts),
+            ));
+            out.push((
+                format!("{p}.self_attn.k_norm.weight"),
+                Tensor::ones([hd], opts),
+            ));
         }
-        out.push((format!("{p}.post_attention_layernorm.weight"), Tensor::ones([h], opts)));
+        out.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            Tensor::ones([h], opts),
+        ));
     }
     out.push(("model.norm.weight".to_owned(), Tensor::ones([h], opts)));
     if !config.tie_word_embeddings {
@@ -231,12 +383,19 @@ pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<Mod
     std::fs::create_dir_all(out).map_err(ModelError::io(out))?;
     let tokens = family_tokens(options.family);
     let tokenizer_json = train_tokenizer(options.family, corpus, options.tokenizer_vocab)?;
-    let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes()).map_err(|e| ModelError::Invalid(format!("trained tokenizer does not reload: {e}")))?;
-    let id = |t: &str| tokenizer.token_to_id(t).expect("invariant: family tokens were added");
+    let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes())
+        .map_err(|e| ModelError::Invalid(format!("trained tokenizer does not reload: {e}")))?;
+    let id = |t: &str| {
+        tokenizer
+            .token_to_id(t)
+            .expect("invariant: family tokens were added")
+    };
     let tokenizer_vocab = tokenizer.get_vocab_size(true) as i64;
     let vocab = options.vocab_size.unwrap_or(tokenizer_vocab);
     if vocab < tokenizer_vocab {
-        return Err(ModelError::Invalid(format!("vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab} tokens")));
+        return Err(ModelError::Invalid(format!(
+            "vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab} tokens"
+        )));
     }
     let mut config_json = shape(options, vocab);
     let stop: Vec<u32> = tokens.stop.iter().map(|t| id(t)).collect();
@@ -246,10 +405,17 @@ pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<Mod
     let config = ModelConfig::from_json(&out.join("config.json"), config_json.clone())?;
 
     let weights = random_weights(&config, options.seed);
-    save_weights(out, &weights, SaveOptions { max_shard_bytes: options.max_shard_bytes, kind: options.dtype })?;
+    save_weights(
+        out,
+        &weights,
+        SaveOptions {
+            max_shard_bytes: options.max_shard_bytes,
+            kind: options.dtype,
+        },
+    )?;
     let generation = json!({"bos_token_id": config_json["bos_token_id"], "eos_token_id": stop, "pad_token_id": id(tokens.pad), "do_sample": true, "temperature": 1.0, "top_p": 1.0});
     let tokenizer_config = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": if options.family == Family::Llama { "PreTrainedTokenizerFast" } else { "Qwen2Tokenizer" },
         "bos_token": tokens.bos,
         "eos_token": tokens.eos,
         "pad_token": tokens.pad,
@@ -258,10 +424,18 @@ pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<Mod
         "clean_up_tokenization_spaces": false,
         "chat_template": chat_template(options.family),
     });
-    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("invariant: JSON value serialises");
+    let pretty = |v: &serde_json::Value| {
+        serde_json::to_string_pretty(v).expect("invariant: JSON value serialises")
+    };
     write_atomic(&out.join("tokenizer.json"), tokenizer_json.as_bytes())?;
-    write_atomic(&out.join("tokenizer_config.json"), pretty(&tokenizer_config).as_bytes())?;
-    write_atomic(&out.join("generation_config.json"), pretty(&generation).as_bytes())?;
+    write_atomic(
+        &out.join("tokenizer_config.json"),
+        pretty(&tokenizer_config).as_bytes(),
+    )?;
+    write_atomic(
+        &out.join("generation_config.json"),
+        pretty(&generation).as_bytes(),
+    )?;
     // config.json last: a directory with a config is a complete model.
     write_atomic(&out.join("config.json"), pretty(&config_json).as_bytes())?;
     Ok(config)

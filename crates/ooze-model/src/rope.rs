@@ -85,14 +85,22 @@ mod tests {
 
     #[test]
     fn rotation_preserves_norm_and_is_identity_at_zero() {
-        let rope = Rope { theta: 10_000.0, llama3: None };
+        let rope = Rope {
+            theta: 10_000.0,
+            llama3: None,
+        };
         let inv = inverse_frequencies(&rope, 8, Device::Cpu);
         let x = Tensor::randn([1, 2, 3, 8], (Kind::Float, Device::Cpu));
         let positions = Tensor::from_slice(&[0i64, 5, 9]).unsqueeze(0);
         let (cos, sin) = cos_sin(&inv, &positions, Kind::Float);
         let y = apply(&x, &cos, &sin);
-        let norm = |t: &Tensor| t.square().sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+        let norm = |t: &Tensor| {
+            t.square()
+                .sum_dim_intlist([-1i64].as_slice(), false, Kind::Float)
+        };
         assert!(norm(&y).allclose(&norm(&x), 1e-5, 1e-5, false));
-        assert!(y.narrow(2, 0, 1).allclose(&x.narrow(2, 0, 1), 1e-6, 1e-6, false));
+        assert!(y
+            .narrow(2, 0, 1)
+            .allclose(&x.narrow(2, 0, 1), 1e-6, 1e-6, false));
     }
 }

@@ -46,6 +46,13 @@ struct TokenizerConfigFile {
     chat_template: Option<TemplateField>,
 }
 
+/// Token ids with the byte range of `text` each came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoding {
+    pub ids: Vec<u32>,
+    pub offsets: Vec<(usize, usize)>,
+}
+
 /// A model's tokenizer and chat templates.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -61,13 +68,28 @@ impl Tokenizer {
     pub fn load(dir: &Path) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            return Err(ModelError::Tokenizer { path, message: "missing; an HF tokenizer.json is required".into() });
+            return Err(ModelError::Tokenizer {
+                path,
+                message: "missing; an HF tokenizer.json is required".into(),
+            });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer { path: path.clone(), message: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         let config_path = dir.join("tokenizer_config.json");
-        let config: TokenizerConfigFile = if config_path.exists() { read_json(&config_path, "a tokenizer config")? } else { TokenizerConfigFile::default() };
+        let config: TokenizerConfigFile = if config_path.exists() {
+            read_json(&config_path, "a tokenizer config")?
+        } else {
+            TokenizerConfigFile::default()
+        };
         let mut special_tokens = BTreeMap::new();
-        for (key, token) in [("bos_token", config.bos_token), ("eos_token", config.eos_token), ("pad_token", config.pad_token), ("unk_token", config.unk_token)] {
+        for (key, token) in [
+            ("bos_token", config.bos_token),
+            ("eos_token", config.eos_token),
+            ("pad_token", config.pad_token),
+            ("unk_token", config.unk_token),
+        ] {
             if let Some(token) = token {
                 special_tokens.insert(key.to_owned(), token.text());
             }
@@ -91,15 +113,35 @@ impl Tokenizer {
         }
         let mut templates = BTreeMap::new();
         for (name, (source, origin)) in sources {
-            templates.insert(name, ChatTemplate::new(&source, &origin, special_tokens.clone())?);
+            templates.insert(
+                name,
+                ChatTemplate::new(&source, &origin, special_tokens.clone())?,
+            );
         }
-        Ok(Tokenizer { inner, path, special_tokens, templates })
+        Ok(Tokenizer {
+            inner,
+            path,
+            special_tokens,
+            templates,
+        })
     }
 
     /// Wraps an in-memory tokenizer (for models being built).
-    pub fn from_parts(inner: tokenizers::Tokenizer, special_tokens: BTreeMap<String, String>, template: Option<ChatTemplate>) -> Tokenizer {
-        let templates = template.into_iter().map(|t| ("default".to_owned(), t)).collect();
-        Tokenizer { inner, path: PathBuf::from("<memory>"), special_tokens, templates }
+    pub fn from_parts(
+        inner: tokenizers::Tokenizer,
+        special_tokens: BTreeMap<String, String>,
+        template: Option<ChatTemplate>,
+    ) -> Tokenizer {
+        let templates = template
+            .into_iter()
+            .map(|t| ("default".to_owned(), t))
+            .collect();
+        Tokenizer {
+            inner,
+            path: PathBuf::from("<memory>"),
+            special_tokens,
+            templates,
+        }
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -119,17 +161,49 @@ impl Tokenizer {
 
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (BOS for Llama).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        Ok(self.encode_with_offsets(text, add_special_tokens)?.0)
+        Ok(self.encode_with_offsets(text, add_special_tokens)?.ids)
     }
 
     /// Token ids and their byte ranges in `text`.
-    pub fn encode_with_offsets(&self, text: &str, add_special_tokens: bool) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| ModelError::Tokenizer { path: self.path.clone(), message: format!("encoding failed: {e}") })?;
-        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    pub fn encode_with_offsets(&self, text: &str, add_special_tokens: bool) -> Result<Encoding> {
+        let enc =
+            self.inner
+                .encode(text, add_special_tokens)
+                .map_err(|e| ModelError::Tokenizer {
+                    path: self.path.clone(),
+                    message: format!("encoding failed: {e}"),
+                })?;
+        Ok(Encoding {
+            ids: enc.get_ids().to_vec(),
+            offsets: enc.get_offsets().to_vec(),
+        })
+    }
+
+    /// The tokens covering the byte range `start..end` of the text `offsets` came from: every token
+    /// that overlaps it (a half-open token index range).
+    pub fn token_range(
+        offsets: &[(usize, usize)],
+        start: usize,
+        end: usize,
+    ) -> std::ops::Range<usize> {
+        let first = offsets
+            .iter()
+            .position(|&(_, e)| e > start)
+            .unwrap_or(offsets.len());
+        let last = offsets
+            .iter()
+            .rposition(|&(s, _)| s < end)
+            .map_or(first, |i| i + 1);
+        first..last.max(first)
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| ModelError::Tokenizer { path: self.path.clone(), message: format!("decoding failed: {e}") })
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer {
+                path: self.path.clone(),
+                message: format!("decoding failed: {e}"),
+            })
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -139,5 +213,19 @@ impl Tokenizer {
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tokenizer;
+
+    #[test]
+    fn token_range_covers_overlapping_tokens() {
+        let offsets = [(0, 3), (3, 5), (5, 9), (9, 10)];
+        assert_eq!(Tokenizer::token_range(&offsets, 3, 9), 1..3);
+        assert_eq!(Tokenizer::token_range(&offsets, 4, 6), 1..3);
+        assert_eq!(Tokenizer::token_range(&offsets, 0, 10), 0..4);
+        assert_eq!(Tokenizer::token_range(&offsets, 10, 10), 4..4);
     }
 }

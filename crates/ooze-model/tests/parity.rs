@@ -13,7 +13,12 @@ const TOLERANCE: f64 = 1e-4;
 const CASES: [&str; 3] = ["qwen2", "qwen3", "llama"];
 
 fn sequences(expected: &serde_json::Value) -> Vec<Vec<u32>> {
-    expected["sequences"].as_array().unwrap().iter().map(|s| u32s(&s["tokens"])).collect()
+    expected["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| u32s(&s["tokens"]))
+        .collect()
 }
 
 #[test]
@@ -24,9 +29,22 @@ fn log_probs_and_entropy_match_transformers_in_both_layouts() {
         let decoder = Decoder::load(&dir, Device::Cpu, Kind::Float).unwrap();
         let seqs = sequences(&expected);
         for layout in [Layout::Padded, Layout::Packed] {
-            let opts = ScoreOptions { entropy: true, chunk_tokens: 7, ..Default::default() };
+            let opts = ScoreOptions {
+                entropy: true,
+                chunk_tokens: 7,
+                ..Default::default()
+            };
             let got = score_sequences(&decoder, &seqs, layout, &opts).unwrap();
-            let hot = score_sequences(&decoder, &seqs, layout, &ScoreOptions { temperature: 0.7, ..Default::default() }).unwrap();
+            let hot = score_sequences(
+                &decoder,
+                &seqs,
+                layout,
+                &ScoreOptions {
+                    temperature: 0.7,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             for (i, want) in expected["sequences"].as_array().unwrap().iter().enumerate() {
                 let lp = max_abs_diff(&got[i].log_probs, &f64s(&want["log_probs"]));
                 let ent = max_abs_diff(got[i].entropy.as_ref().unwrap(), &f64s(&want["entropy"]));
@@ -50,16 +68,22 @@ fn incremental_decoding_matches_the_full_sequence() {
         let mut cache = KvCache::new(decoder.config.num_layers as usize);
         // Prefill 10 tokens at once, then one token per step.
         let prefill = 10;
-        let mut logits = decoder.decode_step(&Tensor::from_slice(&tokens[..prefill]).unsqueeze(0), &mut cache);
+        let mut logits = decoder.decode_step(
+            &Tensor::from_slice(&tokens[..prefill]).unsqueeze(0),
+            &mut cache,
+        );
         let mut got = Vec::new();
-        for pos in prefill..tokens.len() {
+        for &token in &tokens[prefill..] {
             let logp = logits.get(0).log_softmax(-1, Kind::Float);
-            got.push(logp.double_value(&[tokens[pos]]) as f32);
-            logits = decoder.decode_step(&Tensor::from_slice(&[tokens[pos]]).unsqueeze(0), &mut cache);
+            got.push(logp.double_value(&[token]) as f32);
+            logits = decoder.decode_step(&Tensor::from_slice(&[token]).unsqueeze(0), &mut cache);
         }
         assert_eq!(cache.len(), tokens.len() as i64);
         let err = max_abs_diff(&got, &want_lp[prefill - 1..]);
-        assert!(err <= TOLERANCE, "{case}: cached decoding differs from transformers by {err:e}");
+        assert!(
+            err <= TOLERANCE,
+            "{case}: cached decoding differs from transformers by {err:e}"
+        );
     }
 }
 
@@ -70,8 +94,19 @@ fn ooze_saved_checkpoints_load_in_transformers_with_the_same_outputs() {
         let decoder = Decoder::load(&dir, Device::Cpu, Kind::Float).unwrap();
         let out = tempfile::tempdir().unwrap();
         // Small shards, so the index path is exercised.
-        decoder.save_weights(out.path(), SaveOptions { max_shard_bytes: 100_000, kind: Kind::Float }).unwrap();
-        assert!(out.path().join("model.safetensors.index.json").exists(), "{case}: expected a sharded checkpoint");
+        decoder
+            .save_weights(
+                out.path(),
+                SaveOptions {
+                    max_shard_bytes: 100_000,
+                    kind: Kind::Float,
+                },
+            )
+            .unwrap();
+        assert!(
+            out.path().join("model.safetensors.index.json").exists(),
+            "{case}: expected a sharded checkpoint"
+        );
         std::fs::copy(dir.join("config.json"), out.path().join("config.json")).unwrap();
         // ooze reloads its own output identically.
         let again = Decoder::load(out.path(), Device::Cpu, Kind::Float).unwrap();
@@ -81,7 +116,10 @@ fn ooze_saved_checkpoints_load_in_transformers_with_the_same_outputs() {
         let b = score_sequences(&again, &seqs, Layout::Padded, &ScoreOptions::default()).unwrap();
         assert_eq!(a, b, "{case}: reloaded weights differ");
         // transformers loads it and reproduces the reference values.
-        run_python("check_checkpoint.py", &[out.path(), &dir.join("expected.json")]);
+        run_python(
+            "check_checkpoint.py",
+            &[out.path(), &dir.join("expected.json")],
+        );
     }
 }
 
@@ -90,7 +128,13 @@ fn bf16_scoring_stays_close_to_fp32() {
     let dir = reference_dir().join("models").join("qwen2");
     let expected = read_json(&dir.join("expected.json"));
     let decoder = Decoder::load(&dir, Device::Cpu, Kind::BFloat16).unwrap();
-    let got = score_sequences(&decoder, &sequences(&expected), Layout::Padded, &ScoreOptions::default()).unwrap();
+    let got = score_sequences(
+        &decoder,
+        &sequences(&expected),
+        Layout::Padded,
+        &ScoreOptions::default(),
+    )
+    .unwrap();
     for (i, want) in expected["sequences"].as_array().unwrap().iter().enumerate() {
         let err = max_abs_diff(&got[i].log_probs, &f64s(&want["log_probs"]));
         assert!(err < 0.1, "bf16 sequence {i} is {err} away from fp32");

@@ -64,7 +64,10 @@ pub fn list_gpus() -> Result<Vec<GpuInfo>, DriverError> {
             let mut device = 0;
             check("cuDeviceGet", get_device(&mut device, index))?;
             let mut name = [0 as c_char; 256];
-            check("cuDeviceGetName", get_name(name.as_mut_ptr(), name.len() as c_int, device))?;
+            check(
+                "cuDeviceGetName",
+                get_name(name.as_mut_ptr(), name.len() as c_int, device),
+            )?;
             let mut bytes = 0usize;
             check("cuDeviceTotalMem_v2", total_mem(&mut bytes, device))?;
             let attr = |which| {

@@ -118,7 +118,10 @@ mod tests {
         assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu));
         assert_eq!("cuda".parse(), Ok(DeviceSpec::Cuda(0)));
         assert_eq!("cuda:3".parse(), Ok(DeviceSpec::Cuda(3)));
-        assert_eq!("tpu".parse::<DeviceSpec>(), Err(SpecError::UnknownDevice("tpu".into())));
+        assert_eq!(
+            "tpu".parse::<DeviceSpec>(),
+            Err(SpecError::UnknownDevice("tpu".into()))
+        );
         assert_eq!(
             "cuda:x".parse::<DeviceSpec>(),
             Err(SpecError::UnknownDevice("cuda:x".into()))
@@ -131,6 +134,10 @@ mod tests {
         assert_eq!("bf16".parse(), Ok(DtypeSpec::Bf16));
         assert_eq!("BFloat16".parse(), Ok(DtypeSpec::Bf16));
         assert_eq!("fp32".parse(), Ok(DtypeSpec::F32));
-        assert!("fp8".parse::<DtypeSpec>().unwrap_err().to_string().contains("expected fp32"));
+        assert!("fp8"
+            .parse::<DtypeSpec>()
+            .unwrap_err()
+            .to_string()
+            .contains("expected fp32"));
     }
 }

@@ -1,12 +1,16 @@
 //! `ooze`: one binary for RL post-training of LLM agents. This commands: `info`,
-//! `init-model`, `score`, `render`, `generate`.
+//! `init-model`, `score`, `render`, `generate`, `bench`.
 
 mod commands;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ooze", version, about = "RL post-training for LLM agents, on libtorch")]
+#[command(
+    name = "ooze",
+    version,
+    about = "RL post-training for LLM agents, on libtorch"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,6 +28,8 @@ enum Command {
     Render(commands::render::Args),
     /// Generate text from a prompt (a simple loop; the rollout engine serves real workloads).
     Generate(commands::generate::Args),
+    /// Throughput benchmarks.
+    Bench(commands::bench::Args),
 }
 
 fn main() {
@@ -34,6 +40,7 @@ fn main() {
         Command::Score(args) => commands::score::run(args),
         Command::Render(args) => commands::render::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Bench(args) => commands::bench::run(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -6,12 +6,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
 }
 
 /// Reference values written by scripts/reference/make_references.py (scripts/test.sh runs it).
 pub fn reference_dir() -> PathBuf {
-    let dir = std::env::var_os("OOZE_REFERENCE_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target/reference"));
+    let dir = std::env::var_os("OOZE_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/reference"));
     assert!(
         dir.join("chat_cases.json").exists(),
         "reference values missing in {}; run scripts/test.sh, or `.venv/bin/python scripts/reference/make_references.py {}`",
@@ -23,14 +28,22 @@ pub fn reference_dir() -> PathBuf {
 
 /// The official tokenizer files (../shared/data/hf next to the repository).
 pub fn hf_data_dir() -> PathBuf {
-    let dir = std::env::var_os("OOZE_HF_DATA").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("../shared/data/hf"));
-    assert!(dir.join("qwen2.5/tokenizer.json").exists(), "official tokenizer files missing in {}", dir.display());
+    let dir = std::env::var_os("OOZE_HF_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/data/hf"));
+    assert!(
+        dir.join("qwen2.5/tokenizer.json").exists(),
+        "official tokenizer files missing in {}",
+        dir.display()
+    );
     dir
 }
 
 /// The Python that has torch and transformers (the repository's .venv unless OOZE_PYTHON is set).
 pub fn python() -> Command {
-    let exe = std::env::var_os("OOZE_PYTHON").map(PathBuf::from).unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    let exe = std::env::var_os("OOZE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
     let mut cmd = Command::new(exe);
     cmd.env("PYTHONUNBUFFERED", "1");
     cmd
@@ -38,7 +51,11 @@ pub fn python() -> Command {
 
 /// Runs a reference script and panics with its output if it fails.
 pub fn run_python(script: &str, args: &[&Path]) {
-    let out = python().arg(workspace_root().join("scripts/reference").join(script)).args(args).output().expect("starting the reference Python");
+    let out = python()
+        .arg(workspace_root().join("scripts/reference").join(script))
+        .args(args)
+        .output()
+        .expect("starting the reference Python");
     assert!(
         out.status.success(),
         "{script} failed:\n{}\n{}",
@@ -54,13 +71,24 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 
 pub fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max)
 }
 
 pub fn f64s(v: &serde_json::Value) -> Vec<f64> {
-    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number")).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
 }
 
 pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }

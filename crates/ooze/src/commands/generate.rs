@@ -60,7 +60,10 @@ fn sample(logits: &Tensor, args: &Args) -> i64 {
         let drop = drop_sorted.scatter(0, &order, &drop_sorted);
         logits = logits.masked_fill(&drop, f64::NEG_INFINITY);
     }
-    logits.softmax(-1, Kind::Float).multinomial(1, false).int64_value(&[0])
+    logits
+        .softmax(-1, Kind::Float)
+        .multinomial(1, false)
+        .int64_value(&[0])
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -70,7 +73,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokenizer = load_tokenizer(&args.model)?;
     let prompt = if args.chat {
         let messages = [serde_json::json!({"role": "user", "content": args.prompt})];
-        let text = tokenizer.chat_template(false)?.render(&messages, &RenderOptions { add_generation_prompt: true, ..Default::default() })?;
+        let text = tokenizer.chat_template(false)?.render(
+            &messages,
+            &RenderOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            },
+        )?;
         tokenizer.encode(&text, false)?
     } else {
         tokenizer.encode(&args.prompt, true)?
@@ -79,14 +88,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("the prompt encodes to no tokens");
     }
     let decoder = load_decoder(&args.model, &args.compute)?;
-    let eos: Vec<u32> = load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
+    let eos: Vec<u32> =
+        load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
     tch::manual_seed(args.seed);
     let device = decoder.device();
     let _guard = tch::no_grad_guard();
     let mut cache = KvCache::new(decoder.config.num_layers as usize);
     let started = std::time::Instant::now();
     let ids: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
-    let mut logits = decoder.decode_step(&Tensor::from_slice(&ids).unsqueeze(0).to_device(device), &mut cache);
+    let mut logits = decoder.decode_step(
+        &Tensor::from_slice(&ids).unsqueeze(0).to_device(device),
+        &mut cache,
+    );
     let first_token = started.elapsed();
     let mut generated: Vec<u32> = Vec::new();
     let mut printed = 0;
@@ -108,7 +121,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if generated.len() == args.max_new_tokens {
             break;
         }
-        logits = decoder.decode_step(&Tensor::from_slice(&[next as i64]).unsqueeze(0).to_device(device), &mut cache);
+        logits = decoder.decode_step(
+            &Tensor::from_slice(&[next as i64])
+                .unsqueeze(0)
+                .to_device(device),
+            &mut cache,
+        );
     }
     let text = tokenizer.decode(&generated, false)?;
     println!("{}", &text[printed.min(text.len())..]);

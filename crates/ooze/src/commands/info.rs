@@ -17,7 +17,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("PyTorch (libtorch) {}", info.torch_version);
     println!("CPU threads: {}", info.cpu_threads);
     match (&info.cuda_available, &info.cuda_runtime_version) {
-        (true, Some(v)) => println!("CUDA: available (runtime {v}, cuDNN {})", if info.cudnn_available { "yes" } else { "no" }),
+        (true, Some(v)) => println!(
+            "CUDA: available (runtime {v}, cuDNN {})",
+            if info.cudnn_available { "yes" } else { "no" }
+        ),
         (true, None) => println!("CUDA: available"),
         (false, _) => println!("CUDA: not available (computing on CPU)"),
     }

@@ -41,7 +41,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let corpus = match &args.tokenizer_corpus {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading the tokenizer corpus {}", path.display()))?,
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the tokenizer corpus {}", path.display()))?,
         None => ooze_model::corpus::generate(args.seed as u64, 400_000),
     };
     if corpus.trim().is_empty() {

@@ -1,5 +1,6 @@
 //! One module per subcommand; each has clap `Args` and a `run`.
 
+pub mod bench;
 pub mod generate;
 pub mod info;
 pub mod init_model;
@@ -26,7 +27,8 @@ pub struct ComputeArgs {
 pub fn load_decoder(dir: &Path, compute: &ComputeArgs) -> anyhow::Result<Decoder> {
     let device = compute.device.resolve()?;
     let started = std::time::Instant::now();
-    let decoder = Decoder::load(dir, device, compute.dtype.kind()).with_context(|| format!("loading the model in {}", dir.display()))?;
+    let decoder = Decoder::load(dir, device, compute.dtype.kind())
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
     eprintln!(
         "loaded {} ({:.1}M parameters, {}) on {:?} in {:.2}s",
         dir.display(),
@@ -44,6 +46,7 @@ pub fn load_tokenizer(dir: &Path) -> anyhow::Result<Tokenizer> {
 
 /// Reads a JSON file, naming it on failure.
 pub fn read_json_file(path: &Path) -> anyhow::Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
 }

@@ -3,7 +3,7 @@
 
 use super::{load_tokenizer, read_json_file};
 use anyhow::{bail, Context};
-use ooze_model::RenderOptions;
+use ooze_model::{RenderOptions, Tokenizer};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -30,11 +30,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokenizer = load_tokenizer(&args.model)?;
     let messages = match read_json_file(&args.messages)? {
         serde_json::Value::Array(list) => list,
-        _ => bail!("{}: expected a JSON list of messages", args.messages.display()),
+        _ => bail!(
+            "{}: expected a JSON list of messages",
+            args.messages.display()
+        ),
     };
     for (i, m) in messages.iter().enumerate() {
         if !m.is_object() || !m.get("role").is_some_and(|r| r.is_string()) {
-            bail!("{}: message {i} must be an object with a string `role`", args.messages.display());
+            bail!(
+                "{}: message {i} must be an object with a string `role`",
+                args.messages.display()
+            );
         }
     }
     let tools = match &args.tools {
@@ -51,19 +57,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         None => Default::default(),
     };
-    let options = RenderOptions { add_generation_prompt: args.add_generation_prompt, tools, kwargs };
+    let options = RenderOptions {
+        add_generation_prompt: args.add_generation_prompt,
+        tools,
+        kwargs,
+    };
     let template = tokenizer.chat_template(options.tools.is_some())?;
     let text = template.render(&messages, &options)?;
-    let (token_ids, offsets) = tokenizer.encode_with_offsets(&text, false)?;
+    let encoding = tokenizer.encode_with_offsets(&text, false)?;
     let spans: Vec<serde_json::Value> = template
         .assistant_spans(&messages, &options)?
         .into_iter()
         .map(|s| {
-            let first = offsets.iter().position(|&(_, end)| end > s.start).unwrap_or(offsets.len());
-            let last = offsets.iter().rposition(|&(start, _)| start < s.end).map_or(first, |i| i + 1);
-            json!({"message": s.message, "start_token": first, "end_token": last, "start_byte": s.start, "end_byte": s.end})
+            let tokens = Tokenizer::token_range(&encoding.offsets, s.start, s.end);
+            json!({"message": s.message, "start_token": tokens.start, "end_token": tokens.end, "start_byte": s.start, "end_byte": s.end})
         })
         .collect();
-    println!("{}", serde_json::to_string_pretty(&json!({"text": text, "token_ids": token_ids, "assistant_spans": spans}))?);
+    println!(
+        "{}",
+        json!({"text": text, "token_ids": encoding.ids, "assistant_spans": spans})
+    );
     Ok(())
 }

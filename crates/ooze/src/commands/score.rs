@@ -58,7 +58,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
-        Box::new(std::io::BufReader::new(std::fs::File::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?))
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(&args.input)
+                .with_context(|| format!("opening {}", args.input.display()))?,
+        ))
     };
     let name = args.input.display().to_string();
     let mut items = Vec::new();
@@ -69,34 +72,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         let at = format!("{name}:{}", n + 1);
-        let record: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line).with_context(|| format!("{at}: expected a JSON object"))?;
+        let record: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&line).with_context(|| format!("{at}: expected a JSON object"))?;
         let tokens = match (record.get("tokens"), record.get("text")) {
-            (Some(tokens), _) => serde_json::from_value::<Vec<u32>>(tokens.clone()).with_context(|| format!("{at}: `tokens` must be a list of non-negative token ids"))?,
+            (Some(tokens), _) => {
+                serde_json::from_value::<Vec<u32>>(tokens.clone()).with_context(|| {
+                    format!("{at}: `tokens` must be a list of non-negative token ids")
+                })?
+            }
             (None, Some(serde_json::Value::String(text))) => {
                 if tokenizer.is_none() {
                     tokenizer = Some(load_tokenizer(&args.model)?);
                 }
-                tokenizer.as_ref().expect("invariant: loaded above").encode(text, true)?
+                tokenizer
+                    .as_ref()
+                    .expect("invariant: loaded above")
+                    .encode(text, true)?
             }
             (None, Some(_)) => bail!("{at}: `text` must be a string"),
             (None, None) => bail!("{at}: expected a `tokens` list or a `text` string"),
         };
         if tokens.len() < 2 {
-            bail!("{at}: a sequence needs at least 2 tokens to score, got {}", tokens.len());
+            bail!(
+                "{at}: a sequence needs at least 2 tokens to score, got {}",
+                tokens.len()
+            );
         }
         items.push(Item { record, tokens });
     }
     let decoder = load_decoder(&args.model, &args.compute)?;
-    let options = ScoreOptions { temperature: args.temperature, entropy: args.entropy, ..Default::default() };
+    let options = ScoreOptions {
+        temperature: args.temperature,
+        entropy: args.entropy,
+        ..Default::default()
+    };
     let mut out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?)),
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     let started = std::time::Instant::now();
     let total: usize = items.iter().map(|i| i.tokens.len()).sum();
     for (b, batch) in items.chunks(args.batch_size).enumerate() {
         let seqs: Vec<Vec<u32>> = batch.iter().map(|i| i.tokens.clone()).collect();
-        let scores = score_sequences(&decoder, &seqs, args.layout, &options).with_context(|| format!("scoring batch {b}"))?;
+        let scores = score_sequences(&decoder, &seqs, args.layout, &options)
+            .with_context(|| format!("scoring batch {b}"))?;
         for (item, score) in batch.iter().zip(scores) {
             let mut record = item.record.clone();
             record.insert("tokens".into(), item.tokens.clone().into());
@@ -110,6 +131,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     out.flush()?;
     let secs = started.elapsed().as_secs_f64();
-    eprintln!("scored {} sequences ({total} tokens) in {secs:.2}s ({:.0} tokens/s)", items.len(), total as f64 / secs.max(1e-9));
+    eprintln!(
+        "scored {} sequences ({total} tokens) in {secs:.2}s ({:.0} tokens/s)",
+        items.len(),
+        total as f64 / secs.max(1e-9)
+    );
     Ok(())
 }

@@ -1,0 +1,115 @@
+//! `ooze bench`: throughput measurements. `forward`: the full-sequence scoring pass the trainer
+//! runs (blocks + chunked LM-head log-probs) over a batch of random token ids.
+
+use super::{load_decoder, ComputeArgs};
+use ooze_model::scoring::head_log_probs;
+use ooze_model::{Attention, ScoreOptions};
+use ooze_torch::tch::{self, Device, Kind, Tensor};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum What {
+    /// Full-sequence forward + per-token log-probs (no gradient).
+    Forward(ForwardArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ForwardArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    batch: i64,
+    #[arg(long, default_value_t = 2048)]
+    seq_len: i64,
+    /// Timed iterations (after 2 warm-up iterations).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Rows of fp32 logits materialised at once in the LM head.
+    #[arg(long, default_value_t = 4096)]
+    chunk_tokens: i64,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let What::Forward(a) = args.what;
+    let decoder = load_decoder(&a.model, &a.compute)?;
+    let device = decoder.device();
+    let _guard = tch::no_grad_guard();
+    tch::manual_seed(0);
+    let ids = Tensor::randint(
+        decoder.config.vocab_size,
+        [a.batch, a.seq_len],
+        (Kind::Int64, device),
+    );
+    let positions = Tensor::arange(a.seq_len, (Kind::Int64, device))
+        .unsqueeze(0)
+        .expand([a.batch, a.seq_len], false);
+    let targets = ids.narrow(1, 1, a.seq_len - 1).reshape([-1]);
+    let options = ScoreOptions {
+        chunk_tokens: a.chunk_tokens,
+        ..Default::default()
+    };
+    let step = || {
+        let hidden = decoder.hidden_states(&ids, &positions, Attention::Causal);
+        let hidden = hidden
+            .narrow(1, 0, a.seq_len - 1)
+            .reshape([-1, decoder.config.hidden_size]);
+        let (log_probs, _) = head_log_probs(&decoder, &hidden, &targets, &options);
+        log_probs
+    };
+    for _ in 0..2 {
+        let _ = step();
+    }
+    sync(device);
+    let mut times = Vec::with_capacity(a.iters);
+    let mut checksum = 0.0;
+    for _ in 0..a.iters {
+        let t = Instant::now();
+        let lp = step();
+        sync(device);
+        times.push(t.elapsed().as_secs_f64());
+        checksum = lp.mean(Kind::Float).double_value(&[]);
+    }
+    times.sort_by(|x, y| x.partial_cmp(y).expect("finite times"));
+    // Where the time goes: the blocks alone (hidden states), the rest is the LM head + log-probs.
+    let mut blocks = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters {
+        let t = Instant::now();
+        let _ = decoder.hidden_states(&ids, &positions, Attention::Causal);
+        sync(device);
+        blocks.push(t.elapsed().as_secs_f64());
+    }
+    blocks.sort_by(|x, y| x.partial_cmp(y).expect("finite times"));
+    let median = times[times.len() / 2];
+    let tokens = (a.batch * a.seq_len) as f64;
+    let c = &decoder.config;
+    let flops_per_token = 2.0 * c.num_parameters() as f64
+        + 4.0 * (c.num_layers * a.seq_len * c.num_heads * c.head_dim) as f64 / 2.0;
+    println!(
+        "forward+logprobs {}x{} {}: median {:.1} ms ({:.0} tokens/s, {:.1} TFLOP/s), min {:.1} ms; blocks alone {:.1} ms; mean log-prob {:.4}",
+        a.batch,
+        a.seq_len,
+        a.compute.dtype,
+        median * 1e3,
+        tokens / median,
+        flops_per_token * tokens / median / 1e12,
+        times[0] * 1e3,
+        blocks[blocks.len() / 2] * 1e3,
+        checksum
+    );
+    Ok(())
+}

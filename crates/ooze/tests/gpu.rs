@@ -1,0 +1,107 @@
+//! GPU checks, run only with OOZE_GPU_TESTS=1 on a machine with CUDA (never in CI). They live in
+//! this crate because its link settings pull in libtorch_cuda.
+
+use ooze_model::init::{init_model, InitOptions, Size};
+use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions};
+use ooze_torch::tch::{Device, Kind};
+
+fn enabled() -> bool {
+    if std::env::var("OOZE_GPU_TESTS").as_deref() != Ok("1") {
+        eprintln!("skipped: set OOZE_GPU_TESTS=1 on a CUDA machine");
+        return false;
+    }
+    assert!(
+        ooze_torch::tch::Cuda::is_available(),
+        "OOZE_GPU_TESTS=1 but CUDA is not available"
+    );
+    true
+}
+
+fn sequences(vocab: i64) -> Vec<Vec<u32>> {
+    (0..6)
+        .map(|i| {
+            (0..(40 + 37 * i))
+                .map(|j| ((j * 31 + i * 7) % vocab) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_is_reported() {
+    if !enabled() {
+        return;
+    }
+    let info = ooze_torch::runtime_info();
+    assert!(info.cuda_available);
+    assert!(
+        !info.gpus.is_empty(),
+        "no GPU details: {:?}",
+        info.gpu_query_error
+    );
+    assert!(info.gpus[0].total_memory_bytes > 1 << 30);
+}
+
+#[test]
+fn gpu_scores_match_cpu() {
+    if !enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen2, Size::Small);
+    options.seed = 3;
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(0, 50_000),
+        &options,
+    )
+    .unwrap();
+    let cpu = Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
+    let gpu = Decoder::load(dir.path(), Device::Cuda(0), Kind::Float).unwrap();
+    let gpu_bf16 = Decoder::load(dir.path(), Device::Cuda(0), Kind::BFloat16).unwrap();
+    let seqs = sequences(cpu.config.vocab_size);
+    let opts = ScoreOptions {
+        entropy: true,
+        chunk_tokens: 100,
+        ..Default::default()
+    };
+    let reference = score_sequences(&cpu, &seqs, Layout::Padded, &opts).unwrap();
+    for layout in [Layout::Padded, Layout::Packed] {
+        let fp32 = score_sequences(&gpu, &seqs, layout, &opts).unwrap();
+        let bf16 = score_sequences(&gpu_bf16, &seqs, layout, &opts).unwrap();
+        for (i, want) in reference.iter().enumerate() {
+            let diff = |got: &[f32], want: &[f32]| {
+                got.iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max)
+            };
+            let e32 = diff(&fp32[i].log_probs, &want.log_probs);
+            assert!(
+                e32 < 1e-3,
+                "{layout:?} seq {i}: fp32 GPU vs CPU log-prob error {e32}"
+            );
+            let ent = diff(
+                fp32[i].entropy.as_ref().unwrap(),
+                want.entropy.as_ref().unwrap(),
+            );
+            assert!(
+                ent < 1e-3,
+                "{layout:?} seq {i}: fp32 GPU vs CPU entropy error {ent}"
+            );
+            let e16 = diff(&bf16[i].log_probs, &want.log_probs);
+            assert!(
+                e16 < 0.1,
+                "{layout:?} seq {i}: bf16 GPU vs fp32 CPU log-prob error {e16}"
+            );
+            let ent16 = diff(
+                bf16[i].entropy.as_ref().unwrap(),
+                want.entropy.as_ref().unwrap(),
+            );
+            assert!(
+                ent16 < 0.1,
+                "{layout:?} seq {i}: bf16 GPU vs fp32 CPU entropy error {ent16}"
+            );
+        }
+    }
+}
