@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up (scripts/setup.sh), checks formatting and lints, regenerates the
-# PyTorch/transformers reference values, and runs every test. GPU tests run only with
-# OOZE_GPU_TESTS=1 on a CUDA machine. Usage: scripts/test.sh
+# PyTorch/transformers reference values, and runs every test. GPU tests are ignored here; run them with
+# `cargo test -p ooze --test gpu -- --ignored` on a CUDA machine. Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

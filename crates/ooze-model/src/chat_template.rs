@@ -257,6 +257,7 @@ fn template_error(origin: &str, err: Error) -> ModelError {
     let detail = err.detail().unwrap_or_default();
     if let Some(message) = detail.strip_prefix(RAISED) {
         return ModelError::TemplateRaised {
+            source_name: origin.to_owned(),
             message: message.to_owned(),
         };
     }
@@ -565,13 +566,32 @@ mod tests {
         let err = t.render(&[], &RenderOptions::default()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "the chat template raised an exception: Conversation roles must alternate"
+            "chat template (test) raised an exception: Conversation roles must alternate"
         );
         let err = ChatTemplate::new("{% if %}", "bad.jinja", BTreeMap::new())
             .err()
             .unwrap()
             .to_string();
         assert!(err.starts_with("chat template (bad.jinja):"), "{err}");
+    }
+
+    #[test]
+    fn strftime_now_formats_the_current_date() {
+        let t = template("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}");
+        let out = t.render(&[], &RenderOptions::default()).unwrap();
+        let now = chrono::Local::now();
+        let (iso, long) = out.split_once('|').unwrap();
+        // Tolerate a midnight between the two clock reads.
+        let today = now.format("%Y-%m-%d").to_string();
+        let yesterday = (now - chrono::Duration::days(1))
+            .format("%Y-%m-%d")
+            .to_string();
+        assert!(iso == today || iso == yesterday, "{iso}");
+        assert_eq!(long.len(), 11, "{long}");
+        assert!(
+            long.ends_with(&now.format("%Y").to_string())
+                || long.ends_with(&(now - chrono::Duration::days(1)).format("%Y").to_string())
+        );
     }
 
     const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";

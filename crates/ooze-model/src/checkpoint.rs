@@ -283,6 +283,36 @@ pub fn save_weights(
     Ok(written)
 }
 
+/// The non-weight files of a Hugging Face model directory.
+pub const MODEL_FILES: &[&str] = &[
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "config.json",
+];
+
+/// Writes a complete model directory: `tensors` as safetensors, and the config and tokenizer files
+/// that exist in `source` copied over (each atomically, `config.json` last, so a directory with a
+/// config is complete).
+pub fn export_model(
+    source: &Path,
+    out: &Path,
+    tensors: &[(String, Tensor)],
+    options: SaveOptions,
+) -> Result<()> {
+    save_weights(out, tensors, options)?;
+    for name in MODEL_FILES {
+        let from = source.join(name);
+        if from.exists() {
+            let bytes = std::fs::read(&from).map_err(ModelError::io(&from))?;
+            write_atomic(&out.join(name), &bytes)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@
 //! sits after every real token, so causality already hides it); packed batches use a block-diagonal
 //! causal mask; incremental decoding attends to the cache plus the new tokens.
 
-use crate::checkpoint::{save_weights, SaveOptions, WeightSet};
+use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::rope;
@@ -242,7 +242,13 @@ impl Decoder {
         out
     }
 
-    /// Saves the weights into `dir` (config and tokenizer files are the caller's to copy).
+    /// Saves a complete model directory into `out`: these weights, with the config and tokenizer
+    /// files of the model directory `source` they were loaded from.
+    pub fn save(&self, source: &Path, out: &Path, options: SaveOptions) -> Result<()> {
+        export_model(source, out, &self.named_parameters(), options)
+    }
+
+    /// Saves only the weights into `dir`.
     pub fn save_weights(&self, dir: &Path, options: SaveOptions) -> Result<()> {
         save_weights(dir, &self.named_parameters(), options)?;
         Ok(())

@@ -53,8 +53,11 @@ pub enum ModelError {
         source_name: String,
         message: String,
     },
-    #[error("the chat template raised an exception: {message}")]
-    TemplateRaised { message: String },
+    #[error("chat template ({source_name}) raised an exception: {message}")]
+    TemplateRaised {
+        source_name: String,
+        message: String,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("libtorch: {0}")]

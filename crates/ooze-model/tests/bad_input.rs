@@ -185,9 +185,11 @@ fn template_exceptions_surface_with_their_message() {
         .render(&messages, &Default::default())
         .unwrap_err()
         .to_string();
-    assert_eq!(
-        err,
-        "the chat template raised an exception: A system message is only allowed first."
+    assert!(
+        err.contains(
+            "tokenizer_config.json) raised an exception: A system message is only allowed first."
+        ),
+        "{err}"
     );
     let messages = [serde_json::json!({"role": "robot", "content": "a"})];
     let err = tok
@@ -196,9 +198,9 @@ fn template_exceptions_surface_with_their_message() {
         .render(&messages, &Default::default())
         .unwrap_err()
         .to_string();
-    assert_eq!(
-        err,
-        "the chat template raised an exception: Unknown message role: robot"
+    assert!(
+        err.ends_with("tokenizer_config.json) raised an exception: Unknown message role: robot"),
+        "{err}"
     );
 }
 

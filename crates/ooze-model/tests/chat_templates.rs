@@ -45,7 +45,7 @@ fn rendering_is_byte_identical_to_transformers() {
             .render(messages, &opts);
         match case.get("error") {
             Some(err) => match result {
-                Err(ModelError::TemplateRaised { message }) => {
+                Err(ModelError::TemplateRaised { message, .. }) => {
                     assert_eq!(&message, err.as_str().unwrap(), "{name}")
                 }
                 other => panic!("{name}: expected the template to raise `{err}`, got {other:?}"),
