@@ -15,6 +15,15 @@ fn options(case: &serde_json::Value) -> RenderOptions {
     }
 }
 
+/// The reference conversations that transformers rendered (not the ones its template rejected).
+fn rendered_cases(cases: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.get("text").is_some())
+}
+
 fn tokenizers() -> BTreeMap<String, Tokenizer> {
     ["qwen2.5", "qwen3", "llama3.1"]
         .iter()
@@ -74,12 +83,7 @@ fn assistant_spans_cover_each_assistant_turn() {
     let cases = read_json(&reference_dir().join("chat_cases.json"));
     let toks = tokenizers();
     let mut checked = 0;
-    for case in cases
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c.get("text").is_some())
-    {
+    for case in rendered_cases(&cases) {
         let family = case["family"].as_str().unwrap();
         let name = format!("{family} / {}", case["name"].as_str().unwrap());
         let opts = RenderOptions {
@@ -144,12 +148,7 @@ fn continuation_tokens_equal_what_the_whole_render_adds() {
     let cases = read_json(&reference_dir().join("chat_cases.json"));
     let toks = tokenizers();
     let mut checked = 0;
-    for case in cases
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c.get("text").is_some())
-    {
+    for case in rendered_cases(&cases) {
         let family = case["family"].as_str().unwrap();
         let messages = case["messages"].as_array().unwrap();
         let Some(cut) = messages.iter().rposition(|m| m["role"] == "assistant") else {

@@ -107,55 +107,42 @@ fn score_names_the_bad_line() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path(), "qwen2");
     let input = dir.path().join("bad.jsonl");
-    std::fs::write(&input, "{\"tokens\": [1, 2]}\n{\"tokens\": [1, -2]}\n").unwrap();
+    let cases = [
+        (
+            "{\"tokens\": [1, 2]}\n{\"tokens\": [1, -2]}\n",
+            "bad.jsonl:2: `tokens` must be a list of non-negative token ids",
+        ),
+        (
+            "{\"tokens\": [1]}\n",
+            "bad.jsonl:1: a sequence needs at least 2 tokens",
+        ),
+        ("[1, 2]\n", "bad.jsonl:1: expected a JSON object"),
+        ("{\"text\": 5}\n", "bad.jsonl:1: `text` must be a string"),
+        (
+            "{\"id\": 1}\n",
+            "bad.jsonl:1: expected a `tokens` list or a `text` string",
+        ),
+        (
+            "{\"tokens\": [1, 100000]}\n",
+            "token id 100000, outside the vocabulary",
+        ),
+    ];
+    for (content, expected) in cases {
+        std::fs::write(&input, content).unwrap();
+        let err = fails(&[
+            "score",
+            "--model",
+            &model,
+            "--input",
+            input.to_str().unwrap(),
+        ]);
+        assert!(err.contains(expected), "{content:?}: {err}");
+    }
+    let missing = dir.path().join("nope");
     let err = fails(&[
         "score",
         "--model",
-        &model,
-        "--input",
-        input.to_str().unwrap(),
-    ]);
-    assert!(
-        err.contains("bad.jsonl:2: `tokens` must be a list of non-negative token ids"),
-        "{err}"
-    );
-    std::fs::write(&input, "{\"tokens\": [1]}\n").unwrap();
-    let err = fails(&[
-        "score",
-        "--model",
-        &model,
-        "--input",
-        input.to_str().unwrap(),
-    ]);
-    assert!(
-        err.contains("bad.jsonl:1: a sequence needs at least 2 tokens"),
-        "{err}"
-    );
-    std::fs::write(&input, "[1, 2]\n").unwrap();
-    let err = fails(&[
-        "score",
-        "--model",
-        &model,
-        "--input",
-        input.to_str().unwrap(),
-    ]);
-    assert!(err.contains("bad.jsonl:1: expected a JSON object"), "{err}");
-    std::fs::write(&input, "{\"tokens\": [1, 100000]}\n").unwrap();
-    let err = fails(&[
-        "score",
-        "--model",
-        &model,
-        "--input",
-        input.to_str().unwrap(),
-    ]);
-    assert!(
-        err.contains("token id 100000, outside the vocabulary"),
-        "{err}"
-    );
-    let err = fails(&[
-        "score",
-        "--model",
-        dir.path().join("nope").to_str().unwrap(),
+        missing.to_str().unwrap(),
         "--input",
         input.to_str().unwrap(),
     ]);
