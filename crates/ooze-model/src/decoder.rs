@@ -67,6 +67,52 @@ impl KvCache {
     }
 }
 
+/// Key/value memory in fixed slots, one sequence per slot: per layer `[slots, max_len, kv_heads,
+/// head_dim]` for keys and for values. The engine owns it and decides which slot a request uses;
+/// a row of a batch names its slot and how many tokens the slot already holds.
+pub struct SlotCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    slots: i64,
+    max_len: i64,
+}
+
+impl SlotCache {
+    /// Allocates `slots × max_len` tokens of KV memory for `config` on `device` in `kind`.
+    pub fn new(
+        config: &ModelConfig,
+        slots: i64,
+        max_len: i64,
+        device: Device,
+        kind: Kind,
+    ) -> SlotCache {
+        let shape = [slots, max_len, config.num_kv_heads, config.head_dim];
+        let layer = || Tensor::zeros(shape, (kind, device));
+        SlotCache {
+            k: (0..config.num_layers).map(|_| layer()).collect(),
+            v: (0..config.num_layers).map(|_| layer()).collect(),
+            slots,
+            max_len,
+        }
+    }
+
+    /// Bytes one cached token takes across all layers.
+    pub fn bytes_per_token(config: &ModelConfig, kind: Kind) -> i64 {
+        2 * config.num_layers
+            * config.num_kv_heads
+            * config.head_dim
+            * kind.elt_size_in_bytes() as i64
+    }
+
+    pub fn slots(&self) -> i64 {
+        self.slots
+    }
+
+    pub fn max_len(&self) -> i64 {
+        self.max_len
+    }
+}
+
 /// How the tokens of a batch may attend to each other.
 pub enum Attention<'a> {
     /// `[B, T]` right-padded sequences; position `t` sees positions `≤ t` of its own row.
@@ -76,6 +122,28 @@ pub enum Attention<'a> {
     Packed { lengths: &'a [i64] },
     /// New tokens `[B, T]` appended to the cache; they see the whole cache and causally each other.
     Cached(&'a mut KvCache),
+    /// New tokens `[B, T]`, row `b` appended to slot `slots[b]` after its `past[b]` cached tokens;
+    /// they see their own slot's history and causally each other.
+    Slots {
+        cache: &'a mut SlotCache,
+        slots: &'a [i64],
+        past: &'a [i64],
+    },
+}
+
+/// Where a layer's new keys and values go, and what they are read back with.
+enum KvTarget<'a> {
+    None,
+    Contiguous(&'a mut KvCache),
+    Slots {
+        cache: &'a mut SlotCache,
+        /// `[B, T]` slot and position of every new token (where to write).
+        write_slot: Tensor,
+        write_pos: Tensor,
+        /// `[B]` slots to read, and how many positions of them.
+        read_slots: Tensor,
+        read_len: i64,
+    },
 }
 
 /// A loaded decoder.
@@ -269,15 +337,42 @@ impl Decoder {
         let (b, t) = input_ids.size2().expect("invariant: input_ids is [B, T]");
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
-        let (mask, mut cache, causal) = match attention {
-            Attention::Causal => (None, None, true),
-            Attention::Packed { lengths } => (Some(packed_mask(lengths, self.device)), None, false),
+        let (mask, mut target, causal) = match attention {
+            Attention::Causal => (None, KvTarget::None, true),
+            Attention::Packed { lengths } => (
+                Some(packed_mask(lengths, self.device)),
+                KvTarget::None,
+                false,
+            ),
             Attention::Cached(cache) => {
                 let past = cache.len;
                 // One new token attends to everything; several need the causal part written out,
                 // because the kernel's is_causal aligns the triangle to the top-left corner.
                 let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
-                (mask, Some(cache), false)
+                (mask, KvTarget::Contiguous(cache), false)
+            }
+            Attention::Slots { cache, slots, past } => {
+                let read_len = past.iter().max().copied().unwrap_or(0) + t;
+                let dev = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
+                let write_slot = dev(slots
+                    .iter()
+                    .flat_map(|&s| std::iter::repeat_n(s, t as usize))
+                    .collect())
+                .view([b, t]);
+                let write_pos = dev(past.iter().flat_map(|&p| p..p + t).collect()).view([b, t]);
+                // Query i of row r sees key j when j ≤ past[r] + i.
+                let limit = write_pos.unsqueeze(-1);
+                let keys =
+                    Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
+                let mask = keys.le_tensor(&limit).unsqueeze(1);
+                let target = KvTarget::Slots {
+                    cache,
+                    write_slot,
+                    write_pos,
+                    read_slots: dev(slots.to_vec()),
+                    read_len,
+                };
+                (Some(mask), target, false)
             }
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();
@@ -293,8 +388,9 @@ impl Decoder {
             }
             let q = rope::apply(&q.transpose(1, 2), &cos, &sin);
             let k = rope::apply(&k.transpose(1, 2), &cos, &sin);
-            let (k, v) = match cache.as_deref_mut() {
-                Some(cache) => {
+            let (k, v) = match &mut target {
+                KvTarget::None => (k, v),
+                KvTarget::Contiguous(cache) => {
                     let (k, v) = match cache.layers[i].take() {
                         Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
                         None => (k, v),
@@ -302,7 +398,28 @@ impl Decoder {
                     cache.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
                     (k, v)
                 }
-                None => (k, v),
+                KvTarget::Slots {
+                    cache,
+                    write_slot,
+                    write_pos,
+                    read_slots,
+                    read_len,
+                } => {
+                    let index = [
+                        Some(write_slot.shallow_clone()),
+                        Some(write_pos.shallow_clone()),
+                    ];
+                    // [B, kv, T, D] → [B, T, kv, D], the slot layout.
+                    let _ = cache.k[i].index_put_(&index, &k.transpose(1, 2), false);
+                    let _ = cache.v[i].index_put_(&index, &v.transpose(1, 2), false);
+                    let read = |layer: &Tensor| {
+                        layer
+                            .index_select(0, read_slots)
+                            .narrow(1, 0, *read_len)
+                            .transpose(1, 2)
+                    };
+                    (read(&cache.k[i]), read(&cache.v[i]))
+                }
             };
             let attn = Tensor::scaled_dot_product_attention(
                 &q,
@@ -323,7 +440,7 @@ impl Decoder {
                 * linear(&hn, &l.up.0, l.up.1.as_ref());
             x = x + linear(&gated, &l.down.0, l.down.1.as_ref());
         }
-        if let Some(cache) = cache {
+        if let KvTarget::Contiguous(cache) = target {
             cache.len += t;
         }
         rms_norm(&x, &self.norm, c.rms_norm_eps)

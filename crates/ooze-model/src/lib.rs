@@ -20,7 +20,7 @@ pub mod tokenizer;
 
 pub use chat_template::{AssistantSpan, ChatTemplate, RenderOptions};
 pub use config::{Family, ModelConfig};
-pub use decoder::{Attention, Decoder, KvCache};
+pub use decoder::{Attention, Decoder, KvCache, SlotCache};
 pub use error::{ModelError, Result};
 pub use scoring::{score_sequences, Layout, ScoreOptions, SequenceScores};
 pub use tokenizer::Tokenizer;

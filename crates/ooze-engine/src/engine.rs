@@ -1,0 +1,520 @@
+//! The engine: one OS thread owns the model and the KV slots and runs continuous batching; callers
+//! talk to it through a cloneable [`EngineHandle`] over channels (async-friendly, no locks held
+//! across the model).
+//!
+//! Each loop iteration: take new commands (submit, abort); admit waiting requests while a slot is
+//! free, prefilling each and drawing its first token; then one decode step for every running
+//! request together. Requests join and leave between steps. A request that cannot fit a slot
+//! (prompt + max_new_tokens > slot length) is refused at submission; one that finds no free slot
+//! waits — admission control, so memory never runs out.
+
+use crate::params::Sampling;
+use crate::sampler::{draw, RowSampling};
+use ooze_core::{FinishReason, StopMatch};
+use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
+use ooze_torch::tch::{self, Kind, Tensor};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use tokio::sync::{mpsc as async_mpsc, oneshot};
+
+/// Engine-wide settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Sequences generated at once.
+    pub slots: i64,
+    /// Longest sequence (prompt + output) a slot holds.
+    pub slot_len: i64,
+    /// Tokens that end a sequence unless `ignore_eos` (generation_config's `eos_token_id`).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Identifies one submitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct RequestId(pub u64);
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub input_ids: Vec<u32>,
+    pub sampling: Sampling,
+}
+
+/// A finished (or aborted) generation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Output {
+    pub id: RequestId,
+    pub tokens: Vec<u32>,
+    /// `log_softmax(logits / T)` of each output token (T = 1 for greedy).
+    pub log_probs: Vec<f32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from cache instead of recomputed.
+    pub cached_tokens: usize,
+    pub weight_version: u64,
+    /// The seed the tokens were drawn with (given or drawn by the engine).
+    pub seed: u64,
+}
+
+/// Streamed to the submitter: each token as it is drawn, then the output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token { token: u32, log_prob: f32 },
+    Done(Output),
+}
+
+/// A request the engine refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("input_ids is empty")]
+    EmptyInput,
+    #[error("input_ids has token id {0}, outside the vocabulary of {1}")]
+    TokenOutOfVocab(u32, i64),
+    #[error("prompt ({prompt} tokens) + max_new_tokens ({max_new}) exceeds the engine's sequence length {limit}")]
+    TooLong {
+        prompt: usize,
+        max_new: usize,
+        limit: i64,
+    },
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Live counters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EngineStats {
+    pub free_slots: i64,
+    pub total_slots: i64,
+    pub running: usize,
+    pub waiting: usize,
+    pub weight_version: u64,
+}
+
+enum Command {
+    Submit {
+        id: RequestId,
+        request: Request,
+        events: async_mpsc::UnboundedSender<Event>,
+    },
+    Abort(RequestId),
+    AbortAll,
+    Stats(oneshot::Sender<EngineStats>),
+}
+
+/// Cloneable handle to a running engine. Dropping every handle stops the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    slot_len: i64,
+    vocab: i64,
+}
+
+impl EngineHandle {
+    /// Queues a request; its events arrive on the returned receiver.
+    pub fn submit(
+        &self,
+        request: Request,
+    ) -> Result<(RequestId, async_mpsc::UnboundedReceiver<Event>), EngineError> {
+        if request.input_ids.is_empty() {
+            return Err(EngineError::EmptyInput);
+        }
+        if let Some(&bad) = request.input_ids.iter().find(|&&t| t as i64 >= self.vocab) {
+            return Err(EngineError::TokenOutOfVocab(bad, self.vocab));
+        }
+        let (prompt, max_new) = (request.input_ids.len(), request.sampling.max_new_tokens);
+        if (prompt + max_new) as i64 > self.slot_len {
+            return Err(EngineError::TooLong {
+                prompt,
+                max_new,
+                limit: self.slot_len,
+            });
+        }
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = async_mpsc::unbounded_channel();
+        self.commands
+            .send(Command::Submit {
+                id,
+                request,
+                events: tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok((id, rx))
+    }
+
+    /// Submits and waits for the output.
+    pub async fn generate(&self, request: Request) -> Result<Output, EngineError> {
+        let (_, mut events) = self.submit(request)?;
+        while let Some(event) = events.recv().await {
+            if let Event::Done(output) = event {
+                return Ok(output);
+            }
+        }
+        Err(EngineError::Stopped)
+    }
+
+    /// Aborts one request: it finishes with `FinishReason::Abort` and its partial output.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Aborts every waiting and running request.
+    pub fn abort_all(&self) {
+        let _ = self.commands.send(Command::AbortAll);
+    }
+
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Stats(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+}
+
+struct Running {
+    id: RequestId,
+    events: async_mpsc::UnboundedSender<Event>,
+    sampling: Sampling,
+    seed: u64,
+    slot: i64,
+    prompt_len: usize,
+    /// Tokens whose keys/values are in the slot.
+    cached: i64,
+    output: Vec<u32>,
+    log_probs: Vec<f32>,
+}
+
+struct Waiting {
+    id: RequestId,
+    request: Request,
+    events: async_mpsc::UnboundedSender<Event>,
+}
+
+/// The engine thread's state.
+struct EngineLoop {
+    decoder: Decoder,
+    tokenizer: Option<Tokenizer>,
+    config: EngineConfig,
+    cache: SlotCache,
+    free_slots: Vec<i64>,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    weight_version: u64,
+    seed_counter: u64,
+}
+
+/// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
+pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfig) -> EngineHandle {
+    let (tx, rx) = mpsc::channel();
+    let cache = SlotCache::new(
+        &decoder.config,
+        config.slots,
+        config.slot_len,
+        decoder.device(),
+        decoder.kind(),
+    );
+    let handle = EngineHandle {
+        commands: tx,
+        next_id: Arc::new(AtomicU64::new(0)),
+        slot_len: config.slot_len,
+        vocab: decoder.config.vocab_size,
+    };
+    let state = EngineLoop {
+        decoder,
+        tokenizer,
+        free_slots: (0..config.slots).rev().collect(),
+        config,
+        cache,
+        waiting: VecDeque::new(),
+        running: Vec::new(),
+        weight_version: 0,
+        seed_counter: 0,
+    };
+    std::thread::Builder::new()
+        .name("ooze-engine".into())
+        .spawn(move || state.run(rx))
+        .expect("invariant: the OS can start a thread");
+    handle
+}
+
+impl EngineLoop {
+    fn run(mut self, commands: mpsc::Receiver<Command>) {
+        let _guard = tch::no_grad_guard();
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match commands.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(command) => self.handle(command),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.abort_everything();
+                        return;
+                    }
+                }
+            }
+            self.admit();
+            self.decode_step();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit {
+                id,
+                request,
+                events,
+            } => self.waiting.push_back(Waiting {
+                id,
+                request,
+                events,
+            }),
+            Command::Abort(id) => {
+                if let Some(pos) = self.waiting.iter().position(|w| w.id == id) {
+                    let w = self
+                        .waiting
+                        .remove(pos)
+                        .expect("invariant: position is valid");
+                    let _ = w
+                        .events
+                        .send(Event::Done(self.unstarted(&w, FinishReason::Abort)));
+                } else if let Some(pos) = self.running.iter().position(|r| r.id == id) {
+                    let r = self.running.swap_remove(pos);
+                    self.finish(r, FinishReason::Abort);
+                }
+            }
+            Command::AbortAll => self.abort_everything(),
+            Command::Stats(reply) => {
+                let _ = reply.send(EngineStats {
+                    free_slots: self.free_slots.len() as i64,
+                    total_slots: self.config.slots,
+                    running: self.running.len(),
+                    waiting: self.waiting.len(),
+                    weight_version: self.weight_version,
+                });
+            }
+        }
+    }
+
+    fn abort_everything(&mut self) {
+        while let Some(w) = self.waiting.pop_front() {
+            let _ = w
+                .events
+                .send(Event::Done(self.unstarted(&w, FinishReason::Abort)));
+        }
+        while let Some(r) = self.running.pop() {
+            self.finish(r, FinishReason::Abort);
+        }
+    }
+
+    fn unstarted(&self, w: &Waiting, finish: FinishReason) -> Output {
+        Output {
+            id: w.id,
+            tokens: Vec::new(),
+            log_probs: Vec::new(),
+            finish,
+            prompt_tokens: w.request.input_ids.len(),
+            cached_tokens: 0,
+            weight_version: self.weight_version,
+            seed: w.request.sampling.seed.unwrap_or(0),
+        }
+    }
+
+    fn finish(&mut self, r: Running, finish: FinishReason) {
+        self.free_slots.push(r.slot);
+        let output = Output {
+            id: r.id,
+            tokens: r.output,
+            log_probs: r.log_probs,
+            finish,
+            prompt_tokens: r.prompt_len,
+            cached_tokens: 0,
+            weight_version: self.weight_version,
+            seed: r.seed,
+        };
+        let _ = r.events.send(Event::Done(output));
+    }
+
+    /// Prefills waiting requests into free slots and draws their first tokens.
+    fn admit(&mut self) {
+        while !self.waiting.is_empty() && !self.free_slots.is_empty() {
+            let w = self.waiting.pop_front().expect("invariant: not empty");
+            if w.events.is_closed() {
+                continue;
+            }
+            let slot = self.free_slots.pop().expect("invariant: not empty");
+            let seed = w.request.sampling.seed.unwrap_or_else(|| {
+                self.seed_counter += 1;
+                crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
+            });
+            let ids: Vec<i64> = w.request.input_ids.iter().map(|&t| t as i64).collect();
+            let n = ids.len() as i64;
+            let device = self.decoder.device();
+            let tokens = Tensor::from_slice(&ids).unsqueeze(0).to_device(device);
+            let positions = Tensor::arange(n, (Kind::Int64, device)).unsqueeze(0);
+            let hidden = self.decoder.hidden_states(
+                &tokens,
+                &positions,
+                Attention::Slots {
+                    cache: &mut self.cache,
+                    slots: &[slot],
+                    past: &[0],
+                },
+            );
+            let logits = self
+                .decoder
+                .logits(&hidden.select(1, n - 1))
+                .to_kind(Kind::Float);
+            let running = Running {
+                id: w.id,
+                events: w.events,
+                sampling: w.request.sampling,
+                seed,
+                slot,
+                prompt_len: ids.len(),
+                cached: n,
+                output: Vec::new(),
+                log_probs: Vec::new(),
+            };
+            self.running.push(running);
+            let last = self.running.len() - 1;
+            self.draw_and_check(&logits, &[last]);
+        }
+    }
+
+    /// One decode step for every running request.
+    fn decode_step(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        let device = self.decoder.device();
+        let last: Vec<i64> = self
+            .running
+            .iter()
+            .map(|r| {
+                *r.output
+                    .last()
+                    .expect("invariant: running requests have a token") as i64
+            })
+            .collect();
+        let slots: Vec<i64> = self.running.iter().map(|r| r.slot).collect();
+        let past: Vec<i64> = self.running.iter().map(|r| r.cached).collect();
+        let tokens = Tensor::from_slice(&last).unsqueeze(1).to_device(device);
+        let positions = Tensor::from_slice(&past).unsqueeze(1).to_device(device);
+        let hidden = self.decoder.hidden_states(
+            &tokens,
+            &positions,
+            Attention::Slots {
+                cache: &mut self.cache,
+                slots: &slots,
+                past: &past,
+            },
+        );
+        let logits = self
+            .decoder
+            .logits(&hidden.select(1, 0))
+            .to_kind(Kind::Float);
+        for r in &mut self.running {
+            r.cached += 1;
+        }
+        let rows: Vec<usize> = (0..self.running.len()).collect();
+        self.draw_and_check(&logits, &rows);
+    }
+
+    /// Draws one token for each listed running request (row `i` of `logits` belongs to `rows[i]`),
+    /// streams it, and finishes the requests that stop.
+    fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
+        let banned: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|&i| {
+                let r = &self.running[i];
+                if r.output.len() >= r.sampling.min_new_tokens {
+                    return Vec::new();
+                }
+                let mut b = r.sampling.stop_token_ids.clone();
+                if !r.sampling.ignore_eos {
+                    b.extend(&self.config.eos_token_ids);
+                }
+                b
+            })
+            .collect();
+        let specs: Vec<RowSampling<'_>> = rows
+            .iter()
+            .zip(&banned)
+            .map(|(&i, banned)| {
+                let r = &self.running[i];
+                RowSampling {
+                    params: &r.sampling,
+                    seed: r.seed,
+                    step: r.output.len() as u64,
+                    banned,
+                }
+            })
+            .collect();
+        let draws = draw(logits, &specs);
+        let mut done = Vec::new();
+        for (&i, d) in rows.iter().zip(draws) {
+            let r = &mut self.running[i];
+            r.output.push(d.token);
+            r.log_probs.push(d.log_prob);
+            if r.events
+                .send(Event::Token {
+                    token: d.token,
+                    log_prob: d.log_prob,
+                })
+                .is_err()
+            {
+                done.push((i, FinishReason::Abort));
+                continue;
+            }
+            if let Some(reason) = stop_reason(r, &self.config, self.tokenizer.as_ref()) {
+                done.push((i, reason));
+            }
+        }
+        // Remove from the back so earlier indices stay valid.
+        done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, reason) in done {
+            let r = self.running.swap_remove(i);
+            self.finish(r, reason);
+        }
+    }
+}
+
+fn stop_reason(
+    r: &Running,
+    config: &EngineConfig,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<FinishReason> {
+    let token = *r.output.last()?;
+    let s = &r.sampling;
+    if r.output.len() >= s.min_new_tokens {
+        if (!s.ignore_eos && config.eos_token_ids.contains(&token))
+            || s.stop_token_ids.contains(&token)
+        {
+            return Some(FinishReason::Stop {
+                matched: StopMatch::Token(token),
+            });
+        }
+        if let (false, Some(tok)) = (s.stop.is_empty(), tokenizer) {
+            // Only the tail can hold a new match: the last token's text plus the longest stop string.
+            let window = s.stop.iter().map(|x| x.len()).max().unwrap_or(0) + 16;
+            let from = r.output.len().saturating_sub(window);
+            if let Ok(text) = tok.decode(&r.output[from..], false) {
+                if let Some(hit) = s.stop.iter().find(|x| text.contains(x.as_str())) {
+                    return Some(FinishReason::Stop {
+                        matched: StopMatch::Text(hit.clone()),
+                    });
+                }
+            }
+        }
+    }
+    if r.output.len() >= s.max_new_tokens || r.cached + 1 >= config.slot_len {
+        return Some(FinishReason::Length);
+    }
+    None
+}

@@ -1,0 +1,339 @@
+//! The engine against the scoring path, on a tiny CPU model: greedy tokens are the full-sequence
+//! argmax and engine log-probs equal scoring log-probs; a seeded request draws the same tokens alone
+//! or among 64 others; aborts return partial output; stop conditions; slots all come back.
+
+use ooze_core::{FinishReason, StopMatch};
+use ooze_engine::{start, EngineConfig, EngineError, EngineHandle, Event, Request, SamplingParams};
+use ooze_model::init::{init_model, InitOptions, Size};
+use ooze_model::{score_sequences, Attention, Decoder, Family, Layout, ScoreOptions, Tokenizer};
+use ooze_torch::tch::{Device, Kind, Tensor};
+use std::path::Path;
+
+fn model_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
+    options.tokenizer_vocab = 400;
+    options.seed = 11;
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(3, 30_000),
+        &options,
+    )
+    .unwrap();
+    dir
+}
+
+fn engine(dir: &Path, slots: i64, eos: Vec<u32>) -> EngineHandle {
+    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
+    let tokenizer = Tokenizer::load(dir).unwrap();
+    start(
+        decoder,
+        Some(tokenizer),
+        EngineConfig {
+            slots,
+            slot_len: 256,
+            eos_token_ids: eos,
+        },
+    )
+}
+
+fn request(prompt: &[u32], params: SamplingParams) -> Request {
+    Request {
+        input_ids: prompt.to_vec(),
+        sampling: params.validate().unwrap(),
+    }
+}
+
+fn prompt(i: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|j| (i * 37 + j * 11) % 390 + 1).collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn greedy_equals_scoring_argmax_and_log_probs() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 8, vec![]);
+    let scorer = Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(i, 3 + 7 * i)).collect();
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(20),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let outputs = runtime().block_on(async {
+        let futures: Vec<_> = prompts
+            .iter()
+            .map(|p| handle.generate(request(p, greedy.clone())))
+            .collect();
+        let mut out = Vec::new();
+        for f in futures {
+            out.push(f.await.unwrap());
+        }
+        out
+    });
+    let _guard = ooze_torch::tch::no_grad_guard();
+    for (p, out) in prompts.iter().zip(&outputs) {
+        assert_eq!(out.tokens.len(), 20);
+        assert_eq!(out.finish, FinishReason::Length);
+        let full: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
+        let scores = score_sequences(
+            &scorer,
+            std::slice::from_ref(&full),
+            Layout::Padded,
+            &ScoreOptions::default(),
+        )
+        .unwrap();
+        let scored = &scores[0].log_probs[p.len() - 1..];
+        let worst = scored
+            .iter()
+            .zip(&out.log_probs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 1e-5,
+            "engine and scoring log-probs differ by {worst}"
+        );
+        let ids =
+            Tensor::from_slice(&full.iter().map(|&t| t as i64).collect::<Vec<_>>()).unsqueeze(0);
+        let positions = Tensor::arange(full.len() as i64, (Kind::Int64, Device::Cpu)).unsqueeze(0);
+        let logits = scorer.logits(&scorer.hidden_states(&ids, &positions, Attention::Causal));
+        let argmax = Vec::<i64>::try_from(logits.get(0).argmax(-1, false)).unwrap();
+        let expected: Vec<u32> = argmax[p.len() - 1..full.len() - 1]
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+        assert_eq!(
+            out.tokens, expected,
+            "greedy tokens differ from the full-sequence argmax"
+        );
+    }
+}
+
+#[test]
+fn same_seed_same_tokens_alone_or_in_a_batch_of_64() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 80, vec![]);
+    let sampled = |seed| SamplingParams {
+        seed: Some(seed),
+        top_p: Some(0.95),
+        max_new_tokens: Some(24),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let target = prompt(99, 9);
+    let rt = runtime();
+    let alone = rt
+        .block_on(handle.generate(request(&target, sampled(42))))
+        .unwrap();
+    let crowd = rt.block_on(async {
+        let mut receivers = Vec::new();
+        for i in 0..64u32 {
+            if i == 31 {
+                receivers.push(handle.submit(request(&target, sampled(42))).unwrap());
+            }
+            receivers.push(
+                handle
+                    .submit(request(&prompt(i, 2 + i % 13), sampled(i as u64)))
+                    .unwrap(),
+            );
+        }
+        let mut outputs = Vec::new();
+        for (_, mut rx) in receivers {
+            while let Some(event) = rx.recv().await {
+                if let Event::Done(out) = event {
+                    outputs.push(out);
+                }
+            }
+        }
+        outputs
+    });
+    assert_eq!(crowd.len(), 65);
+    let in_batch = &crowd[31];
+    assert_eq!(
+        in_batch.tokens, alone.tokens,
+        "a seeded request must not depend on its batch"
+    );
+    assert_eq!(in_batch.seed, 42);
+    let different = crowd.iter().filter(|o| o.tokens != alone.tokens).count();
+    assert!(
+        different >= 60,
+        "other seeds and prompts should give other tokens"
+    );
+}
+
+#[test]
+fn abort_returns_partial_output_and_frees_the_slot() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 2, vec![]);
+    let rt = runtime();
+    rt.block_on(async {
+        let long = SamplingParams {
+            max_new_tokens: Some(200),
+            ignore_eos: Some(true),
+            ..Default::default()
+        };
+        let (id, mut rx) = handle.submit(request(&prompt(1, 5), long.clone())).unwrap();
+        let (waiting_id, mut waiting_rx) = {
+            // Fill the other slot, then queue one more that never starts.
+            let _busy = handle.submit(request(&prompt(2, 5), long.clone())).unwrap();
+            handle.submit(request(&prompt(3, 5), long)).unwrap()
+        };
+        let mut seen = 0;
+        while let Some(Event::Token { .. }) = rx.recv().await {
+            seen += 1;
+            if seen == 3 {
+                handle.abort(id);
+                break;
+            }
+        }
+        let mut done = None;
+        while let Some(event) = rx.recv().await {
+            if let Event::Done(out) = event {
+                done = Some(out);
+            }
+        }
+        let out = done.expect("aborted requests still report");
+        assert_eq!(out.finish, FinishReason::Abort);
+        assert!(
+            out.tokens.len() >= 3 && out.tokens.len() < 200,
+            "{}",
+            out.tokens.len()
+        );
+        assert_eq!(out.tokens.len(), out.log_probs.len());
+        handle.abort(waiting_id);
+        handle.abort_all();
+        let mut last = None;
+        while let Some(event) = waiting_rx.recv().await {
+            last = Some(event);
+        }
+        assert!(matches!(last, Some(Event::Done(ref o)) if o.finish == FinishReason::Abort));
+        let stats = handle.stats().await.unwrap();
+        assert_eq!(
+            (stats.free_slots, stats.running, stats.waiting),
+            (2, 0, 0),
+            "{stats:?}"
+        );
+    });
+}
+
+#[test]
+fn stop_tokens_strings_and_min_new_tokens() {
+    let dir = model_dir();
+    let tokenizer = Tokenizer::load(dir.path()).unwrap();
+    let rt = runtime();
+    let p = prompt(5, 6);
+    let greedy = |extra: SamplingParams| SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(30),
+        ..extra
+    };
+    let free = rt
+        .block_on(
+            engine(dir.path(), 4, vec![]).generate(request(&p, greedy(SamplingParams::default()))),
+        )
+        .unwrap();
+    let stop_at = free.tokens[6];
+    let first = free.tokens.iter().position(|&t| t == stop_at).unwrap();
+
+    let handle = engine(dir.path(), 4, vec![]);
+    let out = rt
+        .block_on(handle.generate(request(
+            &p,
+            greedy(SamplingParams {
+                stop_token_ids: Some(vec![stop_at]),
+                ..Default::default()
+            }),
+        )))
+        .unwrap();
+    assert_eq!(
+        out.finish,
+        FinishReason::Stop {
+            matched: StopMatch::Token(stop_at)
+        }
+    );
+    assert_eq!(out.tokens, free.tokens[..=first]);
+
+    // The same token as EOS, but not before 10 tokens: greedy then avoids it until then.
+    let eos_engine = engine(dir.path(), 4, vec![stop_at]);
+    let out = rt
+        .block_on(eos_engine.generate(request(
+            &p,
+            greedy(SamplingParams {
+                min_new_tokens: Some(10),
+                ..Default::default()
+            }),
+        )))
+        .unwrap();
+    assert!(out.tokens.len() >= 10, "{:?}", out.tokens);
+    assert!(!out.tokens[..10].contains(&stop_at));
+    let ignored = rt
+        .block_on(eos_engine.generate(request(
+            &p,
+            greedy(SamplingParams {
+                ignore_eos: Some(true),
+                ..Default::default()
+            }),
+        )))
+        .unwrap();
+    assert_eq!(
+        (ignored.tokens.len(), ignored.finish.clone()),
+        (30, FinishReason::Length)
+    );
+
+    let text = tokenizer.decode(&free.tokens, false).unwrap();
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(3)
+        .collect();
+    let out = rt
+        .block_on(handle.generate(request(
+            &p,
+            greedy(SamplingParams {
+                stop: Some(ooze_engine::StopStrings::One(stop.clone())),
+                ..Default::default()
+            }),
+        )))
+        .unwrap();
+    assert_eq!(
+        out.finish,
+        FinishReason::Stop {
+            matched: StopMatch::Text(stop.clone())
+        }
+    );
+    let got = tokenizer.decode(&out.tokens, false).unwrap();
+    assert!(
+        got.contains(&stop),
+        "stop text stays in the output: {got:?}"
+    );
+    assert!(out.tokens.len() < free.tokens.len());
+}
+
+#[test]
+fn refuses_what_cannot_run() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 1, vec![]);
+    let err = |r| handle.submit(r).err().unwrap();
+    assert_eq!(
+        err(request(&[], SamplingParams::default())),
+        EngineError::EmptyInput
+    );
+    assert_eq!(
+        err(request(&[1, 999_999], SamplingParams::default())),
+        EngineError::TokenOutOfVocab(999_999, 400)
+    );
+    let long = SamplingParams {
+        max_new_tokens: Some(250),
+        ..Default::default()
+    };
+    assert_eq!(
+        err(request(&prompt(0, 10), long)).to_string(),
+        "prompt (10 tokens) + max_new_tokens (250) exceeds the engine's sequence length 256"
+    );
+}
