@@ -38,11 +38,14 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
     (mix(seed ^ mix(step)) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Draws one token per row of `logits [B, V]` (fp32, any device).
+/// Draws one token per row of `logits [B, V]` (fp32, any device), all rows at once: a handful of
+/// batched kernels per step whatever the batch size, and a full-vocabulary sort only when some row
+/// asks for top-k or top-p.
 pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let device = logits.device();
-    let vocab = logits.size()[1];
-    let temps: Vec<f32> = rows
+    let (b, vocab) = logits.size2().expect("invariant: logits are [B, V]");
+    let on = |v: Vec<f32>| Tensor::from_slice(&v).to_device(device);
+    let temps = on(rows
         .iter()
         .map(|r| {
             if r.params.temperature > 0.0 {
@@ -51,70 +54,128 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
                 1.0
             }
         })
-        .collect();
-    let scaled = logits / Tensor::from_slice(&temps).to_device(device).unsqueeze(1);
+        .collect());
+    let scaled = logits / temps.unsqueeze(1);
     let log_probs = scaled.log_softmax(-1, Kind::Float);
-    let mut tokens = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
-        let mut l = scaled.get(i as i64);
-        if !row.banned.is_empty() {
-            let banned: Vec<i64> = row
-                .banned
+
+    // What may be drawn: banned tokens (stop tokens before min_new_tokens) are out.
+    let mut masked = scaled.shallow_clone();
+    let banned: Vec<(i64, i64)> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            r.banned
                 .iter()
-                .map(|&t| t as i64)
-                .filter(|&t| t < vocab)
-                .collect();
-            l = l.index_fill(
-                0,
-                &Tensor::from_slice(&banned).to_device(device),
-                f64::NEG_INFINITY,
-            );
-        }
-        let p = &row.params;
-        if p.temperature == 0.0 {
-            tokens.push(l.argmax(-1, false));
-            continue;
-        }
-        if p.top_k > 0 && p.top_k < vocab {
-            let (top, _) = l.topk(p.top_k, -1, true, true);
-            l = l.masked_fill(&l.lt_tensor(&top.get(p.top_k - 1)), f64::NEG_INFINITY);
-        }
-        let mut probs = l.softmax(-1, Kind::Float);
-        if p.min_p > 0.0 {
-            let floor = probs.max() * p.min_p;
-            probs = probs.masked_fill(&probs.lt_tensor(&floor), 0.0);
-        }
-        if p.top_p < 1.0 {
-            let (sorted, order) = probs.sort(-1, true);
-            // Keep a token when the mass before it is still below top_p.
-            let before = sorted.cumsum(-1, Kind::Float) - &sorted;
-            let drop_sorted = before.ge(p.top_p);
-            let drop = drop_sorted.scatter(0, &order, &drop_sorted);
-            probs = probs.masked_fill(&drop, 0.0);
-        }
-        let cdf = probs.cumsum(-1, Kind::Float);
-        let target = cdf.get(vocab - 1) * uniform(row.seed, row.step);
-        let token = target
-            .unsqueeze(0)
-            .searchsorted(&cdf, false, true, "right", None::<Tensor>)
-            .clamp(0, vocab - 1)
-            .squeeze();
-        tokens.push(token);
+                .filter(|&&t| (t as i64) < vocab)
+                .map(move |&t| (i as i64, t as i64))
+        })
+        .collect();
+    if !banned.is_empty() {
+        let (ri, ti): (Vec<i64>, Vec<i64>) = banned.into_iter().unzip();
+        let index = [
+            Some(Tensor::from_slice(&ri).to_device(device)),
+            Some(Tensor::from_slice(&ti).to_device(device)),
+        ];
+        masked = masked.index_put(
+            &index,
+            &Tensor::from(f32::NEG_INFINITY).to_device(device),
+            false,
+        );
     }
-    let tokens = Tensor::stack(&tokens, 0).to_kind(Kind::Int64);
+    let greedy_tokens = masked.argmax(-1, false);
+    if rows.iter().all(|r| r.params.temperature == 0.0) {
+        return finish(&log_probs, greedy_tokens);
+    }
+    let mut probs = masked.softmax(-1, Kind::Float);
+    if rows.iter().any(|r| r.params.min_p > 0.0) {
+        let min_p = on(rows.iter().map(|r| r.params.min_p as f32).collect()).unsqueeze(1);
+        let floor = probs.amax([-1i64].as_slice(), true) * min_p;
+        probs = probs.masked_fill(&probs.lt_tensor(&floor), 0.0);
+    }
+    let uniforms = Tensor::from_slice(
+        &rows
+            .iter()
+            .map(|r| uniform(r.seed, r.step))
+            .collect::<Vec<f64>>(),
+    )
+    .to_device(device)
+    .to_kind(Kind::Float)
+    .unsqueeze(1);
+    // Plain sampling: inverse CDF in vocabulary order.
+    let cdf = probs.cumsum(-1, Kind::Float);
+    let target = cdf.narrow(1, vocab - 1, 1) * &uniforms;
+    let mut sampled = target
+        .searchsorted(&cdf, false, true, "right", None::<Tensor>)
+        .clamp(0, vocab - 1)
+        .squeeze_dim(1);
+    let truncates: Vec<bool> = rows
+        .iter()
+        .map(|r| r.params.top_k > 0 || r.params.top_p < 1.0)
+        .collect();
+    if truncates.iter().any(|&t| t) {
+        // Top-k / top-p: inverse CDF over the kept tokens in descending order. Each row takes the
+        // result of its own kind, so a row's token never depends on its neighbours' settings.
+        let (sorted, order) = probs.sort(-1, true);
+        let rank = Tensor::arange(vocab, (Kind::Int64, device)).unsqueeze(0);
+        let top_k = Tensor::from_slice(
+            &rows
+                .iter()
+                .map(|r| {
+                    if r.params.top_k > 0 {
+                        r.params.top_k
+                    } else {
+                        vocab
+                    }
+                })
+                .collect::<Vec<i64>>(),
+        )
+        .to_device(device)
+        .unsqueeze(1);
+        let top_p = on(rows.iter().map(|r| r.params.top_p as f32).collect()).unsqueeze(1);
+        // Keep rank r when r < k and the mass before it is still below p (the first is always kept).
+        let before = sorted.cumsum(-1, Kind::Float) - &sorted;
+        let keep = rank
+            .lt_tensor(&top_k)
+            .logical_and(&before.lt_tensor(&top_p).logical_or(&rank.eq(0)));
+        let kept = sorted.masked_fill(&keep.logical_not(), 0.0);
+        let cdf = kept.cumsum(-1, Kind::Float);
+        let target = cdf.narrow(1, vocab - 1, 1) * &uniforms;
+        let pick = target
+            .searchsorted(&cdf, false, true, "right", None::<Tensor>)
+            .clamp(0, vocab - 1);
+        let truncated = order.gather(1, &pick, false).squeeze_dim(1);
+        sampled = truncated.where_self(&Tensor::from_slice(&truncates).to_device(device), &sampled);
+    }
+    let is_greedy = Tensor::from_slice(
+        &rows
+            .iter()
+            .map(|r| r.params.temperature == 0.0)
+            .collect::<Vec<bool>>(),
+    )
+    .to_device(device);
+    let tokens = greedy_tokens.where_self(&is_greedy, &sampled);
+    debug_assert_eq!(tokens.size(), [b]);
+    finish(&log_probs, tokens)
+}
+
+/// Gathers the chosen tokens' log-probs and brings both to the host (one synchronisation).
+fn finish(log_probs: &Tensor, tokens: Tensor) -> Vec<Draw> {
     let chosen = log_probs
         .gather(1, &tokens.unsqueeze(1), false)
         .squeeze_dim(1);
-    let tokens =
-        Vec::<i64>::try_from(tokens.to_device(Device::Cpu)).expect("invariant: int64 tokens");
-    let chosen =
-        Vec::<f32>::try_from(chosen.to_device(Device::Cpu)).expect("invariant: fp32 log-probs");
+    let both = Tensor::stack(
+        &[tokens.to_kind(Kind::Double), chosen.to_kind(Kind::Double)],
+        0,
+    )
+    .to_device(Device::Cpu);
+    let tokens = Vec::<f64>::try_from(both.get(0)).expect("invariant: token ids");
+    let chosen = Vec::<f64>::try_from(both.get(1)).expect("invariant: log-probs");
     tokens
         .into_iter()
         .zip(chosen)
         .map(|(t, lp)| Draw {
             token: t as u32,
-            log_prob: lp,
+            log_prob: lp as f32,
         })
         .collect()
 }

@@ -131,11 +131,20 @@ fn same_seed_same_tokens_alone_or_in_a_batch_of_64() {
     let alone = rt
         .block_on(handle.generate(request(&target, sampled(42))))
         .unwrap();
+    // Plain sampling (no truncation) alone, for the same check among truncating neighbours.
+    let plain = |seed| SamplingParams {
+        top_p: None,
+        ..sampled(seed)
+    };
+    let plain_alone = rt
+        .block_on(handle.generate(request(&target, plain(7))))
+        .unwrap();
     let crowd = rt.block_on(async {
         let mut receivers = Vec::new();
         for i in 0..64u32 {
             if i == 31 {
                 receivers.push(handle.submit(request(&target, sampled(42))).unwrap());
+                receivers.push(handle.submit(request(&target, plain(7))).unwrap());
             }
             receivers.push(
                 handle
@@ -153,13 +162,17 @@ fn same_seed_same_tokens_alone_or_in_a_batch_of_64() {
         }
         outputs
     });
-    assert_eq!(crowd.len(), 65);
+    assert_eq!(crowd.len(), 66);
     let in_batch = &crowd[31];
     assert_eq!(
         in_batch.tokens, alone.tokens,
         "a seeded request must not depend on its batch"
     );
     assert_eq!(in_batch.seed, 42);
+    assert_eq!(
+        crowd[32].tokens, plain_alone.tokens,
+        "nor on its neighbours' sampling settings"
+    );
     let different = crowd.iter().filter(|o| o.tokens != alone.tokens).count();
     assert!(
         different >= 60,

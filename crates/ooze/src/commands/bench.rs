@@ -18,6 +18,25 @@ pub struct Args {
 enum What {
     /// Full-sequence forward + per-token log-probs (no gradient).
     Forward(ForwardArgs),
+    /// The rollout engine: B concurrent requests of I prompt tokens and O output tokens.
+    Generate(GenerateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GenerateArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    #[arg(long, default_value_t = 512)]
+    input_len: usize,
+    #[arg(long, default_value_t = 512)]
+    output_len: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    #[command(flatten)]
+    compute: ComputeArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -45,7 +64,111 @@ fn sync(device: Device) {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let What::Forward(a) = args.what;
+    match args.what {
+        What::Forward(a) => forward(a),
+        What::Generate(a) => generate(a),
+    }
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    use ooze_engine::{EngineConfig, Event, Request, SamplingParams};
+    let decoder = load_decoder(&a.model, &a.compute)?;
+    let vocab = decoder.config.vocab_size as u64;
+    let config = EngineConfig {
+        slots: a.batch as i64,
+        slot_len: (a.input_len + a.output_len) as i64,
+        eos_token_ids: Vec::new(),
+    };
+    let engine = ooze_engine::start(decoder, None, config);
+    let sampling = SamplingParams {
+        temperature: Some(a.temperature),
+        max_new_tokens: Some(a.output_len),
+        ignore_eos: Some(true),
+        ..Default::default()
+    }
+    .validate()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut prompt = || -> Vec<u32> {
+        (0..a.input_len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % vocab) as u32
+            })
+            .collect()
+    };
+    // Warm-up: a few short requests, so kernels and the allocator are ready.
+    for _ in 0..2 {
+        let warm = SamplingParams {
+            max_new_tokens: Some(8),
+            ignore_eos: Some(true),
+            ..Default::default()
+        }
+        .validate()?;
+        runtime.block_on(engine.generate(Request {
+            input_ids: prompt(),
+            sampling: warm,
+        }))?;
+    }
+    let started = Instant::now();
+    let mut streams = Vec::with_capacity(a.batch);
+    for _ in 0..a.batch {
+        streams.push(
+            engine
+                .submit(Request {
+                    input_ids: prompt(),
+                    sampling: sampling.clone(),
+                })?
+                .1,
+        );
+    }
+    // Every stream is read concurrently, so each first-token time is taken when it arrives.
+    let (mut first_tokens, generated) = runtime.block_on(async {
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|mut rx| {
+                tokio::spawn(async move {
+                    let (mut first, mut n) = (None, 0usize);
+                    while let Some(event) = rx.recv().await {
+                        match event {
+                            Event::Token { .. } => {
+                                first.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                            }
+                            Event::Done(out) => n = out.tokens.len(),
+                        }
+                    }
+                    (first.unwrap_or(f64::NAN), n)
+                })
+            })
+            .collect();
+        let (mut firsts, mut total) = (Vec::new(), 0);
+        for task in tasks {
+            let (first, n) = task.await.expect("invariant: reader tasks do not panic");
+            firsts.push(first);
+            total += n;
+        }
+        (firsts, total)
+    });
+    let total = started.elapsed().as_secs_f64();
+    first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+    let ttft = first_tokens[first_tokens.len() / 2];
+    println!(
+        "generate {} x ({} in + {} out) {}: {:.2} s, {:.0} output tokens/s, median time to first token {:.0} ms, time per output token {:.2} ms",
+        a.batch,
+        a.input_len,
+        a.output_len,
+        a.compute.dtype,
+        total,
+        generated as f64 / total,
+        ttft * 1e3,
+        (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
+    );
+    Ok(())
+}
+
+fn forward(a: ForwardArgs) -> anyhow::Result<()> {
     let decoder = load_decoder(&a.model, &a.compute)?;
     let device = decoder.device();
     let _guard = tch::no_grad_guard();
