@@ -392,6 +392,13 @@ impl EngineLoop {
         if self.running.is_empty() {
             return;
         }
+        let profile = std::env::var_os("OOZE_ENGINE_PROFILE").is_some();
+        let t0 = std::time::Instant::now();
+        let sync = |device: ooze_torch::tch::Device| {
+            if let ooze_torch::tch::Device::Cuda(i) = device {
+                ooze_torch::tch::Cuda::synchronize(i as i64);
+            }
+        };
         let device = self.decoder.device();
         let last: Vec<i64> = self
             .running
@@ -415,15 +422,33 @@ impl EngineLoop {
                 past: &past,
             },
         );
+        if profile {
+            sync(device);
+        }
+        let t1 = std::time::Instant::now();
         let logits = self
             .decoder
             .logits(&hidden.select(1, 0))
             .to_kind(Kind::Float);
+        if profile {
+            sync(device);
+        }
+        let t2 = std::time::Instant::now();
         for r in &mut self.running {
             r.cached += 1;
         }
         let rows: Vec<usize> = (0..self.running.len()).collect();
         self.draw_and_check(&logits, &rows);
+        if profile {
+            let t3 = std::time::Instant::now();
+            eprintln!(
+                "engine step: batch {} blocks {:.2} ms, head {:.2} ms, sample+host {:.2} ms",
+                slots.len(),
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+                (t3 - t2).as_secs_f64() * 1e3
+            );
+        }
     }
 
     /// Draws one token for each listed running request (row `i` of `logits` belongs to `rows[i]`),

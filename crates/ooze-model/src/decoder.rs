@@ -113,6 +113,14 @@ impl SlotCache {
     }
 }
 
+/// Keys read from slots are padded to a multiple of this many positions: the fused attention
+/// kernels want an aligned bias, and fewer distinct shapes means fewer kernel plans.
+pub const KEY_ALIGN: i64 = 16;
+
+fn round_up(n: i64, to: i64) -> i64 {
+    (n + to - 1) / to * to
+}
+
 /// How the tokens of a batch may attend to each other.
 pub enum Attention<'a> {
     /// `[B, T]` right-padded sequences; position `t` sees positions `≤ t` of its own row.
@@ -352,7 +360,8 @@ impl Decoder {
                 (mask, KvTarget::Contiguous(cache), false)
             }
             Attention::Slots { cache, slots, past } => {
-                let read_len = past.iter().max().copied().unwrap_or(0) + t;
+                let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN)
+                    .min(cache.max_len);
                 let dev = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
                 let write_slot = dev(slots
                     .iter()
@@ -421,16 +430,22 @@ impl Decoder {
                     (read(&cache.k[i]), read(&cache.v[i]))
                 }
             };
-            let attn = Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                mask.as_ref(),
-                0.0,
-                causal,
-                scale,
-                c.num_kv_heads != c.num_heads,
-            );
+            let gqa = c.num_kv_heads != c.num_heads;
+            let attn = match (&target, t, mask.as_ref()) {
+                (KvTarget::Slots { .. }, 1, Some(mask)) => {
+                    decode_attention(&q, &k, &v, mask, scale)
+                }
+                _ => Tensor::scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    mask.as_ref(),
+                    0.0,
+                    causal,
+                    scale,
+                    gqa,
+                ),
+            };
             let attn = attn
                 .transpose(1, 2)
                 .reshape([b, t, c.num_heads * c.head_dim]);
@@ -461,6 +476,44 @@ impl Decoder {
         let hidden = self.hidden_states(tokens, &positions, Attention::Cached(cache));
         self.logits(&hidden.select(1, t - 1)).to_kind(Kind::Float)
     }
+}
+
+/// Attention of one new token per row (`q [B, H, 1, D]`) over its own keys (`k, v [B, KV, L, D]`,
+/// `mask [B, 1, 1, L]`). On a GPU the `H / KV` query heads that share a key head are laid out as
+/// that head's queries (`[B, KV, H/KV, D]`), so grouped-query attention needs no copies of the keys,
+/// and the memory-efficient kernel is called directly (the dispatcher would pick cuDNN, which
+/// builds a new plan — tens of milliseconds — for every new key length).
+fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Tensor {
+    let (b, h, _, d) = q.size4().expect("invariant: q is [B, H, 1, D]");
+    let kv = k.size()[1];
+    if !q.device().is_cuda() {
+        return Tensor::scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            Some(mask),
+            0.0,
+            false,
+            scale,
+            h != kv,
+        );
+    }
+    let len = k.size()[2];
+    let grouped = q.reshape([b, kv, h / kv, d]);
+    let bias = Tensor::zeros([b, 1, 1, len], (q.kind(), q.device()))
+        .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
+        .expand([b, kv, h / kv, len], false);
+    let (out, _, _, _) = Tensor::internal_scaled_dot_product_efficient_attention(
+        &grouped,
+        k,
+        v,
+        Some(&bias),
+        false,
+        0.0,
+        false,
+        scale,
+    );
+    out.reshape([b, h, 1, d])
 }
 
 /// `[1, 1, N, N]` boolean mask: true where query `i` may attend key `j`.

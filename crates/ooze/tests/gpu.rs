@@ -99,3 +99,85 @@ fn gpu_scores_match_cpu() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_engine_greedy_matches_scoring() {
+    require_gpu();
+    use ooze_engine::{start, EngineConfig, Request, SamplingParams};
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen2, Size::Small);
+    options.seed = 5;
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(0, 50_000),
+        &options,
+    )
+    .unwrap();
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let engine = start(
+            Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap(),
+            None,
+            EngineConfig {
+                slots: 16,
+                slot_len: 320,
+                eos_token_ids: vec![],
+            },
+        );
+        let scorer = Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap();
+        let greedy = SamplingParams {
+            temperature: Some(0.0),
+            max_new_tokens: Some(40),
+            ignore_eos: Some(true),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let prompts = sequences(scorer.config.vocab_size);
+        let outputs: Vec<_> = runtime.block_on(async {
+            let streams: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    engine
+                        .submit(Request {
+                            input_ids: p.clone(),
+                            sampling: greedy.clone(),
+                        })
+                        .unwrap()
+                        .1
+                })
+                .collect();
+            let mut outs = Vec::new();
+            for mut rx in streams {
+                while let Some(event) = rx.recv().await {
+                    if let ooze_engine::Event::Done(out) = event {
+                        outs.push(out);
+                    }
+                }
+            }
+            outs
+        });
+        let tolerance = if kind == Kind::Float { 1e-3 } else { 0.15 };
+        let mut worst = 0.0f32;
+        for (p, out) in prompts.iter().zip(&outputs) {
+            let full: Vec<u32> = p.iter().chain(&out.tokens).copied().collect();
+            let scored =
+                score_sequences(&scorer, &[full], Layout::Padded, &ScoreOptions::default())
+                    .unwrap();
+            for (a, b) in scored[0].log_probs[p.len() - 1..]
+                .iter()
+                .zip(&out.log_probs)
+            {
+                worst = worst.max((a - b).abs());
+            }
+        }
+        assert!(
+            worst < tolerance,
+            "{kind:?}: engine vs scoring log-prob error {worst}"
+        );
+        eprintln!("{kind:?}: max |engine - scoring| log-prob {worst:.2e}");
+    }
+}
