@@ -14,6 +14,7 @@ use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
 use ooze_torch::tch::{self, Kind, Tensor};
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use tokio::sync::{mpsc as async_mpsc, oneshot};
@@ -78,6 +79,8 @@ pub enum EngineError {
     },
     #[error("the engine has stopped")]
     Stopped,
+    #[error("weight update failed: {0}")]
+    WeightUpdate(String),
 }
 
 /// Live counters.
@@ -88,6 +91,7 @@ pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
     pub weight_version: u64,
+    pub paused: bool,
 }
 
 enum Command {
@@ -99,6 +103,12 @@ enum Command {
     Abort(RequestId),
     AbortAll,
     Stats(oneshot::Sender<EngineStats>),
+    Pause,
+    Continue,
+    UpdateWeights {
+        dir: PathBuf,
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
 }
 
 /// Cloneable handle to a running engine. Dropping every handle stops the engine thread.
@@ -163,6 +173,27 @@ impl EngineHandle {
         let _ = self.commands.send(Command::AbortAll);
     }
 
+    /// Stops scheduling: running requests keep their state and resume on [`EngineHandle::resume`].
+    pub fn pause(&self) {
+        let _ = self.commands.send(Command::Pause);
+    }
+
+    pub fn resume(&self) {
+        let _ = self.commands.send(Command::Continue);
+    }
+
+    /// Loads new weights from an HF model directory between two steps; returns the new weight
+    /// version. Requests in flight continue under the new weights.
+    pub async fn update_weights_from_disk(&self, dir: PathBuf) -> Result<u64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::UpdateWeights { dir, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::WeightUpdate)
+    }
+
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.commands
@@ -202,6 +233,7 @@ struct EngineLoop {
     running: Vec<Running>,
     weight_version: u64,
     seed_counter: u64,
+    paused: bool,
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
@@ -230,6 +262,7 @@ pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfi
         running: Vec::new(),
         weight_version: 0,
         seed_counter: 0,
+        paused: false,
     };
     std::thread::Builder::new()
         .name("ooze-engine".into())
@@ -242,7 +275,7 @@ impl EngineLoop {
     fn run(mut self, commands: mpsc::Receiver<Command>) {
         let _guard = tch::no_grad_guard();
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.paused || (self.running.is_empty() && self.waiting.is_empty()) {
                 match commands.recv() {
                     Ok(command) => self.handle(command),
                     Err(_) => return,
@@ -258,8 +291,10 @@ impl EngineLoop {
                     }
                 }
             }
-            self.admit();
-            self.decode_step();
+            if !self.paused {
+                self.admit();
+                self.decode_step();
+            }
         }
     }
 
@@ -296,7 +331,22 @@ impl EngineLoop {
                     running: self.running.len(),
                     waiting: self.waiting.len(),
                     weight_version: self.weight_version,
+                    paused: self.paused,
                 });
+            }
+            Command::Pause => self.paused = true,
+            Command::Continue => self.paused = false,
+            Command::UpdateWeights { dir, reply } => {
+                let device = self.decoder.device();
+                let kind = self.decoder.kind();
+                let result = ooze_model::checkpoint::WeightSet::load(&dir, device, kind)
+                    .and_then(|w| self.decoder.update_weights(w))
+                    .map(|()| {
+                        self.weight_version += 1;
+                        self.weight_version
+                    })
+                    .map_err(|e| e.to_string());
+                let _ = reply.send(result);
             }
         }
     }

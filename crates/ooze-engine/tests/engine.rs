@@ -350,3 +350,84 @@ fn refuses_what_cannot_run() {
         "prompt (10 tokens) + max_new_tokens (250) exceeds the engine's sequence length 256"
     );
 }
+
+#[test]
+fn pause_holds_requests_until_resumed() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 4, vec![]);
+    let rt = runtime();
+    rt.block_on(async {
+        handle.pause();
+        let params = SamplingParams {
+            max_new_tokens: Some(5),
+            ignore_eos: Some(true),
+            ..Default::default()
+        };
+        let (_, mut rx) = handle.submit(request(&prompt(1, 4), params)).unwrap();
+        let stats = handle.stats().await.unwrap();
+        assert!(stats.paused);
+        assert_eq!(
+            (stats.waiting, stats.running),
+            (1, 0),
+            "nothing runs while paused"
+        );
+        assert!(rx.try_recv().is_err(), "no token while paused");
+        handle.resume();
+        let mut n = 0;
+        while let Some(event) = rx.recv().await {
+            if let Event::Done(out) = event {
+                n = out.tokens.len();
+            }
+        }
+        assert_eq!(n, 5);
+    });
+}
+
+#[test]
+fn weights_update_in_place_with_a_version() {
+    let dir = model_dir();
+    let other = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
+    options.tokenizer_vocab = 400;
+    options.seed = 12;
+    init_model(
+        other.path(),
+        &ooze_model::corpus::generate(3, 30_000),
+        &options,
+    )
+    .unwrap();
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(12),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let p = prompt(4, 7);
+    let rt = runtime();
+    let handle = engine(dir.path(), 2, vec![]);
+    let before = rt
+        .block_on(handle.generate(request(&p, greedy.clone())))
+        .unwrap();
+    assert_eq!(before.weight_version, 0);
+    let err = rt
+        .block_on(handle.update_weights_from_disk(dir.path().join("missing")))
+        .unwrap_err();
+    assert!(err.to_string().contains("no weights found"), "{err}");
+    let version = rt
+        .block_on(handle.update_weights_from_disk(other.path().to_owned()))
+        .unwrap();
+    assert_eq!(version, 1);
+    let after = rt
+        .block_on(handle.generate(request(&p, greedy.clone())))
+        .unwrap();
+    let fresh = rt
+        .block_on(engine(other.path(), 2, vec![]).generate(request(&p, greedy)))
+        .unwrap();
+    assert_eq!(after.weight_version, 1);
+    assert_eq!(
+        after.tokens, fresh.tokens,
+        "updated weights behave like a fresh load"
+    );
+    assert_eq!(after.log_probs, fresh.log_probs);
+    assert_ne!(after.log_probs, before.log_probs, "new weights, new distribution");
+}

@@ -318,6 +318,26 @@ impl Decoder {
         out
     }
 
+    /// Replaces the weights in place (same shapes, same device and dtype as now) with `weights`,
+    /// e.g. a newer checkpoint of the same model. Every parameter must be present with its shape.
+    pub fn update_weights(&mut self, mut weights: WeightSet) -> Result<()> {
+        let _guard = ooze_torch::tch::no_grad_guard();
+        let params = self.named_parameters();
+        // Check everything first, so a bad checkpoint changes nothing.
+        let mut incoming = Vec::with_capacity(params.len());
+        for (name, param) in &params {
+            incoming.push(weights.take(name, &param.size())?);
+        }
+        if self.config.tie_word_embeddings {
+            weights.discard("lm_head.weight");
+        }
+        weights.finish()?;
+        for ((_, mut param), new) in params.into_iter().zip(incoming) {
+            param.f_copy_(&new)?;
+        }
+        Ok(())
+    }
+
     /// Saves a complete model directory into `out`: these weights, with the config and tokenizer
     /// files of the model directory `source` they were loaded from.
     pub fn save(&self, source: &Path, out: &Path, options: SaveOptions) -> Result<()> {
