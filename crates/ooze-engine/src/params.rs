@@ -17,6 +17,10 @@ pub struct SamplingParams {
     pub stop_token_ids: Option<Vec<u32>>,
     pub stop: Option<StopStrings>,
     pub ignore_eos: Option<bool>,
+    /// Drop special tokens when turning the output into text (default true, as in SGLang).
+    pub skip_special_tokens: Option<bool>,
+    /// Accepted for SGLang compatibility: ooze always keeps the stop text in the output.
+    pub no_stop_trim: Option<bool>,
 }
 
 /// One stop string or several.
@@ -53,6 +57,7 @@ pub struct Sampling {
     pub stop_token_ids: Vec<u32>,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
 }
 
 impl Default for Sampling {
@@ -118,6 +123,7 @@ impl SamplingParams {
             stop_token_ids: self.stop_token_ids.unwrap_or_default(),
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
         })
     }
 }

@@ -429,5 +429,8 @@ fn weights_update_in_place_with_a_version() {
         "updated weights behave like a fresh load"
     );
     assert_eq!(after.log_probs, fresh.log_probs);
-    assert_ne!(after.log_probs, before.log_probs, "new weights, new distribution");
+    assert_ne!(
+        after.log_probs, before.log_probs,
+        "new weights, new distribution"
+    );
 }

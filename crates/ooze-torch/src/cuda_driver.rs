@@ -37,6 +37,41 @@ fn check(call: &'static str, code: CuResult) -> Result<(), DriverError> {
     }
 }
 
+/// Free and total memory of GPU `index`, in bytes, as the driver reports them now.
+pub fn memory_info(index: usize) -> Result<(u64, u64), DriverError> {
+    // SAFETY: documented CUDA driver API signatures; the primary context is retained and released
+    // around the query, and pushed/popped so the caller's current context is unchanged.
+    unsafe {
+        let lib = libloading::Library::new("libcuda.so.1").map_err(DriverError::Load)?;
+        let sym = |name: &[u8]| lib.get::<*const ()>(name).map_err(DriverError::Load);
+        let cu_init: extern "C" fn(u32) -> CuResult = std::mem::transmute(*sym(b"cuInit\0")?);
+        let get_device: extern "C" fn(*mut c_int, c_int) -> CuResult =
+            std::mem::transmute(*sym(b"cuDeviceGet\0")?);
+        let retain: extern "C" fn(*mut *mut std::ffi::c_void, c_int) -> CuResult =
+            std::mem::transmute(*sym(b"cuDevicePrimaryCtxRetain\0")?);
+        let release: extern "C" fn(c_int) -> CuResult =
+            std::mem::transmute(*sym(b"cuDevicePrimaryCtxRelease_v2\0")?);
+        let push: extern "C" fn(*mut std::ffi::c_void) -> CuResult =
+            std::mem::transmute(*sym(b"cuCtxPushCurrent_v2\0")?);
+        let pop: extern "C" fn(*mut *mut std::ffi::c_void) -> CuResult =
+            std::mem::transmute(*sym(b"cuCtxPopCurrent_v2\0")?);
+        let mem_info: extern "C" fn(*mut usize, *mut usize) -> CuResult =
+            std::mem::transmute(*sym(b"cuMemGetInfo_v2\0")?);
+        check("cuInit", cu_init(0))?;
+        let mut device = 0;
+        check("cuDeviceGet", get_device(&mut device, index as c_int))?;
+        let mut ctx = std::ptr::null_mut();
+        check("cuDevicePrimaryCtxRetain", retain(&mut ctx, device))?;
+        check("cuCtxPushCurrent", push(ctx))?;
+        let (mut free, mut total) = (0usize, 0usize);
+        let result = check("cuMemGetInfo", mem_info(&mut free, &mut total));
+        let mut popped = std::ptr::null_mut();
+        pop(&mut popped);
+        release(device);
+        result.map(|()| (free as u64, total as u64))
+    }
+}
+
 /// Lists the GPUs the driver sees (respecting `CUDA_VISIBLE_DEVICES`).
 pub fn list_gpus() -> Result<Vec<GpuInfo>, DriverError> {
     // SAFETY: the signatures below are the CUDA driver API's documented C ABI, stable since CUDA 3.2

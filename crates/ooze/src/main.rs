@@ -1,5 +1,5 @@
 //! `ooze`: one binary for RL post-training of LLM agents. This commands: `info`,
-//! `init-model`, `score`, `render`, `generate`, `bench`.
+//! `init-model`, `score`, `render`, `generate`, `serve`, `bench`.
 
 mod commands;
 
@@ -28,6 +28,8 @@ enum Command {
     Render(commands::render::Args),
     /// Generate text from a prompt (a simple loop; the rollout engine serves real workloads).
     Generate(commands::generate::Args),
+    /// Serve the model over SGLang- and OpenAI-compatible HTTP APIs.
+    Serve(commands::serve::Args),
     /// Throughput benchmarks.
     Bench(commands::bench::Args),
 }
@@ -40,6 +42,7 @@ fn main() {
         Command::Score(args) => commands::score::run(args),
         Command::Render(args) => commands::render::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Bench(args) => commands::bench::run(args),
     };
     if let Err(err) = result {

@@ -6,6 +6,7 @@ pub mod info;
 pub mod init_model;
 pub mod render;
 pub mod score;
+pub mod serve;
 
 use anyhow::Context;
 use ooze_model::{Decoder, Tokenizer};

@@ -1,0 +1,82 @@
+//! One error body for every endpoint, OpenAI's shape: `{"error": {"message", "type", "code"}}`.
+//! The code is stable (clients and metrics match on it); the HTTP status comes from it in one place.
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use ooze_engine::{EngineError, ParamError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: "invalid_request",
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self.code {
+            "invalid_request" | "invalid_json" | "context_length_exceeded" => {
+                StatusCode::BAD_REQUEST
+            }
+            "not_found" => StatusCode::NOT_FOUND,
+            "timeout" => StatusCode::GATEWAY_TIMEOUT,
+            "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = if self.status().is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        let body = serde_json::json!({"error": {"message": self.message, "type": kind, "code": self.code}});
+        (self.status(), axum::Json(body)).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        ApiError {
+            code: "invalid_json",
+            message: rejection.body_text(),
+        }
+    }
+}
+
+impl From<ParamError> for ApiError {
+    fn from(err: ParamError) -> ApiError {
+        ApiError::invalid(err.to_string())
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> ApiError {
+        let code = match err {
+            EngineError::EmptyInput | EngineError::TokenOutOfVocab(..) => "invalid_request",
+            EngineError::TooLong { .. } => "context_length_exceeded",
+            EngineError::WeightUpdate(_) => "invalid_request",
+            EngineError::Stopped => "unavailable",
+        };
+        ApiError {
+            code,
+            message: err.to_string(),
+        }
+    }
+}
+
+impl From<ooze_model::ModelError> for ApiError {
+    fn from(err: ooze_model::ModelError) -> ApiError {
+        ApiError::invalid(err.to_string())
+    }
+}

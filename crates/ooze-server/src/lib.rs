@@ -1,0 +1,201 @@
+//! ooze-server: the embedded engine over HTTP.
+//!
+//! - SGLang-compatible: `POST /generate`, `GET /health`, `/health_generate`, `/get_model_info`,
+//!   `/get_server_info`, `POST /flush_cache`, `/abort_request`, `/pause_generation`,
+//!   `/continue_generation`, `/update_weights_from_disk` ([`sglang`]).
+//! - OpenAI-compatible: `GET /v1/models`, `POST /v1/completions`, `/v1/chat/completions` with tools
+//!   and streaming ([`openai`]).
+//!
+//! Every request has a deadline; a client that goes away aborts its generation (the engine notices
+//! the closed stream); errors have one JSON shape ([`error::ApiError`]).
+
+pub mod error;
+pub mod openai;
+pub mod sglang;
+pub mod tool_calls;
+
+use axum::routing::{get, post};
+use axum::Router;
+use error::ApiError;
+use ooze_engine::{EngineHandle, Event, Output, Request, RequestId};
+use ooze_model::Tokenizer;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A submitted request: its id and its event stream.
+pub type Submitted = (RequestId, tokio::sync::mpsc::UnboundedReceiver<Event>);
+
+/// What the handlers share.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Name reported by `/v1/models` and accepted in `model` fields.
+    pub model_name: String,
+    pub model_path: PathBuf,
+    /// A request still running after this long is aborted.
+    pub request_timeout: Duration,
+    /// Engine settings reported by `/get_server_info`.
+    pub server_info: serde_json::Value,
+    rids: Mutex<HashMap<String, RequestId>>,
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Tokenizer,
+        model_name: String,
+        model_path: PathBuf,
+        request_timeout: Duration,
+        server_info: serde_json::Value,
+    ) -> AppState {
+        AppState {
+            engine,
+            tokenizer: Arc::new(tokenizer),
+            model_name,
+            model_path,
+            request_timeout,
+            server_info,
+            rids: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn register(&self, rid: &str, id: RequestId) -> RidGuard<'_> {
+        self.rids
+            .lock()
+            .expect("invariant: no panics while holding the rid map")
+            .insert(rid.to_owned(), id);
+        RidGuard {
+            state: self,
+            rid: rid.to_owned(),
+        }
+    }
+
+    /// Aborts the request registered under `rid`; false if none is running.
+    pub fn abort_rid(&self, rid: &str) -> bool {
+        let id = self
+            .rids
+            .lock()
+            .expect("invariant: no panics while holding the rid map")
+            .get(rid)
+            .copied();
+        if let Some(id) = id {
+            self.engine.abort(id);
+        }
+        id.is_some()
+    }
+}
+
+struct RidGuard<'a> {
+    state: &'a AppState,
+    rid: String,
+}
+
+impl Drop for RidGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.state.rids.lock() {
+            map.remove(&self.rid);
+        }
+    }
+}
+
+/// A fresh request id.
+pub fn new_rid() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:x}{:04x}",
+        nanos & 0xffff_ffff_ffff,
+        NEXT.fetch_add(1, Ordering::Relaxed) & 0xffff
+    )
+}
+
+/// Submits `request` and follows its events, calling `on_token` for each token, until it is done.
+/// The deadline aborts it (the output then says abort); `rid` makes it abortable by name.
+pub async fn run_request(
+    state: &AppState,
+    request: Request,
+    rid: &str,
+    on_token: impl FnMut(u32, f32) -> bool,
+) -> Result<Output, ApiError> {
+    let submitted = state.engine.submit(request)?;
+    follow(state, submitted, rid, on_token).await
+}
+
+/// Follows an already submitted request (see [`run_request`]). `on_token` returning false aborts it.
+pub async fn follow(
+    state: &AppState,
+    submitted: Submitted,
+    rid: &str,
+    mut on_token: impl FnMut(u32, f32) -> bool,
+) -> Result<Output, ApiError> {
+    let (id, mut events) = submitted;
+    let _registration = state.register(rid, id);
+    let deadline = tokio::time::sleep(state.request_timeout);
+    tokio::pin!(deadline);
+    let mut aborted = false;
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(Event::Token { token, log_prob }) => {
+                    if !on_token(token, log_prob) && !aborted {
+                        state.engine.abort(id);
+                        aborted = true;
+                    }
+                }
+                Some(Event::Done(output)) => return Ok(output),
+                None => return Err(ApiError { code: "unavailable", message: "the engine stopped".into() }),
+            },
+            () = &mut deadline, if !aborted => {
+                state.engine.abort(id);
+                aborted = true;
+            }
+        }
+    }
+}
+
+/// A listening socket with a deep accept queue: bursts of thousands of connections (a rollout
+/// starting all its requests at once) must wait to be accepted, not be reset by the kernel.
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+/// The router with every endpoint.
+pub fn build_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(sglang::health))
+        .route("/health_generate", get(sglang::health_generate))
+        .route("/get_model_info", get(sglang::model_info))
+        .route("/get_server_info", get(sglang::server_info))
+        .route("/generate", post(sglang::generate))
+        .route("/flush_cache", post(sglang::flush_cache))
+        .route("/abort_request", post(sglang::abort_request))
+        .route("/pause_generation", post(sglang::pause))
+        .route("/continue_generation", post(sglang::resume))
+        .route(
+            "/update_weights_from_disk",
+            post(sglang::update_weights_from_disk),
+        )
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .fallback(|| async {
+            ApiError {
+                code: "not_found",
+                message: "no such endpoint".into(),
+            }
+        })
+        .with_state(state)
+}

@@ -1,0 +1,375 @@
+//! SGLang-compatible endpoints: the shapes routers and RL frameworks written for SGLang send and
+//! expect (`/generate` with `input_ids` or `text`, `sampling_params`, `return_logprob`, `meta_info`).
+
+use crate::error::ApiError;
+use crate::{follow, new_rid, run_request, AppState};
+use axum::extract::{rejection::JsonRejection, State};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ooze_core::{FinishReason, StopMatch};
+use ooze_engine::{Output, Request, SamplingParams};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> OneOrMany<T> {
+    fn into_vec(self) -> (Vec<T>, bool) {
+        match self {
+            OneOrMany::One(x) => (vec![x], false),
+            OneOrMany::Many(v) => (v, true),
+        }
+    }
+}
+
+/// `POST /generate` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRequest {
+    text: Option<OneOrMany<String>>,
+    input_ids: Option<OneOrMany<Vec<u32>>>,
+    #[serde(default)]
+    sampling_params: SamplingParams,
+    #[serde(default)]
+    return_logprob: bool,
+    #[serde(default)]
+    stream: bool,
+    rid: Option<OneOrMany<String>>,
+    /// Accepted; ooze returns log-probs of output tokens only.
+    #[allow(dead_code)]
+    logprob_start_len: Option<i64>,
+    top_logprobs_num: Option<usize>,
+    #[allow(dead_code)]
+    return_text_in_logprobs: Option<bool>,
+}
+
+pub fn finish_reason_json(finish: &FinishReason, completion_tokens: usize) -> Value {
+    match finish {
+        FinishReason::Stop {
+            matched: StopMatch::Token(t),
+        } => json!({"type": "stop", "matched": t}),
+        FinishReason::Stop {
+            matched: StopMatch::Text(s),
+        } => json!({"type": "stop", "matched": s}),
+        FinishReason::Length => json!({"type": "length", "length": completion_tokens}),
+        FinishReason::Abort => json!({"type": "abort", "message": "aborted"}),
+    }
+}
+
+fn response_json(
+    state: &AppState,
+    rid: &str,
+    tokens: &[u32],
+    log_probs: &[f32],
+    out: Option<&Output>,
+    prompt_tokens: usize,
+    return_logprob: bool,
+    skip_special: bool,
+) -> Value {
+    let text = state
+        .tokenizer
+        .decode(tokens, skip_special)
+        .unwrap_or_default();
+    let mut meta = json!({
+        "id": rid,
+        "finish_reason": out.map(|o| finish_reason_json(&o.finish, o.tokens.len())),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": tokens.len(),
+        "cached_tokens": out.map_or(0, |o| o.cached_tokens),
+        "weight_version": out.map(|o| o.weight_version),
+    });
+    if return_logprob {
+        meta["output_token_logprobs"] = tokens
+            .iter()
+            .zip(log_probs)
+            .map(|(t, lp)| json!([lp, t, null]))
+            .collect();
+    }
+    json!({"text": text, "output_ids": tokens, "meta_info": meta})
+}
+
+pub async fn generate(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<GenerateRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(req) = body?;
+    if req.top_logprobs_num.unwrap_or(0) > 0 {
+        return Err(ApiError::invalid("top_logprobs_num: top log-probs are not supported; ooze returns the chosen tokens' log-probs"));
+    }
+    let (prompts, batched) = match (req.input_ids, req.text) {
+        (Some(ids), None) => ids.into_vec(),
+        (None, Some(text)) => {
+            let (texts, batched) = text.into_vec();
+            let ids = texts
+                .iter()
+                .map(|t| state.tokenizer.encode(t, true))
+                .collect::<Result<Vec<_>, _>>()?;
+            (ids, batched)
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "give either `text` or `input_ids`, not both",
+            ))
+        }
+        (None, None) => return Err(ApiError::invalid("`text` or `input_ids` is required")),
+    };
+    let rids: Vec<String> = match req.rid {
+        Some(r) => {
+            let (rids, _) = r.into_vec();
+            if rids.len() != prompts.len() {
+                return Err(ApiError::invalid(format!(
+                    "rid has {} entries for {} prompts",
+                    rids.len(),
+                    prompts.len()
+                )));
+            }
+            rids
+        }
+        None => prompts.iter().map(|_| new_rid()).collect(),
+    };
+    let sampling = req.sampling_params.validate()?;
+    let skip_special = sampling.skip_special_tokens;
+    if req.stream {
+        if batched || prompts.len() != 1 {
+            return Err(ApiError::invalid("stream: streaming takes one prompt"));
+        }
+        let request = Request {
+            input_ids: prompts[0].clone(),
+            sampling,
+        };
+        return Ok(stream(
+            state,
+            request,
+            rids[0].clone(),
+            req.return_logprob,
+            skip_special,
+        )
+        .await?
+        .into_response());
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, (ids, rid)) in prompts.into_iter().zip(rids).enumerate() {
+        let state = state.clone();
+        let sampling = sampling.clone();
+        let return_logprob = req.return_logprob;
+        tasks.spawn(async move {
+            let prompt_tokens = ids.len();
+            let out = run_request(
+                &state,
+                Request {
+                    input_ids: ids,
+                    sampling,
+                },
+                &rid,
+                |_, _| true,
+            )
+            .await?;
+            Ok::<_, ApiError>((
+                i,
+                response_json(
+                    &state,
+                    &rid,
+                    &out.tokens,
+                    &out.log_probs,
+                    Some(&out),
+                    prompt_tokens,
+                    return_logprob,
+                    skip_special,
+                ),
+            ))
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        results.push(joined.map_err(|e| ApiError {
+            code: "internal",
+            message: e.to_string(),
+        })??);
+    }
+    results.sort_by_key(|(i, _)| *i);
+    let mut values: Vec<Value> = results.into_iter().map(|(_, v)| v).collect();
+    Ok(Json(if batched {
+        Value::Array(values)
+    } else {
+        values.remove(0)
+    })
+    .into_response())
+}
+
+async fn stream(
+    state: Arc<AppState>,
+    request: Request,
+    rid: String,
+    return_logprob: bool,
+    skip_special: bool,
+) -> Result<Sse<tokio_stream::wrappers::ReceiverStream<Result<SseEvent, Infallible>>>, ApiError> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let prompt_tokens = request.input_ids.len();
+    // Submitted before the stream starts, so bad input is a plain 4xx.
+    let submitted = state.engine.submit(request)?;
+    tokio::spawn(async move {
+        let (mut tokens, mut log_probs) = (Vec::new(), Vec::new());
+        let sender = tx.clone();
+        let st = state.clone();
+        let rid_inner = rid.clone();
+        let result = follow(&state, submitted, &rid, |token, lp| {
+            tokens.push(token);
+            log_probs.push(lp);
+            let chunk = response_json(
+                &st,
+                &rid_inner,
+                &tokens,
+                &log_probs,
+                None,
+                prompt_tokens,
+                return_logprob,
+                skip_special,
+            );
+            // A full channel means a slow client: it gets later chunks (they are cumulative).
+            !matches!(
+                sender.try_send(Ok(SseEvent::default().data(chunk.to_string()))),
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_))
+            )
+        })
+        .await;
+        let last = match result {
+            Ok(out) => response_json(
+                &state,
+                &rid,
+                &out.tokens,
+                &out.log_probs,
+                Some(&out),
+                prompt_tokens,
+                return_logprob,
+                skip_special,
+            ),
+            Err(err) => json!({"error": {"message": err.message, "code": err.code}}),
+        };
+        let _ = tx
+            .send(Ok(SseEvent::default().data(last.to_string())))
+            .await;
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Generates one token; 200 when the engine answers within 20 s, 503 otherwise.
+pub async fn health_generate(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let sampling = SamplingParams {
+        max_new_tokens: Some(1),
+        temperature: Some(0.0),
+        ignore_eos: Some(true),
+        ..Default::default()
+    }
+    .validate()?;
+    let rid = new_rid();
+    let probe = run_request(
+        &state,
+        Request {
+            input_ids: vec![0],
+            sampling,
+        },
+        &rid,
+        |_, _| true,
+    );
+    match tokio::time::timeout(std::time::Duration::from_secs(20), probe).await {
+        Ok(Ok(out)) if out.tokens.len() == 1 => Ok(Json(json!({"status": "ok"}))),
+        Ok(Ok(_)) => Err(ApiError {
+            code: "unavailable",
+            message: "the engine aborted the health probe".into(),
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError {
+            code: "unavailable",
+            message: "the engine did not answer within 20 s".into(),
+        }),
+    }
+}
+
+pub async fn model_info(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let path = state.model_path.display().to_string();
+    Json(
+        json!({"model_path": path, "tokenizer_path": path, "is_generation": true, "served_model_name": state.model_name}),
+    )
+}
+
+pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let stats = state.engine.stats().await?;
+    let mut info = state.server_info.clone();
+    info["engine"] = serde_json::to_value(stats).unwrap_or_default();
+    Ok(Json(info))
+}
+
+pub async fn flush_cache() -> Json<Value> {
+    Json(
+        json!({"success": true, "message": "ooze keeps no prefix cache between requests yet; nothing to flush"}),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbortRequest {
+    rid: Option<String>,
+    #[serde(default)]
+    abort_all: bool,
+}
+
+pub async fn abort_request(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<AbortRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(req) = body?;
+    if req.abort_all {
+        state.engine.abort_all();
+        return Ok(Json(json!({"success": true})));
+    }
+    let rid = req
+        .rid
+        .ok_or_else(|| ApiError::invalid("`rid` or `abort_all: true` is required"))?;
+    Ok(Json(json!({"success": state.abort_rid(&rid)})))
+}
+
+pub async fn pause(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.engine.pause();
+    Json(json!({"success": true}))
+}
+
+pub async fn resume(State(state): State<Arc<AppState>>) -> Json<Value> {
+    state.engine.resume();
+    Json(json!({"success": true}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWeightsRequest {
+    model_path: String,
+    /// Accepted for SGLang compatibility; ooze reads safetensors.
+    #[allow(dead_code)]
+    load_format: Option<String>,
+}
+
+pub async fn update_weights_from_disk(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<UpdateWeightsRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(req) = body?;
+    let version = state
+        .engine
+        .update_weights_from_disk(req.model_path.clone().into())
+        .await?;
+    Ok(Json(
+        json!({"success": true, "message": format!("loaded {}", req.model_path), "weight_version": version}),
+    ))
+}

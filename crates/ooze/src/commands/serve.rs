@@ -1,0 +1,114 @@
+//! `ooze serve`: the embedded engine behind SGLang- and OpenAI-compatible HTTP APIs.
+
+use super::{load_decoder, load_tokenizer, ComputeArgs};
+use anyhow::Context;
+use ooze_engine::EngineConfig;
+use ooze_model::config::load_generation_eos;
+use ooze_model::SlotCache;
+use ooze_server::{build_app, AppState};
+use ooze_torch::tch::Device;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model directory (Hugging Face format).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 30000)]
+    port: u16,
+    /// Longest sequence (prompt + output) one request may have.
+    #[arg(long, default_value_t = 4096)]
+    context_len: i64,
+    /// Sequences generated at once (default: as many as fit in --mem-fraction of free GPU memory; 64 on CPU).
+    #[arg(long)]
+    max_running: Option<i64>,
+    /// Share of the GPU memory free after loading the weights that the KV slots may take.
+    #[arg(long, default_value_t = 0.8)]
+    mem_fraction: f64,
+    /// Name reported by /v1/models (default: the model directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Requests still running after this many seconds are aborted.
+    #[arg(long, default_value_t = 600)]
+    request_timeout_secs: u64,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&args.mem_fraction) || args.mem_fraction == 0.0 {
+        anyhow::bail!(
+            "--mem-fraction must be in (0, 1], got {}",
+            args.mem_fraction
+        );
+    }
+    let tokenizer = load_tokenizer(&args.model)?;
+    let decoder = load_decoder(&args.model, &args.compute)?;
+    let eos =
+        load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
+    let context_len = args.context_len.min(decoder.config.max_position_embeddings);
+    let per_slot = SlotCache::bytes_per_token(&decoder.config, decoder.kind()) * context_len;
+    let slots = match (args.max_running, decoder.device()) {
+        (Some(n), _) => n,
+        (None, Device::Cuda(i)) => {
+            let (free, _) =
+                ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
+            let budget = (free as f64 * args.mem_fraction) as i64;
+            (budget / per_slot).clamp(1, 1024)
+        }
+        (None, _) => 64,
+    };
+    eprintln!(
+        "KV slots: {slots} × {context_len} tokens ({:.2} GiB)",
+        (slots * per_slot) as f64 / (1u64 << 30) as f64
+    );
+    let server_info = serde_json::json!({"model_path": args.model, "context_len": context_len, "max_running_requests": slots, "dtype": args.compute.dtype.to_string(), "device": format!("{:?}", decoder.device())});
+    let engine = ooze_engine::start(
+        decoder,
+        Some(load_tokenizer(&args.model)?),
+        EngineConfig {
+            slots,
+            slot_len: context_len,
+            eos_token_ids: eos,
+        },
+    );
+    let name = args.served_model_name.clone().unwrap_or_else(|| {
+        args.model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let state = Arc::new(AppState::new(
+        engine,
+        tokenizer,
+        name,
+        args.model.clone(),
+        Duration::from_secs(args.request_timeout_secs),
+        server_info,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let addr = tokio::net::lookup_host((args.host.as_str(), args.port))
+            .await?
+            .next()
+            .with_context(|| format!("{} resolves to no address", args.host))?;
+        let listener = ooze_server::listen(addr).with_context(|| format!("binding {addr}"))?;
+        eprintln!(
+            "ooze serving {} on http://{}",
+            args.model.display(),
+            listener.local_addr()?
+        );
+        axum::serve(listener, build_app(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        anyhow::Ok(())
+    })
+}
