@@ -13,7 +13,8 @@ use crate::sampler::{draw, RowSampling};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
 use ooze_torch::tch::{self, Kind, Tensor};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -228,7 +229,9 @@ struct EngineLoop {
     tokenizer: Option<Tokenizer>,
     config: EngineConfig,
     cache: SlotCache,
-    free_slots: Vec<i64>,
+    /// Lowest slot first, so running requests stay packed into a consecutive run of slots (read
+    /// as one view instead of gathered).
+    free_slots: BinaryHeap<Reverse<i64>>,
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     weight_version: u64,
@@ -255,7 +258,7 @@ pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfi
     let state = EngineLoop {
         decoder,
         tokenizer,
-        free_slots: (0..config.slots).rev().collect(),
+        free_slots: (0..config.slots).map(Reverse).collect(),
         config,
         cache,
         waiting: VecDeque::new(),
@@ -376,7 +379,7 @@ impl EngineLoop {
     }
 
     fn finish(&mut self, r: Running, finish: FinishReason) {
-        self.free_slots.push(r.slot);
+        self.free_slots.push(Reverse(r.slot));
         let output = Output {
             id: r.id,
             tokens: r.output,
@@ -397,7 +400,7 @@ impl EngineLoop {
             if w.events.is_closed() {
                 continue;
             }
-            let slot = self.free_slots.pop().expect("invariant: not empty");
+            let Reverse(slot) = self.free_slots.pop().expect("invariant: not empty");
             let seed = w.request.sampling.seed.unwrap_or_else(|| {
                 self.seed_counter += 1;
                 crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
@@ -442,6 +445,8 @@ impl EngineLoop {
         if self.running.is_empty() {
             return;
         }
+        // Slot order: consecutive slots are read as one view.
+        self.running.sort_by_key(|r| r.slot);
         let profile = std::env::var_os("OOZE_ENGINE_PROFILE").is_some();
         let t0 = std::time::Instant::now();
         let sync = |device: ooze_torch::tch::Device| {

@@ -20,11 +20,37 @@ use std::path::Path;
 
 /// RMSNorm as transformers computes it: normalise in fp32, cast back, then scale.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
-    let kind = x.kind();
-    let xf = x.to_kind(Kind::Float);
-    let variance = xf.square().mean_dim([-1i64].as_slice(), true, Kind::Float);
-    let normed = (xf * (variance + eps).rsqrt()).to_kind(kind);
-    weight * normed
+    // ATen's fused kernel: statistics in fp32, one pass; the same formula as transformers' module.
+    x.rms_norm([weight.size()[0]].as_slice(), Some(weight), eps)
+}
+
+/// A linear layer's weight and optional bias.
+type Projection = (Tensor, Option<Tensor>);
+
+/// Concatenates projections along their output rows and returns the fused projection with the
+/// parts as views into it (so loading, saving and in-place updates still see the parts).
+fn fuse<const N: usize>(parts: [Projection; N]) -> (Projection, [Projection; N]) {
+    let weight = Tensor::cat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>(), 0);
+    let bias = parts.iter().all(|p| p.1.is_some()).then(|| {
+        Tensor::cat(
+            &parts
+                .iter()
+                .map(|p| p.1.as_ref().expect("checked"))
+                .collect::<Vec<_>>(),
+            0,
+        )
+    });
+    let mut start = 0;
+    let views = parts.map(|(w, _)| {
+        let rows = w.size()[0];
+        let view = (
+            weight.narrow(0, start, rows),
+            bias.as_ref().map(|b| b.narrow(0, start, rows)),
+        );
+        start += rows;
+        view
+    });
+    ((weight, bias), views)
 }
 
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
@@ -33,16 +59,21 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
 
 struct Layer {
     input_norm: Tensor,
-    q: (Tensor, Option<Tensor>),
-    k: (Tensor, Option<Tensor>),
-    v: (Tensor, Option<Tensor>),
-    o: (Tensor, Option<Tensor>),
+    /// q, k and v projections in one matrix (rows q, then k, then v): one matmul per layer.
+    /// `q`, `k`, `v` below are views into it, kept for checkpoint names.
+    qkv: Projection,
+    /// gate and up projections in one matrix; `gate` and `up` are views into it.
+    gate_up: Projection,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    o: Projection,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     post_norm: Tensor,
-    gate: (Tensor, Option<Tensor>),
-    up: (Tensor, Option<Tensor>),
-    down: (Tensor, Option<Tensor>),
+    gate: Projection,
+    up: Projection,
+    down: Projection,
 }
 
 /// Key/value tensors of one layer for a batch of sequences that all have `len` cached tokens.
@@ -148,10 +179,16 @@ enum KvTarget<'a> {
         /// `[B, T]` slot and position of every new token (where to write).
         write_slot: Tensor,
         write_pos: Tensor,
-        /// `[B]` slots to read, and how many positions of them.
-        read_slots: Tensor,
+        /// Which slots to read, and how many positions of them.
+        read: SlotRead,
         read_len: i64,
     },
+}
+
+/// The slots a batch reads: a run of consecutive slots is a view; anything else is gathered.
+enum SlotRead {
+    Range { start: i64, count: i64 },
+    Gather(Tensor),
 }
 
 /// A loaded decoder.
@@ -193,7 +230,7 @@ impl Decoder {
                     out: i64,
                     inp: i64,
                     bias: bool|
-         -> Result<(Tensor, Option<Tensor>)> {
+         -> Result<Projection> {
             let weight = w.take(&format!("{name}.weight"), &[out, inp])?;
             let bias = if bias {
                 Some(w.take(&format!("{name}.bias"), &[out])?)
@@ -208,11 +245,34 @@ impl Decoder {
             let p = format!("model.layers.{i}");
             let attn = format!("{p}.self_attn");
             let mlp = format!("{p}.mlp");
+            let q = proj(&mut w, format!("{attn}.q_proj"), q_dim, h, c.qkv_bias)?;
+            let k = proj(&mut w, format!("{attn}.k_proj"), kv_dim, h, c.qkv_bias)?;
+            let v = proj(&mut w, format!("{attn}.v_proj"), kv_dim, h, c.qkv_bias)?;
+            let gate = proj(
+                &mut w,
+                format!("{mlp}.gate_proj"),
+                c.intermediate_size,
+                h,
+                c.mlp_bias,
+            )?;
+            let up = proj(
+                &mut w,
+                format!("{mlp}.up_proj"),
+                c.intermediate_size,
+                h,
+                c.mlp_bias,
+            )?;
+            let (qkv, [q, k, v]) = fuse([q, k, v]);
+            let (gate_up, [gate, up]) = fuse([gate, up]);
             layers.push(Layer {
+                qkv,
+                gate_up,
+                q,
+                k,
+                v,
+                gate,
+                up,
                 input_norm: w.take(&format!("{p}.input_layernorm.weight"), &[h])?,
-                q: proj(&mut w, format!("{attn}.q_proj"), q_dim, h, c.qkv_bias)?,
-                k: proj(&mut w, format!("{attn}.k_proj"), kv_dim, h, c.qkv_bias)?,
-                v: proj(&mut w, format!("{attn}.v_proj"), kv_dim, h, c.qkv_bias)?,
                 o: proj(&mut w, format!("{attn}.o_proj"), h, q_dim, c.o_bias)?,
                 q_norm: if c.qk_norm {
                     Some(w.take(&format!("{attn}.q_norm.weight"), &[c.head_dim])?)
@@ -225,20 +285,6 @@ impl Decoder {
                     None
                 },
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate: proj(
-                    &mut w,
-                    format!("{mlp}.gate_proj"),
-                    c.intermediate_size,
-                    h,
-                    c.mlp_bias,
-                )?,
-                up: proj(
-                    &mut w,
-                    format!("{mlp}.up_proj"),
-                    c.intermediate_size,
-                    h,
-                    c.mlp_bias,
-                )?,
                 down: proj(
                     &mut w,
                     format!("{mlp}.down_proj"),
@@ -394,11 +440,16 @@ impl Decoder {
                 let keys =
                     Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
                 let mask = keys.le_tensor(&limit).unsqueeze(1);
+                let consecutive = slots.windows(2).all(|w| w[1] == w[0] + 1);
+                let read = match slots.first() {
+                    Some(&start) if consecutive => SlotRead::Range { start, count: b },
+                    _ => SlotRead::Gather(dev(slots.to_vec())),
+                };
                 let target = KvTarget::Slots {
                     cache,
                     write_slot,
                     write_pos,
-                    read_slots: dev(slots.to_vec()),
+                    read,
                     read_len,
                 };
                 (Some(mask), target, false)
@@ -406,11 +457,25 @@ impl Decoder {
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let heads = |x: &Tensor, n: i64| x.view([b, t, n, c.head_dim]);
+        // One-token decode over slots on a GPU: the additive bias, built once for all layers.
+        let decode_bias = match (&target, &mask) {
+            (KvTarget::Slots { .. }, Some(mask)) if t == 1 && self.device.is_cuda() => {
+                Some(decode_bias(
+                    mask,
+                    c.num_kv_heads,
+                    c.num_heads / c.num_kv_heads,
+                    self.kind,
+                ))
+            }
+            _ => None,
+        };
         for (i, l) in self.layers.iter().enumerate() {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
-            let mut q = heads(&linear(&hn, &l.q.0, l.q.1.as_ref()), c.num_heads);
-            let mut k = heads(&linear(&hn, &l.k.0, l.k.1.as_ref()), c.num_kv_heads);
-            let v = heads(&linear(&hn, &l.v.0, l.v.1.as_ref()), c.num_kv_heads).transpose(1, 2);
+            let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
+            let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+            let mut q = heads(&qkv.narrow(-1, 0, q_dim), c.num_heads);
+            let mut k = heads(&qkv.narrow(-1, q_dim, kv_dim), c.num_kv_heads);
+            let v = heads(&qkv.narrow(-1, q_dim + kv_dim, kv_dim), c.num_kv_heads).transpose(1, 2);
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 q = rms_norm(&q, qn, c.rms_norm_eps);
                 k = rms_norm(&k, kn, c.rms_norm_eps);
@@ -431,7 +496,7 @@ impl Decoder {
                     cache,
                     write_slot,
                     write_pos,
-                    read_slots,
+                    read,
                     read_len,
                 } => {
                     let index = [
@@ -441,20 +506,19 @@ impl Decoder {
                     // [B, kv, T, D] → [B, T, kv, D], the slot layout.
                     let _ = cache.k[i].index_put_(&index, &k.transpose(1, 2), false);
                     let _ = cache.v[i].index_put_(&index, &v.transpose(1, 2), false);
-                    let read = |layer: &Tensor| {
-                        layer
-                            .index_select(0, read_slots)
-                            .narrow(1, 0, *read_len)
-                            .transpose(1, 2)
+                    let from = |layer: &Tensor| {
+                        let rows = match &*read {
+                            SlotRead::Range { start, count } => layer.narrow(0, *start, *count),
+                            SlotRead::Gather(index) => layer.index_select(0, index),
+                        };
+                        rows.narrow(1, 0, *read_len).transpose(1, 2)
                     };
-                    (read(&cache.k[i]), read(&cache.v[i]))
+                    (from(&cache.k[i]), from(&cache.v[i]))
                 }
             };
             let gqa = c.num_kv_heads != c.num_heads;
-            let attn = match (&target, t, mask.as_ref()) {
-                (KvTarget::Slots { .. }, 1, Some(mask)) => {
-                    decode_attention(&q, &k, &v, mask, scale)
-                }
+            let attn = match &decode_bias {
+                Some(bias) => decode_attention(&q, &k, &v, bias, scale),
                 _ => Tensor::scaled_dot_product_attention(
                     &q,
                     &k,
@@ -471,8 +535,9 @@ impl Decoder {
                 .reshape([b, t, c.num_heads * c.head_dim]);
             x = x + linear(&attn, &l.o.0, l.o.1.as_ref());
             let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
-            let gated = linear(&hn, &l.gate.0, l.gate.1.as_ref()).silu()
-                * linear(&hn, &l.up.0, l.up.1.as_ref());
+            let gate_up = linear(&hn, &l.gate_up.0, l.gate_up.1.as_ref());
+            let gated = gate_up.narrow(-1, 0, c.intermediate_size).silu()
+                * gate_up.narrow(-1, c.intermediate_size, c.intermediate_size);
             x = x + linear(&gated, &l.down.0, l.down.1.as_ref());
         }
         if let KvTarget::Contiguous(cache) = target {
@@ -498,36 +563,29 @@ impl Decoder {
     }
 }
 
-/// Attention of one new token per row (`q [B, H, 1, D]`) over its own keys (`k, v [B, KV, L, D]`,
-/// `mask [B, 1, 1, L]`). On a GPU the `H / KV` query heads that share a key head are laid out as
-/// that head's queries (`[B, KV, H/KV, D]`), so grouped-query attention needs no copies of the keys,
-/// and the memory-efficient kernel is called directly (the dispatcher would pick cuDNN, which
-/// builds a new plan — tens of milliseconds — for every new key length).
-fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Tensor {
+/// `[B, KV, H/KV, L]` additive bias (0 where attending, −∞ elsewhere) from a `[B, 1, 1, L]` mask.
+fn decode_bias(mask: &Tensor, kv: i64, group: i64, kind: Kind) -> Tensor {
+    let size = mask.size();
+    let (b, len) = (size[0], size[3]);
+    Tensor::zeros([b, 1, 1, len], (kind, mask.device()))
+        .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
+        .expand([b, kv, group, len], false)
+}
+
+/// Attention of one new token per row (`q [B, H, 1, D]`) over its own keys (`k, v [B, KV, L, D]`)
+/// on a GPU. The `H / KV` query heads that share a key head are laid out as that head's queries
+/// (`[B, KV, H/KV, D]`), so grouped-query attention needs no copies of the keys, and the
+/// memory-efficient kernel is called directly (the dispatcher would pick cuDNN, which builds a new
+/// plan — tens of milliseconds — for every new key length).
+fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> Tensor {
     let (b, h, _, d) = q.size4().expect("invariant: q is [B, H, 1, D]");
     let kv = k.size()[1];
-    if !q.device().is_cuda() {
-        return Tensor::scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            Some(mask),
-            0.0,
-            false,
-            scale,
-            h != kv,
-        );
-    }
-    let len = k.size()[2];
     let grouped = q.reshape([b, kv, h / kv, d]);
-    let bias = Tensor::zeros([b, 1, 1, len], (q.kind(), q.device()))
-        .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
-        .expand([b, kv, h / kv, len], false);
     let (out, _, _, _) = Tensor::internal_scaled_dot_product_efficient_attention(
         &grouped,
         k,
         v,
-        Some(&bias),
+        Some(bias),
         false,
         0.0,
         false,

@@ -35,6 +35,10 @@ struct GenerateArgs {
     /// 0 = greedy.
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
+    /// After the run, score this many of the generated sequences with the full-sequence scoring
+    /// path and report the engine's log-prob error against it.
+    #[arg(long, default_value_t = 0)]
+    check_logprobs: usize,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -114,11 +118,16 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut streams = Vec::with_capacity(a.batch);
+    let mut prompts = Vec::new();
     for _ in 0..a.batch {
+        let input_ids = prompt();
+        if prompts.len() < a.check_logprobs {
+            prompts.push(input_ids.clone());
+        }
         streams.push(
             engine
                 .submit(Request {
-                    input_ids: prompt(),
+                    input_ids,
                     sampling: sampling.clone(),
                 })?
                 .1,
@@ -130,27 +139,29 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             .into_iter()
             .map(|mut rx| {
                 tokio::spawn(async move {
-                    let (mut first, mut n) = (None, 0usize);
+                    let (mut first, mut done) = (None, None);
                     while let Some(event) = rx.recv().await {
                         match event {
                             Event::Token { .. } => {
                                 first.get_or_insert_with(|| started.elapsed().as_secs_f64());
                             }
-                            Event::Done(out) => n = out.tokens.len(),
+                            Event::Done(out) => done = Some(out),
                         }
                     }
-                    (first.unwrap_or(f64::NAN), n)
+                    (first.unwrap_or(f64::NAN), done)
                 })
             })
             .collect();
-        let (mut firsts, mut total) = (Vec::new(), 0);
+        let (mut firsts, mut outputs) = (Vec::new(), Vec::new());
         for task in tasks {
-            let (first, n) = task.await.expect("invariant: reader tasks do not panic");
+            let (first, out) = task.await.expect("invariant: reader tasks do not panic");
             firsts.push(first);
-            total += n;
+            outputs.extend(out);
         }
-        (firsts, total)
+        (firsts, outputs)
     });
+    let outputs = generated;
+    let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
     let total = started.elapsed().as_secs_f64();
     first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
     let ttft = first_tokens[first_tokens.len() / 2];
@@ -165,6 +176,37 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         ttft * 1e3,
         (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
     );
+    if !prompts.is_empty() {
+        drop(engine);
+        let scorer = load_decoder(&a.model, &a.compute)?;
+        let mut errors = Vec::new();
+        for (prompt, out) in prompts.iter().zip(&outputs) {
+            let full: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+            let options = ooze_model::ScoreOptions {
+                temperature: if a.temperature > 0.0 {
+                    a.temperature
+                } else {
+                    1.0
+                },
+                ..Default::default()
+            };
+            let scored = ooze_model::score_sequences(
+                &scorer,
+                &[full],
+                ooze_model::Layout::Padded,
+                &options,
+            )?;
+            errors.extend(
+                scored[0].log_probs[prompt.len() - 1..]
+                    .iter()
+                    .zip(&out.log_probs)
+                    .map(|(s, e)| (s - e).abs() as f64),
+            );
+        }
+        let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+        let max = errors.iter().copied().fold(0.0, f64::max);
+        println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
+    }
     Ok(())
 }
 
