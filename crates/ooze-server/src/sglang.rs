@@ -64,29 +64,35 @@ pub fn finish_reason_json(finish: &FinishReason, completion_tokens: usize) -> Va
     }
 }
 
-fn response_json(
-    state: &AppState,
-    rid: &str,
-    tokens: &[u32],
-    log_probs: &[f32],
-    out: Option<&Output>,
+/// What shapes a `/generate` reply besides the tokens.
+#[derive(Clone)]
+struct Reply {
+    rid: String,
     prompt_tokens: usize,
     return_logprob: bool,
     skip_special: bool,
+}
+
+fn response_json(
+    state: &AppState,
+    reply: &Reply,
+    tokens: &[u32],
+    log_probs: &[f32],
+    out: Option<&Output>,
 ) -> Value {
     let text = state
         .tokenizer
-        .decode(tokens, skip_special)
+        .decode(tokens, reply.skip_special)
         .unwrap_or_default();
     let mut meta = json!({
-        "id": rid,
+        "id": reply.rid,
         "finish_reason": out.map(|o| finish_reason_json(&o.finish, o.tokens.len())),
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": reply.prompt_tokens,
         "completion_tokens": tokens.len(),
         "cached_tokens": out.map_or(0, |o| o.cached_tokens),
         "weight_version": out.map(|o| o.weight_version),
     });
-    if return_logprob {
+    if reply.return_logprob {
         meta["output_token_logprobs"] = tokens
             .iter()
             .zip(log_probs)
@@ -145,23 +151,25 @@ pub async fn generate(
             input_ids: prompts[0].clone(),
             sampling,
         };
-        return Ok(stream(
-            state,
-            request,
-            rids[0].clone(),
-            req.return_logprob,
+        let reply = Reply {
+            rid: rids[0].clone(),
+            prompt_tokens: request.input_ids.len(),
+            return_logprob: req.return_logprob,
             skip_special,
-        )
-        .await?
-        .into_response());
+        };
+        return Ok(stream(state, request, reply).await?.into_response());
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (i, (ids, rid)) in prompts.into_iter().zip(rids).enumerate() {
         let state = state.clone();
         let sampling = sampling.clone();
-        let return_logprob = req.return_logprob;
+        let reply = Reply {
+            rid: rid.clone(),
+            prompt_tokens: ids.len(),
+            return_logprob: req.return_logprob,
+            skip_special,
+        };
         tasks.spawn(async move {
-            let prompt_tokens = ids.len();
             let out = run_request(
                 &state,
                 Request {
@@ -174,16 +182,7 @@ pub async fn generate(
             .await?;
             Ok::<_, ApiError>((
                 i,
-                response_json(
-                    &state,
-                    &rid,
-                    &out.tokens,
-                    &out.log_probs,
-                    Some(&out),
-                    prompt_tokens,
-                    return_logprob,
-                    skip_special,
-                ),
+                response_json(&state, &reply, &out.tokens, &out.log_probs, Some(&out)),
             ))
         });
     }
@@ -207,32 +206,19 @@ pub async fn generate(
 async fn stream(
     state: Arc<AppState>,
     request: Request,
-    rid: String,
-    return_logprob: bool,
-    skip_special: bool,
+    reply: Reply,
 ) -> Result<Sse<tokio_stream::wrappers::ReceiverStream<Result<SseEvent, Infallible>>>, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let prompt_tokens = request.input_ids.len();
     // Submitted before the stream starts, so bad input is a plain 4xx.
     let submitted = state.engine.submit(request)?;
     tokio::spawn(async move {
         let (mut tokens, mut log_probs) = (Vec::new(), Vec::new());
         let sender = tx.clone();
         let st = state.clone();
-        let rid_inner = rid.clone();
-        let result = follow(&state, submitted, &rid, |token, lp| {
+        let result = follow(&state, submitted, &reply.rid, |token, lp| {
             tokens.push(token);
             log_probs.push(lp);
-            let chunk = response_json(
-                &st,
-                &rid_inner,
-                &tokens,
-                &log_probs,
-                None,
-                prompt_tokens,
-                return_logprob,
-                skip_special,
-            );
+            let chunk = response_json(&st, &reply, &tokens, &log_probs, None);
             // A full channel means a slow client: it gets later chunks (they are cumulative).
             !matches!(
                 sender.try_send(Ok(SseEvent::default().data(chunk.to_string()))),
@@ -241,16 +227,7 @@ async fn stream(
         })
         .await;
         let last = match result {
-            Ok(out) => response_json(
-                &state,
-                &rid,
-                &out.tokens,
-                &out.log_probs,
-                Some(&out),
-                prompt_tokens,
-                return_logprob,
-                skip_special,
-            ),
+            Ok(out) => response_json(&state, &reply, &out.tokens, &out.log_probs, Some(&out)),
             Err(err) => json!({"error": {"message": err.message, "code": err.code}}),
         };
         let _ = tx
