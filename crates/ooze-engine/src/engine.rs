@@ -9,6 +9,7 @@
 //! waits — admission control, so memory never runs out.
 
 use crate::params::Sampling;
+use crate::prefix_cache::{common_prefix, PrefixCache};
 use crate::sampler::{draw, RowSampling};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
@@ -29,6 +30,19 @@ pub struct EngineConfig {
     pub slot_len: i64,
     /// Tokens that end a sequence unless `ignore_eos` (generation_config's `eos_token_id`).
     pub eos_token_ids: Vec<u32>,
+    /// Shortest shared prefix worth copying from another slot instead of recomputing.
+    pub min_prefix_reuse: usize,
+}
+
+impl EngineConfig {
+    pub fn new(slots: i64, slot_len: i64, eos_token_ids: Vec<u32>) -> EngineConfig {
+        EngineConfig {
+            slots,
+            slot_len,
+            eos_token_ids,
+            min_prefix_reuse: 16,
+        }
+    }
 }
 
 /// Identifies one submitted request.
@@ -87,7 +101,10 @@ pub enum EngineError {
 /// Live counters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
+    /// Slots a new request can take: free ones plus those only keeping a finished prefix.
     pub free_slots: i64,
+    /// Of those, slots keeping a finished sequence for prefix reuse.
+    pub cached_slots: i64,
     pub total_slots: i64,
     pub running: usize,
     pub waiting: usize,
@@ -104,6 +121,7 @@ enum Command {
     Abort(RequestId),
     AbortAll,
     Stats(oneshot::Sender<EngineStats>),
+    FlushCache(oneshot::Sender<()>),
     Pause,
     Continue,
     UpdateWeights {
@@ -174,6 +192,15 @@ impl EngineHandle {
         let _ = self.commands.send(Command::AbortAll);
     }
 
+    /// Forgets every kept prefix (their slots become free).
+    pub async fn flush_cache(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::FlushCache(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
     /// Stops scheduling: running requests keep their state and resume on [`EngineHandle::resume`].
     pub fn pause(&self) {
         let _ = self.commands.send(Command::Pause);
@@ -210,7 +237,10 @@ struct Running {
     sampling: Sampling,
     seed: u64,
     slot: i64,
+    input_ids: Vec<u32>,
     prompt_len: usize,
+    /// Prompt tokens whose keys/values were reused instead of computed.
+    reused: usize,
     /// Tokens whose keys/values are in the slot.
     cached: i64,
     output: Vec<u32>,
@@ -237,6 +267,7 @@ struct EngineLoop {
     weight_version: u64,
     seed_counter: u64,
     paused: bool,
+    prefix_cache: PrefixCache,
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
@@ -266,6 +297,7 @@ pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfi
         weight_version: 0,
         seed_counter: 0,
         paused: false,
+        prefix_cache: PrefixCache::default(),
     };
     std::thread::Builder::new()
         .name("ooze-engine".into())
@@ -329,13 +361,18 @@ impl EngineLoop {
             Command::AbortAll => self.abort_everything(),
             Command::Stats(reply) => {
                 let _ = reply.send(EngineStats {
-                    free_slots: self.free_slots.len() as i64,
+                    free_slots: (self.free_slots.len() + self.prefix_cache.len()) as i64,
+                    cached_slots: self.prefix_cache.len() as i64,
                     total_slots: self.config.slots,
                     running: self.running.len(),
                     waiting: self.waiting.len(),
                     weight_version: self.weight_version,
                     paused: self.paused,
                 });
+            }
+            Command::FlushCache(reply) => {
+                self.flush_prefixes();
+                let _ = reply.send(());
             }
             Command::Pause => self.paused = true,
             Command::Continue => self.paused = false,
@@ -345,12 +382,20 @@ impl EngineLoop {
                 let result = ooze_model::checkpoint::WeightSet::load(&dir, device, kind)
                     .and_then(|w| self.decoder.update_weights(w))
                     .map(|()| {
+                        self.flush_prefixes();
                         self.weight_version += 1;
                         self.weight_version
                     })
                     .map_err(|e| e.to_string());
                 let _ = reply.send(result);
             }
+        }
+    }
+
+    /// Forgets every kept sequence (after a weight update, or on request).
+    fn flush_prefixes(&mut self) {
+        for slot in self.prefix_cache.clear() {
+            self.free_slots.push(Reverse(slot));
         }
     }
 
@@ -379,64 +424,129 @@ impl EngineLoop {
     }
 
     fn finish(&mut self, r: Running, finish: FinishReason) {
-        self.free_slots.push(Reverse(r.slot));
+        // The slot keeps what it holds for a later request that starts the same way.
+        let mut kept = r.input_ids;
+        kept.extend_from_slice(&r.output[..(r.cached as usize).saturating_sub(r.prompt_len)]);
+        self.prefix_cache.retain(r.slot, kept);
         let output = Output {
             id: r.id,
             tokens: r.output,
             log_probs: r.log_probs,
             finish,
             prompt_tokens: r.prompt_len,
-            cached_tokens: 0,
+            cached_tokens: r.reused,
             weight_version: self.weight_version,
             seed: r.seed,
         };
         let _ = r.events.send(Event::Done(output));
     }
 
-    /// Prefills waiting requests into free slots and draws their first tokens.
+    /// Prefills waiting requests into free slots and draws their first tokens. A request that
+    /// shares a prefix with a running or kept sequence starts after it: in the kept sequence's own
+    /// slot when that is free to take, otherwise in a new slot with the prefix copied over.
     fn admit(&mut self) {
-        while !self.waiting.is_empty() && !self.free_slots.is_empty() {
+        while !self.waiting.is_empty()
+            && (!self.free_slots.is_empty() || !self.prefix_cache.is_empty())
+        {
             let w = self.waiting.pop_front().expect("invariant: not empty");
             if w.events.is_closed() {
                 continue;
             }
-            let Reverse(slot) = self.free_slots.pop().expect("invariant: not empty");
+            let prompt = &w.request.input_ids;
+            // At least the last prompt token is computed: its logits start the output.
+            let usable = |n: usize| n.min(prompt.len() - 1);
+            let from_running = self
+                .running
+                .iter()
+                .map(|r| {
+                    let in_slot = r.cached as usize - r.prompt_len;
+                    let n = common_prefix(&r.input_ids, prompt);
+                    let n = if n == r.prompt_len {
+                        n + common_prefix(&r.output[..in_slot], &prompt[n..])
+                    } else {
+                        n
+                    };
+                    (r.slot, usable(n))
+                })
+                .max_by_key(|&(_, n)| n);
+            let from_kept = self
+                .prefix_cache
+                .best_match(prompt)
+                .map(|(slot, n)| (slot, usable(n)));
+            let min = self.config.min_prefix_reuse;
+            let (slot, reused) = match (from_kept, from_running) {
+                // Continue in the kept slot itself: nothing to copy.
+                (Some((kept, n)), other) if n >= min && n >= other.map_or(0, |o| o.1) => {
+                    self.prefix_cache.take(kept);
+                    (kept, n)
+                }
+                (_, Some((source, n))) | (Some((source, n)), None) if n >= min => {
+                    let Some(slot) = self.take_slot(Some(source)) else {
+                        self.waiting.push_front(w);
+                        return;
+                    };
+                    self.cache.copy_prefix(source, slot, n as i64);
+                    (slot, n)
+                }
+                _ => match self.take_slot(None) {
+                    Some(slot) => (slot, 0),
+                    None => {
+                        self.waiting.push_front(w);
+                        return;
+                    }
+                },
+            };
             let seed = w.request.sampling.seed.unwrap_or_else(|| {
                 self.seed_counter += 1;
                 crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
             });
-            let ids: Vec<i64> = w.request.input_ids.iter().map(|&t| t as i64).collect();
+            let ids: Vec<i64> = w.request.input_ids[reused..]
+                .iter()
+                .map(|&t| t as i64)
+                .collect();
             let n = ids.len() as i64;
             let device = self.decoder.device();
             let tokens = Tensor::from_slice(&ids).unsqueeze(0).to_device(device);
-            let positions = Tensor::arange(n, (Kind::Int64, device)).unsqueeze(0);
+            let positions =
+                Tensor::arange_start(reused as i64, reused as i64 + n, (Kind::Int64, device))
+                    .unsqueeze(0);
             let hidden = self.decoder.hidden_states(
                 &tokens,
                 &positions,
                 Attention::Slots {
                     cache: &mut self.cache,
                     slots: &[slot],
-                    past: &[0],
+                    past: &[reused as i64],
                 },
             );
             let logits = self
                 .decoder
                 .logits(&hidden.select(1, n - 1))
                 .to_kind(Kind::Float);
-            let running = Running {
+            let prompt_len = w.request.input_ids.len();
+            self.running.push(Running {
                 id: w.id,
                 events: w.events,
                 sampling: w.request.sampling,
                 seed,
                 slot,
-                prompt_len: ids.len(),
-                cached: n,
+                input_ids: w.request.input_ids,
+                prompt_len,
+                reused,
+                cached: prompt_len as i64,
                 output: Vec::new(),
                 log_probs: Vec::new(),
-            };
-            self.running.push(running);
+            });
             let last = self.running.len() - 1;
             self.draw_and_check(&logits, &[last]);
+        }
+    }
+
+    /// A free slot, evicting the least recently used kept sequence (other than `keep`) if needed.
+    fn take_slot(&mut self, keep: Option<i64>) -> Option<i64> {
+        match self.free_slots.pop() {
+            Some(Reverse(slot)) => Some(slot),
+            None => self.prefix_cache.evict(keep),
         }
     }
 

@@ -4,12 +4,14 @@
 //! - [`sampler`]: seeded, batch-independent token selection and the shared log-prob definition.
 //! - [`engine`]: the engine thread (continuous batching over slot KV memory) and its handle.
 //!
-//! Not here yet (issue 3 continues): prefix reuse across samples and sessions, preemption, pause and
-//! weight updates, batched prefill, memory sizing from free GPU memory, CUDA graphs and varlen
-//! flash attention.
+//! - [`prefix_cache`]: finished sequences kept in their slots for prefix reuse.
+//!
+//! Not here yet (issue 3 continues): batched prefill, releasing the KV memory between rollouts,
+//! CUDA graphs for decode steps.
 
 pub mod engine;
 pub mod params;
+pub mod prefix_cache;
 pub mod sampler;
 
 pub use engine::{

@@ -26,15 +26,7 @@ fn model_dir() -> tempfile::TempDir {
 fn engine(dir: &Path, slots: i64, eos: Vec<u32>) -> EngineHandle {
     let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
     let tokenizer = Tokenizer::load(dir).unwrap();
-    start(
-        decoder,
-        Some(tokenizer),
-        EngineConfig {
-            slots,
-            slot_len: 256,
-            eos_token_ids: eos,
-        },
-    )
+    start(decoder, Some(tokenizer), EngineConfig::new(slots, 256, eos))
 }
 
 fn request(prompt: &[u32], params: SamplingParams) -> Request {
@@ -433,4 +425,108 @@ fn weights_update_in_place_with_a_version() {
         after.log_probs, before.log_probs,
         "new weights, new distribution"
     );
+}
+
+fn engine_with(dir: &Path, slots: i64, min_prefix_reuse: usize) -> EngineHandle {
+    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
+    let mut config = EngineConfig::new(slots, 256, vec![]);
+    config.min_prefix_reuse = min_prefix_reuse;
+    start(decoder, Some(Tokenizer::load(dir).unwrap()), config)
+}
+
+async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<ooze_engine::Output> {
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| handle.submit(r).unwrap().1)
+        .collect();
+    let mut outs = Vec::new();
+    for mut rx in streams {
+        while let Some(event) = rx.recv().await {
+            if let Event::Done(out) = event {
+                outs.push(out);
+            }
+        }
+    }
+    outs
+}
+
+#[test]
+fn samples_of_one_prompt_share_its_prefill_exactly() {
+    let dir = model_dir();
+    let reuse = engine_with(dir.path(), 8, 16);
+    let fresh = engine_with(dir.path(), 8, usize::MAX);
+    let p = prompt(8, 40);
+    let requests = || {
+        (0..4u64)
+            .map(|s| {
+                request(
+                    &p,
+                    SamplingParams {
+                        seed: Some(s),
+                        max_new_tokens: Some(12),
+                        ignore_eos: Some(true),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let rt = runtime();
+    let shared = rt.block_on(all(&reuse, requests()));
+    let alone = rt.block_on(all(&fresh, requests()));
+    let cached: Vec<usize> = shared.iter().map(|o| o.cached_tokens).collect();
+    assert_eq!(
+        cached.iter().filter(|&&c| c == 39).count(),
+        3,
+        "three samples reuse the first one's prompt: {cached:?}"
+    );
+    assert!(alone.iter().all(|o| o.cached_tokens == 0));
+    for (a, b) in shared.iter().zip(&alone) {
+        assert_eq!(a.tokens, b.tokens, "reused keys/values change nothing");
+        let worst = a
+            .log_probs
+            .iter()
+            .zip(&b.log_probs)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "{worst}");
+    }
+}
+
+#[test]
+fn the_next_turn_continues_from_the_kept_sequence() {
+    let dir = model_dir();
+    let reuse = engine_with(dir.path(), 2, 16);
+    let fresh = engine_with(dir.path(), 2, usize::MAX);
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(10),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let rt = runtime();
+    let turn1 = rt
+        .block_on(reuse.generate(request(&prompt(3, 30), greedy.clone())))
+        .unwrap();
+    // The agent appends the generated turn and a tool result, then asks again.
+    let mut next: Vec<u32> = prompt(3, 30);
+    next.extend(&turn1.tokens);
+    next.extend([7, 8, 9, 10, 11]);
+    let turn2 = rt
+        .block_on(reuse.generate(request(&next, greedy.clone())))
+        .unwrap();
+    assert_eq!(
+        turn2.cached_tokens,
+        30 + 9,
+        "the prompt and all but the last generated token were kept"
+    );
+    let recomputed = rt.block_on(fresh.generate(request(&next, greedy))).unwrap();
+    assert_eq!(turn2.tokens, recomputed.tokens);
+    rt.block_on(async {
+        let stats = reuse.stats().await.unwrap();
+        assert_eq!((stats.free_slots, stats.cached_slots), (2, 1));
+        reuse.flush_cache().await.unwrap();
+        let stats = reuse.stats().await.unwrap();
+        assert_eq!((stats.free_slots, stats.cached_slots), (2, 0));
+    });
 }

@@ -139,6 +139,14 @@ impl SlotCache {
         self.slots
     }
 
+    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt prefix).
+    pub fn copy_prefix(&mut self, from: i64, to: i64, len: i64) {
+        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let src = layer.narrow(0, from, 1).narrow(1, 0, len);
+            layer.narrow(0, to, 1).narrow(1, 0, len).copy_(&src);
+        }
+    }
+
     pub fn max_len(&self) -> i64 {
         self.max_len
     }

@@ -289,10 +289,9 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Valu
     Ok(Json(info))
 }
 
-pub async fn flush_cache() -> Json<Value> {
-    Json(
-        json!({"success": true, "message": "ooze keeps no prefix cache between requests yet; nothing to flush"}),
-    )
+pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    state.engine.flush_cache().await?;
+    Ok(Json(json!({"success": true})))
 }
 
 #[derive(Deserialize)]

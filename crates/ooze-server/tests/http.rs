@@ -27,11 +27,7 @@ async fn serve(dir: &Path, slots: i64) -> SocketAddr {
     let engine = ooze_engine::start(
         decoder,
         Some(Tokenizer::load(dir).unwrap()),
-        EngineConfig {
-            slots,
-            slot_len: 1024,
-            eos_token_ids: vec![],
-        },
+        EngineConfig::new(slots, 1024, vec![]),
     );
     let state = Arc::new(AppState::new(
         engine,

@@ -118,11 +118,7 @@ fn gpu_engine_greedy_matches_scoring() {
         let engine = start(
             Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap(),
             None,
-            EngineConfig {
-                slots: 16,
-                slot_len: 320,
-                eos_token_ids: vec![],
-            },
+            EngineConfig::new(16, 320, vec![]),
         );
         let scorer = Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap();
         let greedy = SamplingParams {

@@ -78,11 +78,11 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     use ooze_engine::{EngineConfig, Event, Request, SamplingParams};
     let decoder = load_decoder(&a.model, &a.compute)?;
     let vocab = decoder.config.vocab_size as u64;
-    let config = EngineConfig {
-        slots: a.batch as i64,
-        slot_len: (a.input_len + a.output_len) as i64,
-        eos_token_ids: Vec::new(),
-    };
+    let config = EngineConfig::new(
+        a.batch as i64,
+        (a.input_len + a.output_len) as i64,
+        Vec::new(),
+    );
     let engine = ooze_engine::start(decoder, None, config);
     let sampling = SamplingParams {
         temperature: Some(a.temperature),

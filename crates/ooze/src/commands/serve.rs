@@ -70,11 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let engine = ooze_engine::start(
         decoder,
         Some(load_tokenizer(&args.model)?),
-        EngineConfig {
-            slots,
-            slot_len: context_len,
-            eos_token_ids: eos,
-        },
+        EngineConfig::new(slots, context_len, eos),
     );
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         args.model
