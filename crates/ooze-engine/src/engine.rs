@@ -96,6 +96,8 @@ pub enum EngineError {
     Stopped,
     #[error("weight update failed: {0}")]
     WeightUpdate(String),
+    #[error("the engine is busy: {0}")]
+    Busy(String),
 }
 
 /// Live counters.
@@ -110,6 +112,8 @@ pub struct EngineStats {
     pub waiting: usize,
     pub weight_version: u64,
     pub paused: bool,
+    /// Whether the KV memory is allocated (false after a release, until the next request).
+    pub kv_allocated: bool,
 }
 
 enum Command {
@@ -122,6 +126,7 @@ enum Command {
     AbortAll,
     Stats(oneshot::Sender<EngineStats>),
     FlushCache(oneshot::Sender<()>),
+    ReleaseMemory(oneshot::Sender<Result<(), String>>),
     Pause,
     Continue,
     UpdateWeights {
@@ -201,6 +206,18 @@ impl EngineHandle {
         rx.await.map_err(|_| EngineError::Stopped)
     }
 
+    /// Frees the KV memory (a trainer in the same process can use it) while nothing runs; the next
+    /// request allocates it again. Refused while requests are running.
+    pub async fn release_memory(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::ReleaseMemory(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::Busy)
+    }
+
     /// Stops scheduling: running requests keep their state and resume on [`EngineHandle::resume`].
     pub fn pause(&self) {
         let _ = self.commands.send(Command::Pause);
@@ -258,7 +275,8 @@ struct EngineLoop {
     decoder: Decoder,
     tokenizer: Option<Tokenizer>,
     config: EngineConfig,
-    cache: SlotCache,
+    /// `None` while released (see [`EngineHandle::release_memory`]); allocated again on demand.
+    cache: Option<SlotCache>,
     /// Lowest slot first, so running requests stay packed into a consecutive run of slots (read
     /// as one view instead of gathered).
     free_slots: BinaryHeap<Reverse<i64>>,
@@ -273,13 +291,13 @@ struct EngineLoop {
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
 pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfig) -> EngineHandle {
     let (tx, rx) = mpsc::channel();
-    let cache = SlotCache::new(
+    let cache = Some(SlotCache::new(
         &decoder.config,
         config.slots,
         config.slot_len,
         decoder.device(),
         decoder.kind(),
-    );
+    ));
     let handle = EngineHandle {
         commands: tx,
         next_id: Arc::new(AtomicU64::new(0)),
@@ -368,6 +386,7 @@ impl EngineLoop {
                     waiting: self.waiting.len(),
                     weight_version: self.weight_version,
                     paused: self.paused,
+                    kv_allocated: self.cache.is_some(),
                 });
             }
             Command::FlushCache(reply) => {
@@ -376,6 +395,19 @@ impl EngineLoop {
             }
             Command::Pause => self.paused = true,
             Command::Continue => self.paused = false,
+            Command::ReleaseMemory(reply) => {
+                let result = if self.running.is_empty() {
+                    self.flush_prefixes();
+                    self.cache = None;
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} requests are running; abort them or let them finish first",
+                        self.running.len()
+                    ))
+                };
+                let _ = reply.send(result);
+            }
             Command::UpdateWeights { dir, reply } => {
                 let device = self.decoder.device();
                 let kind = self.decoder.kind();
@@ -485,7 +517,10 @@ impl EngineLoop {
                         self.waiting.push_front(w);
                         return;
                     };
-                    self.cache.copy_prefix(source, slot, n as i64);
+                    self.cache
+                        .as_mut()
+                        .expect("invariant: a running request implies allocated memory")
+                        .copy_prefix(source, slot, n as i64);
                     (slot, n)
                 }
                 _ => match self.take_slot(None) {
@@ -514,7 +549,7 @@ impl EngineLoop {
                 &tokens,
                 &positions,
                 Attention::Slots {
-                    cache: &mut self.cache,
+                    cache: kv_memory(&mut self.cache, &self.decoder, &self.config),
                     slots: &[slot],
                     past: &[reused as i64],
                 },
@@ -582,7 +617,7 @@ impl EngineLoop {
             &tokens,
             &positions,
             Attention::Slots {
-                cache: &mut self.cache,
+                cache: kv_memory(&mut self.cache, &self.decoder, &self.config),
                 slots: &slots,
                 past: &past,
             },
@@ -673,6 +708,23 @@ impl EngineLoop {
             self.finish(r, reason);
         }
     }
+}
+
+/// The KV slots, allocated again if they were released.
+fn kv_memory<'a>(
+    cache: &'a mut Option<SlotCache>,
+    decoder: &Decoder,
+    config: &EngineConfig,
+) -> &'a mut SlotCache {
+    cache.get_or_insert_with(|| {
+        SlotCache::new(
+            &decoder.config,
+            config.slots,
+            config.slot_len,
+            decoder.device(),
+            decoder.kind(),
+        )
+    })
 }
 
 fn stop_reason(

@@ -530,3 +530,53 @@ fn the_next_turn_continues_from_the_kept_sequence() {
         assert_eq!((stats.free_slots, stats.cached_slots), (2, 0));
     });
 }
+
+#[test]
+fn kv_memory_is_released_between_rollouts_and_comes_back_on_demand() {
+    let dir = model_dir();
+    let handle = engine(dir.path(), 2, vec![]);
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(6),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let before = handle
+            .generate(request(&prompt(2, 5), greedy.clone()))
+            .await
+            .unwrap();
+        let (busy_id, mut busy) = handle
+            .submit(request(
+                &prompt(2, 5),
+                SamplingParams {
+                    max_new_tokens: Some(200),
+                    ignore_eos: Some(true),
+                    ..Default::default()
+                },
+            ))
+            .unwrap();
+        assert!(
+            matches!(busy.recv().await, Some(Event::Token { .. })),
+            "it is running"
+        );
+        let err = handle.release_memory().await.unwrap_err();
+        assert!(err.to_string().contains("1 requests are running"), "{err}");
+        handle.abort(busy_id);
+        while busy.recv().await.is_some() {}
+        handle.release_memory().await.unwrap();
+        let stats = handle.stats().await.unwrap();
+        assert!(!stats.kv_allocated);
+        assert_eq!(stats.cached_slots, 0);
+        let after = handle
+            .generate(request(&prompt(2, 5), greedy))
+            .await
+            .unwrap();
+        assert!(handle.stats().await.unwrap().kv_allocated);
+        assert_eq!(
+            after.tokens, before.tokens,
+            "the same answer after re-allocation"
+        );
+    });
+}

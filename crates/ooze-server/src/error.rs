@@ -27,6 +27,7 @@ impl ApiError {
             }
             "not_found" => StatusCode::NOT_FOUND,
             "timeout" => StatusCode::GATEWAY_TIMEOUT,
+            "busy" => StatusCode::CONFLICT,
             "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -66,6 +67,7 @@ impl From<EngineError> for ApiError {
             EngineError::EmptyInput | EngineError::TokenOutOfVocab(..) => "invalid_request",
             EngineError::TooLong { .. } => "context_length_exceeded",
             EngineError::WeightUpdate(_) => "invalid_request",
+            EngineError::Busy(_) => "busy",
             EngineError::Stopped => "unavailable",
         };
         ApiError {

@@ -2,7 +2,8 @@
 //!
 //! - SGLang-compatible: `POST /generate`, `GET /health`, `/health_generate`, `/get_model_info`,
 //!   `/get_server_info`, `POST /flush_cache`, `/abort_request`, `/pause_generation`,
-//!   `/continue_generation`, `/update_weights_from_disk` ([`sglang`]).
+//!   `/continue_generation`, `/update_weights_from_disk`, `/release_memory_occupation`,
+//!   `/resume_memory_occupation` ([`sglang`]).
 //! - OpenAI-compatible: `GET /v1/models`, `POST /v1/completions`, `/v1/chat/completions` with tools
 //!   and streaming ([`openai`]).
 //!
@@ -188,6 +189,8 @@ pub fn build_app(state: Arc<AppState>) -> Router {
             "/update_weights_from_disk",
             post(sglang::update_weights_from_disk),
         )
+        .route("/release_memory_occupation", post(sglang::release_memory))
+        .route("/resume_memory_occupation", post(sglang::resume_memory))
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))

@@ -349,3 +349,14 @@ pub async fn update_weights_from_disk(
         json!({"success": true, "message": format!("loaded {}", req.model_path), "weight_version": version}),
     ))
 }
+
+/// Frees the KV memory while nothing runs (for a trainer sharing the GPU); 409 while busy.
+pub async fn release_memory(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    state.engine.release_memory().await?;
+    Ok(Json(json!({"success": true})))
+}
+
+/// The KV memory comes back with the next request; this only reports that it will.
+pub async fn resume_memory() -> Json<Value> {
+    Json(json!({"success": true, "message": "KV memory is allocated again by the next request"}))
+}

@@ -188,6 +188,18 @@ async fn streaming_control_and_weight_updates() {
     let (_, info) = get(addr, "/get_server_info").await;
     assert_eq!(info["engine"]["total_slots"], 4);
     assert_eq!(post(addr, "/flush_cache", json!({})).await.0, 200);
+    assert_eq!(
+        post(addr, "/release_memory_occupation", json!({})).await.0,
+        200
+    );
+    assert_eq!(
+        get(addr, "/get_server_info").await.1["engine"]["kv_allocated"],
+        false
+    );
+    assert_eq!(
+        post(addr, "/resume_memory_occupation", json!({})).await.0,
+        200
+    );
 
     let (_, before) = post(addr, "/generate", json!({"input_ids": [9, 9], "sampling_params": {"max_new_tokens": 4, "temperature": 0}, "return_logprob": true})).await;
     let (status, err) = post(
