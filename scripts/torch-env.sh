@@ -23,7 +23,11 @@ if version != "2.11.0":
 print(os.path.join(os.path.dirname(torch.__file__), "lib"))
 PY
 ) || return 1 2>/dev/null || exit 1
+# The CUDA runtime that torch's wheel depends on (ooze's C++ shim links it too).
+if [ -d "$_ooze_torch_lib/../../nvidia/cu13/lib" ]; then
+  _ooze_torch_lib="$_ooze_torch_lib:$(cd "$_ooze_torch_lib/../../nvidia/cu13/lib" && pwd)"
+fi
 export LD_LIBRARY_PATH="$_ooze_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LIBTORCH_USE_PYTORCH=1
-export OOZE_TORCH_LIB="$_ooze_torch_lib"
+export OOZE_TORCH_LIB="${_ooze_torch_lib%%:*}"
 unset _ooze_root _ooze_python _ooze_torch_lib

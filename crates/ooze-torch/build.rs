@@ -3,8 +3,11 @@
 //! crate uses them to link libtorch_cuda with `--no-as-needed` (PyTorch registers its CUDA kernels in
 //! that library's static initialisers, and no symbol of it is referenced, so the linker would drop
 //! it) and to record the directory as a run path.
+//!
+//! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/`, CUDA graphs) against the
+//! libtorch headers and CUDA's host headers from the nvidia wheels, and sets `cfg(ooze_cuda_graphs)`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn torch_lib_dir() -> Option<PathBuf> {
@@ -30,12 +33,56 @@ fn torch_lib_dir() -> Option<PathBuf> {
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+fn compile_shim(lib: &Path) -> Result<(), String> {
+    let torch = lib.parent().ok_or("torch/lib has no parent")?;
+    let cuda_include = torch.join("../nvidia/cu13/include");
+    if !cuda_include.join("cuda_runtime_api.h").exists() {
+        return Err(format!(
+            "CUDA host headers not found in {}",
+            cuda_include.display()
+        ));
+    }
+    println!("cargo:rerun-if-changed=shim/cuda_graph.cpp");
+    cc::Build::new()
+        .cpp(true)
+        .file("shim/cuda_graph.cpp")
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .include(&cuda_include)
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .try_compile("ooze_shim")
+        .map_err(|e| e.to_string())?;
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    for name in ["torch_cuda", "c10_cuda", "torch_cpu", "c10"] {
+        println!("cargo:rustc-link-lib=dylib={name}");
+    }
+    // Inline code of the CUDA headers calls the runtime directly. The wheel ships only the
+    // versioned file, so link it by name; at run time it is found next to torch (torch-env.sh).
+    let cudart = torch.join("../nvidia/cu13/lib");
+    println!("cargo:rustc-link-search=native={}", cudart.display());
+    println!("cargo:rustc-link-lib=dylib:+verbatim=libcudart.so.13");
+    println!("cargo:cudart={}", cudart.display());
+    Ok(())
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rustc-check-cfg=cfg(ooze_cuda_graphs)");
     let Some(lib) = torch_lib_dir() else {
         println!("cargo:warning=ooze-torch: could not locate torch/lib; building without CUDA");
         return;
     };
     println!("cargo:lib={}", lib.display());
-    println!("cargo:cuda={}", lib.join("libtorch_cuda.so").exists());
+    let cuda = lib.join("libtorch_cuda.so").exists();
+    println!("cargo:cuda={cuda}");
+    if cuda {
+        match compile_shim(&lib) {
+            Ok(()) => println!("cargo:rustc-cfg=ooze_cuda_graphs"),
+            Err(e) => {
+                println!("cargo:warning=ooze-torch: C++ shim not built ({e}); CUDA graphs disabled")
+            }
+        }
+    }
 }

@@ -9,6 +9,9 @@ fn main() {
         return;
     };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    if let Ok(cudart) = std::env::var("DEP_OOZE_TORCH_CUDART") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{cudart}");
+    }
     if std::env::var("DEP_OOZE_TORCH_CUDA").as_deref() == Ok("true") {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-L{lib}");

@@ -8,6 +8,7 @@
 //! (prompt + max_new_tokens > slot length) is refused at submission; one that finds no free slot
 //! waits — admission control, so memory never runs out.
 
+use crate::decode_graph::DecodeGraphs;
 use crate::params::Sampling;
 use crate::prefix_cache::{common_prefix, PrefixCache};
 use crate::sampler::{draw, RowSampling};
@@ -32,6 +33,8 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<u32>,
     /// Shortest shared prefix worth copying from another slot instead of recomputing.
     pub min_prefix_reuse: usize,
+    /// Replay decode steps from CUDA graphs on a GPU (set `OOZE_CUDA_GRAPHS=0` to turn off).
+    pub cuda_graphs: bool,
 }
 
 impl EngineConfig {
@@ -41,6 +44,7 @@ impl EngineConfig {
             slot_len,
             eos_token_ids,
             min_prefix_reuse: 16,
+            cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
         }
     }
 }
@@ -286,23 +290,26 @@ struct EngineLoop {
     seed_counter: u64,
     paused: bool,
     prefix_cache: PrefixCache,
+    /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
+    graphs: Option<DecodeGraphs>,
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
 pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfig) -> EngineHandle {
     let (tx, rx) = mpsc::channel();
-    let cache = Some(SlotCache::new(
-        &decoder.config,
-        config.slots,
-        config.slot_len,
-        decoder.device(),
-        decoder.kind(),
-    ));
+    let mut cache = None;
+    kv_memory(&mut cache, &decoder, &config);
     let handle = EngineHandle {
         commands: tx,
         next_id: Arc::new(AtomicU64::new(0)),
         slot_len: config.slot_len,
         vocab: decoder.config.vocab_size,
+    };
+    // Slot `slots` (one past the last) is the scratch slot padded graph rows write into.
+    let graphs = if config.cuda_graphs {
+        DecodeGraphs::new(decoder.device(), config.slots, config.slots)
+    } else {
+        None
     };
     let state = EngineLoop {
         decoder,
@@ -316,6 +323,7 @@ pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfi
         seed_counter: 0,
         paused: false,
         prefix_cache: PrefixCache::default(),
+        graphs,
     };
     std::thread::Builder::new()
         .name("ooze-engine".into())
@@ -399,6 +407,9 @@ impl EngineLoop {
                 let result = if self.running.is_empty() {
                     self.flush_prefixes();
                     self.cache = None;
+                    if let Some(graphs) = self.graphs.as_mut() {
+                        graphs.clear();
+                    }
                     Ok(())
                 } else {
                     Err(format!(
@@ -611,42 +622,58 @@ impl EngineLoop {
             .collect();
         let slots: Vec<i64> = self.running.iter().map(|r| r.slot).collect();
         let past: Vec<i64> = self.running.iter().map(|r| r.cached).collect();
-        let tokens = Tensor::from_slice(&last).unsqueeze(1).to_device(device);
-        let positions = Tensor::from_slice(&past).unsqueeze(1).to_device(device);
-        let hidden = self.decoder.hidden_states(
-            &tokens,
-            &positions,
-            Attention::Slots {
-                cache: kv_memory(&mut self.cache, &self.decoder, &self.config),
-                slots: &slots,
-                past: &past,
+        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let graphed = match self.graphs.as_mut() {
+            Some(graphs) => match graphs.step(&self.decoder, cache, &last, &slots, &past) {
+                Ok(logits) => Some(logits),
+                Err(err) => {
+                    eprintln!("ooze-engine: CUDA graphs turned off: {err}");
+                    self.graphs = None;
+                    None
+                }
             },
-        );
+            None => None,
+        };
+        let logits = match graphed {
+            Some(logits) => logits,
+            None => {
+                let tokens = Tensor::from_slice(&last).unsqueeze(1).to_device(device);
+                let positions = Tensor::from_slice(&past).unsqueeze(1).to_device(device);
+                let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+                let hidden = self.decoder.hidden_states(
+                    &tokens,
+                    &positions,
+                    Attention::Slots {
+                        cache,
+                        slots: &slots,
+                        past: &past,
+                    },
+                );
+                self.decoder
+                    .logits(&hidden.select(1, 0))
+                    .to_kind(Kind::Float)
+            }
+        };
         if profile {
             sync(device);
         }
         let t1 = std::time::Instant::now();
-        let logits = self
-            .decoder
-            .logits(&hidden.select(1, 0))
-            .to_kind(Kind::Float);
-        if profile {
-            sync(device);
-        }
-        let t2 = std::time::Instant::now();
         for r in &mut self.running {
             r.cached += 1;
         }
         let rows: Vec<usize> = (0..self.running.len()).collect();
         self.draw_and_check(&logits, &rows);
         if profile {
-            let t3 = std::time::Instant::now();
             eprintln!(
-                "engine step: batch {} blocks {:.2} ms, head {:.2} ms, sample+host {:.2} ms",
+                "engine step: batch {} forward {:.2} ms ({}), sample+host {:.2} ms",
                 slots.len(),
                 (t1 - t0).as_secs_f64() * 1e3,
-                (t2 - t1).as_secs_f64() * 1e3,
-                (t3 - t2).as_secs_f64() * 1e3
+                if self.graphs.is_some() {
+                    "graph"
+                } else {
+                    "eager"
+                },
+                t1.elapsed().as_secs_f64() * 1e3
             );
         }
     }
@@ -716,10 +743,11 @@ fn kv_memory<'a>(
     decoder: &Decoder,
     config: &EngineConfig,
 ) -> &'a mut SlotCache {
+    // One slot more than requests can take: the scratch slot of padded CUDA-graph rows.
     cache.get_or_insert_with(|| {
         SlotCache::new(
             &decoder.config,
-            config.slots,
+            config.slots + 1,
             config.slot_len,
             decoder.device(),
             decoder.kind(),

@@ -6,9 +6,11 @@
 //!
 //! - [`prefix_cache`]: finished sequences kept in their slots for prefix reuse.
 //!
-//! Not here yet (issue 3 continues): batched prefill, releasing the KV memory between rollouts,
-//! CUDA graphs for decode steps.
+//! - [`decode_graph`]: decode steps captured in CUDA graphs and replayed.
+//!
+//! Not here yet (issue 3 continues): batched prefill.
 
+pub mod decode_graph;
 pub mod engine;
 pub mod params;
 pub mod prefix_cache;

@@ -176,6 +176,18 @@ pub enum Attention<'a> {
         slots: &'a [i64],
         past: &'a [i64],
     },
+    /// One new token per row (`[B, 1]`), everything on the device: row `b` is appended to slot
+    /// `slots[b]` after `past[b]` tokens and attends over the slot's first `read_len` positions.
+    /// Nothing here synchronises with the host, so a step can be captured in a CUDA graph.
+    SlotDecode {
+        cache: &'a mut SlotCache,
+        slots: &'a Tensor,
+        past: &'a Tensor,
+        read_len: i64,
+        /// Row `b` reads slot `b` (the batch occupies slots `0..B` in order): a view, no gather.
+        /// Writes still go to `slots`.
+        rows_are_slots: bool,
+    },
 }
 
 /// Where a layer's new keys and values go, and what they are read back with.
@@ -432,6 +444,31 @@ impl Decoder {
                 // because the kernel's is_causal aligns the triangle to the top-left corner.
                 let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
                 (mask, KvTarget::Contiguous(cache), false)
+            }
+            Attention::SlotDecode {
+                cache,
+                slots,
+                past,
+                read_len,
+                rows_are_slots,
+            } => {
+                let write_pos = past.unsqueeze(1);
+                let keys =
+                    Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
+                let mask = keys.le_tensor(&write_pos.unsqueeze(-1)).unsqueeze(1);
+                let read = if rows_are_slots {
+                    SlotRead::Range { start: 0, count: b }
+                } else {
+                    SlotRead::Gather(slots.shallow_clone())
+                };
+                let target = KvTarget::Slots {
+                    cache,
+                    write_slot: slots.unsqueeze(1),
+                    write_pos,
+                    read,
+                    read_len,
+                };
+                (Some(mask), target, false)
             }
             Attention::Slots { cache, slots, past } => {
                 let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN)

@@ -7,6 +7,7 @@
 //! same version.
 
 pub mod cuda_driver;
+pub mod cuda_graph;
 pub mod spec;
 
 pub use spec::{DeviceSpec, DtypeSpec, SpecError};

@@ -177,3 +177,81 @@ fn gpu_engine_greedy_matches_scoring() {
         eprintln!("{kind:?}: max |engine - scoring| log-prob {worst:.2e}");
     }
 }
+
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_cuda_graph_decode_matches_eager() {
+    require_gpu();
+    use ooze_engine::{start, EngineConfig, Request, SamplingParams};
+    assert!(
+        ooze_torch::cuda_graph::CudaGraph::available(),
+        "this build has no CUDA-graph shim"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen3, Size::Small);
+    options.seed = 9;
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(0, 50_000),
+        &options,
+    )
+    .unwrap();
+    let params = SamplingParams {
+        seed: Some(4),
+        max_new_tokens: Some(48),
+        ignore_eos: Some(true),
+        ..Default::default()
+    }
+    .validate()
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut results = Vec::new();
+    for graphs in [true, false] {
+        let mut config = EngineConfig::new(16, 400, vec![]);
+        config.cuda_graphs = graphs;
+        let engine = start(
+            Decoder::load(dir.path(), Device::Cuda(0), Kind::Float).unwrap(),
+            None,
+            config,
+        );
+        let prompts = sequences(600);
+        let outs: Vec<_> = runtime.block_on(async {
+            let streams: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    engine
+                        .submit(Request {
+                            input_ids: p.clone(),
+                            sampling: params.clone(),
+                        })
+                        .unwrap()
+                        .1
+                })
+                .collect();
+            let mut outs = Vec::new();
+            for mut rx in streams {
+                while let Some(event) = rx.recv().await {
+                    if let ooze_engine::Event::Done(out) = event {
+                        outs.push(out);
+                    }
+                }
+            }
+            outs
+        });
+        results.push(outs);
+    }
+    let mut worst = 0.0f32;
+    for (g, e) in results[0].iter().zip(&results[1]) {
+        assert_eq!(
+            g.tokens, e.tokens,
+            "graph and eager decoding drew different tokens"
+        );
+        for (a, b) in g.log_probs.iter().zip(&e.log_probs) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst < 1e-4, "graph vs eager log-prob error {worst}");
+    eprintln!("graph vs eager: max |log-prob diff| {worst:.2e}");
+}

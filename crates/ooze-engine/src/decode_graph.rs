@@ -1,0 +1,135 @@
+//! Decode steps replayed from CUDA graphs. A decode step is ~25 small kernels per layer; launched
+//! one by one from the host, the GPU waits on the launches. Captured once per (batch bucket, key
+//! length bucket), a step is one launch.
+//!
+//! Inputs live in static tensors refilled before each replay: token, slot and position per row.
+//! Batches are padded up to the bucket size with rows that write to a scratch slot no request
+//! uses; key lengths are rounded up to a power of two (at least 256, at most the slot length), and
+//! the mask hides the padding. All graphs share one memory pool (they never run concurrently).
+
+use ooze_model::{Attention, Decoder, SlotCache};
+use ooze_torch::cuda_graph::{CudaGraph, GraphError};
+use ooze_torch::tch::{Device, Kind, Tensor};
+use std::collections::HashMap;
+
+struct Captured {
+    tokens: Tensor,
+    slots: Tensor,
+    past: Tensor,
+    logits: Tensor,
+    graph: CudaGraph,
+}
+
+/// Captured decode steps for one engine.
+pub struct DecodeGraphs {
+    device: usize,
+    scratch_slot: i64,
+    max_batch: i64,
+    /// Keyed by (rows, key length, rows read their own slot index).
+    graphs: HashMap<(i64, i64, bool), Captured>,
+}
+
+fn bucket(n: i64, min: i64) -> i64 {
+    (n.max(min) as u64).next_power_of_two() as i64
+}
+
+impl DecodeGraphs {
+    /// Graphs for batches up to `max_batch` rows; `scratch_slot` absorbs the padding rows' writes.
+    pub fn new(device: Device, scratch_slot: i64, max_batch: i64) -> Option<DecodeGraphs> {
+        match device {
+            Device::Cuda(index) if CudaGraph::available() => Some(DecodeGraphs {
+                device: index,
+                scratch_slot,
+                max_batch: bucket(max_batch, 1),
+                graphs: HashMap::new(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Forgets every graph (they point at KV memory that is being freed).
+    pub fn clear(&mut self) {
+        self.graphs.clear();
+    }
+
+    /// One decode step: `tokens[i]` appended to slot `slots[i]` after `past[i]` tokens. Returns fp32
+    /// logits `[B, vocab]` (a view of the graph's output, valid until the next step).
+    pub fn step(
+        &mut self,
+        decoder: &Decoder,
+        cache: &mut SlotCache,
+        tokens: &[i64],
+        slots: &[i64],
+        past: &[i64],
+    ) -> Result<Tensor, GraphError> {
+        let b = tokens.len() as i64;
+        let needed = past.iter().max().copied().unwrap_or(0) + 1;
+        let len = bucket(needed, 256).min(cache.max_len());
+        // A batch sitting in slots 0..B in order reads the slots as a view instead of gathering.
+        // (Padding rows then read slots B..rows, so those must exist.)
+        let rows = bucket(b, 1).min(self.max_batch);
+        let in_order =
+            rows <= cache.slots() && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
+        let key = (rows, len, in_order);
+        if !self.graphs.contains_key(&key) {
+            let captured = self.capture(decoder, cache, key)?;
+            self.graphs.insert(key, captured);
+        }
+        let g = &self.graphs[&key];
+        let (rows, device) = (key.0 as usize, g.tokens.device());
+        let pad = |values: &[i64], fill: i64| {
+            let mut v = values.to_vec();
+            v.resize(rows, fill);
+            Tensor::from_slice(&v).to_device(device)
+        };
+        let (mut t, mut s, mut p) = (
+            g.tokens.shallow_clone(),
+            g.slots.shallow_clone(),
+            g.past.shallow_clone(),
+        );
+        t.copy_(&pad(tokens, 0).view([key.0, 1]));
+        s.copy_(&pad(slots, self.scratch_slot));
+        p.copy_(&pad(past, 0));
+        g.graph.replay()?;
+        Ok(g.logits.narrow(0, 0, b))
+    }
+
+    fn capture(
+        &self,
+        decoder: &Decoder,
+        cache: &mut SlotCache,
+        (rows, len, rows_are_slots): (i64, i64, bool),
+    ) -> Result<Captured, GraphError> {
+        let device = Device::Cuda(self.device);
+        let tokens = Tensor::zeros([rows, 1], (Kind::Int64, device));
+        let slots = Tensor::full([rows], self.scratch_slot, (Kind::Int64, device));
+        let past = Tensor::zeros([rows], (Kind::Int64, device));
+        let run = |cache: &mut SlotCache| {
+            let positions = past.unsqueeze(1);
+            let hidden = decoder.hidden_states(
+                &tokens,
+                &positions,
+                Attention::SlotDecode {
+                    cache,
+                    slots: &slots,
+                    past: &past,
+                    read_len: len,
+                    rows_are_slots,
+                },
+            );
+            decoder.logits(&hidden.select(1, 0)).to_kind(Kind::Float)
+        };
+        // Warm-up outside the capture: cuBLAS handles, workspaces and kernels get created here.
+        let _ = run(cache);
+        ooze_torch::tch::Cuda::synchronize(self.device as i64);
+        let share = self.graphs.values().next().map(|c| &c.graph);
+        let (graph, logits) = CudaGraph::capture(self.device, share, || run(cache))?;
+        Ok(Captured {
+            tokens,
+            slots,
+            past,
+            logits,
+            graph,
+        })
+    }
+}

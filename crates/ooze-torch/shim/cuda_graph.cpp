@@ -1,0 +1,76 @@
+// ooze's C++ shim: what tch does not bind. Compiled by build.rs against the libtorch headers of the
+// PyTorch that tch links (and CUDA's host headers from the nvidia wheels), only when that PyTorch
+// has CUDA. Every entry point catches C++ exceptions and reports them through ooze_shim_last_error.
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace {
+thread_local std::string last_error;
+}
+
+struct OozeGraph {
+  at::cuda::CUDAGraph graph;
+  // Capture runs on a side stream (capturing the default stream is not allowed); the guard makes
+  // it current between capture_begin and capture_end.
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+};
+
+extern "C" {
+
+const char* ooze_shim_last_error() { return last_error.c_str(); }
+
+OozeGraph* ooze_graph_new() {
+  try {
+    return new OozeGraph();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+// `share` (may be null): an earlier graph whose memory pool this one shares. Graphs sharing a pool
+// must be replayed one at a time, which is how the engine uses them.
+int ooze_graph_capture_begin(OozeGraph* g, int device, OozeGraph* share) {
+  try {
+    g->guard.emplace(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)));
+    at::cuda::MempoolId_t pool = share ? share->graph.pool() : at::cuda::MempoolId_t{0, 0};
+    g->graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    return 0;
+  } catch (const std::exception& e) {
+    g->guard.reset();
+    last_error = e.what();
+    return 1;
+  }
+}
+
+int ooze_graph_capture_end(OozeGraph* g) {
+  try {
+    g->graph.capture_end();
+    g->guard.reset();
+    return 0;
+  } catch (const std::exception& e) {
+    g->guard.reset();
+    last_error = e.what();
+    return 1;
+  }
+}
+
+int ooze_graph_replay(OozeGraph* g) {
+  try {
+    g->graph.replay();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+void ooze_graph_free(OozeGraph* g) { delete g; }
+
+}  // extern "C"

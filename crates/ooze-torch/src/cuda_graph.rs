@@ -1,0 +1,127 @@
+//! CUDA graphs through the C++ shim (tch has no binding): capture a sequence of GPU work once,
+//! replay it with one launch. Inputs and outputs must live in tensors allocated before capture and
+//! refilled in place before each replay; nothing captured may synchronise with the host.
+
+#[cfg(ooze_cuda_graphs)]
+use std::ffi::{c_char, c_int, CStr};
+
+/// Capture or replay failed, or the build has no shim (PyTorch without CUDA).
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    #[error("CUDA graphs are not available in this build (PyTorch without CUDA, or the shim did not compile)")]
+    Unavailable,
+    #[error("CUDA graph {stage} failed: {message}")]
+    Failed {
+        stage: &'static str,
+        message: String,
+    },
+}
+
+#[cfg(ooze_cuda_graphs)]
+mod ffi {
+    use super::*;
+    #[repr(C)]
+    pub struct OozeGraph {
+        _private: [u8; 0],
+    }
+    extern "C" {
+        pub fn ooze_shim_last_error() -> *const c_char;
+        pub fn ooze_graph_new() -> *mut OozeGraph;
+        pub fn ooze_graph_capture_begin(
+            g: *mut OozeGraph,
+            device: c_int,
+            share: *mut OozeGraph,
+        ) -> c_int;
+        pub fn ooze_graph_capture_end(g: *mut OozeGraph) -> c_int;
+        pub fn ooze_graph_replay(g: *mut OozeGraph) -> c_int;
+        pub fn ooze_graph_free(g: *mut OozeGraph);
+    }
+}
+
+#[cfg(ooze_cuda_graphs)]
+fn failed(stage: &'static str) -> GraphError {
+    // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string that lives
+    // until the next failing call on this thread.
+    let message = unsafe { CStr::from_ptr(ffi::ooze_shim_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    GraphError::Failed { stage, message }
+}
+
+/// A captured CUDA graph.
+pub struct CudaGraph {
+    #[cfg(ooze_cuda_graphs)]
+    raw: *mut ffi::OozeGraph,
+}
+
+// SAFETY: a CUDA graph may be replayed from any thread; the engine owns each one on one thread.
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Whether this build can capture graphs.
+    pub fn available() -> bool {
+        cfg!(ooze_cuda_graphs)
+    }
+
+    /// Captures the GPU work `work` issues on device `device`. Run `work` once uncaptured first
+    /// (warm-up), so lazily created handles and workspaces exist before capture. With `share`, the
+    /// new graph uses that graph's memory pool (graphs sharing a pool must not run concurrently).
+    #[cfg(ooze_cuda_graphs)]
+    pub fn capture<R>(
+        device: usize,
+        share: Option<&CudaGraph>,
+        work: impl FnOnce() -> R,
+    ) -> Result<(CudaGraph, R), GraphError> {
+        // SAFETY: the shim's functions take the pointer ooze_graph_new returned; the graph is freed
+        // exactly once, by Drop.
+        unsafe {
+            let raw = ffi::ooze_graph_new();
+            if raw.is_null() {
+                return Err(failed("creation"));
+            }
+            let graph = CudaGraph { raw };
+            let share = share.map_or(std::ptr::null_mut(), |g| g.raw);
+            if ffi::ooze_graph_capture_begin(raw, device as c_int, share) != 0 {
+                return Err(failed("capture begin"));
+            }
+            let result = work();
+            if ffi::ooze_graph_capture_end(raw) != 0 {
+                return Err(failed("capture"));
+            }
+            Ok((graph, result))
+        }
+    }
+
+    #[cfg(not(ooze_cuda_graphs))]
+    pub fn capture<R>(
+        _device: usize,
+        _share: Option<&CudaGraph>,
+        _work: impl FnOnce() -> R,
+    ) -> Result<(CudaGraph, R), GraphError> {
+        Err(GraphError::Unavailable)
+    }
+
+    /// Launches the captured work on the current stream.
+    pub fn replay(&self) -> Result<(), GraphError> {
+        #[cfg(ooze_cuda_graphs)]
+        // SAFETY: `raw` is a live graph (see capture).
+        unsafe {
+            if ffi::ooze_graph_replay(self.raw) != 0 {
+                return Err(failed("replay"));
+            }
+            Ok(())
+        }
+        #[cfg(not(ooze_cuda_graphs))]
+        Err(GraphError::Unavailable)
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        #[cfg(ooze_cuda_graphs)]
+        // SAFETY: freed once; `raw` came from ooze_graph_new.
+        unsafe {
+            ffi::ooze_graph_free(self.raw)
+        }
+    }
+}
