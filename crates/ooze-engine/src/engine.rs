@@ -268,6 +268,18 @@ struct Running {
     log_probs: Vec<f32>,
 }
 
+/// Token budget of one prefill pass (rows × longest new prompt, padding included).
+const PREFILL_TOKENS: i64 = 16_384;
+
+/// A waiting request given a slot for the next prefill pass.
+struct Planned {
+    waiting: Waiting,
+    slot: i64,
+    /// Prompt tokens whose keys/values are already in the slot.
+    reused: usize,
+    seed: u64,
+}
+
 struct Waiting {
     id: RequestId,
     request: Request,
@@ -484,18 +496,42 @@ impl EngineLoop {
         let _ = r.events.send(Event::Done(output));
     }
 
-    /// Prefills waiting requests into free slots and draws their first tokens. A request that
-    /// shares a prefix with a running or kept sequence starts after it: in the kept sequence's own
-    /// slot when that is free to take, otherwise in a new slot with the prefix copied over.
+    /// Prefills waiting requests into free slots and draws their first tokens, several requests per
+    /// forward pass. A request that shares a prefix with a running or kept sequence starts after
+    /// it: in the kept sequence's own slot when that is free to take, otherwise in a new slot with
+    /// the prefix copied over.
     fn admit(&mut self) {
-        while !self.waiting.is_empty()
-            && (!self.free_slots.is_empty() || !self.prefix_cache.is_empty())
-        {
-            let w = self.waiting.pop_front().expect("invariant: not empty");
-            if w.events.is_closed() {
+        loop {
+            let batch = self.plan_prefill();
+            if batch.is_empty() {
+                return;
+            }
+            self.prefill(batch);
+        }
+    }
+
+    /// Takes waiting requests for one prefill pass, giving each a slot and its reusable prefix. Stops
+    /// at the token budget, when slots run out, or before a request that shares a prefix with one
+    /// already planned (it reuses that one's keys/values in the next pass instead).
+    fn plan_prefill(&mut self) -> Vec<Planned> {
+        let mut planned: Vec<Planned> = Vec::new();
+        let (mut rows, mut longest) = (0i64, 0i64);
+        while let Some(front) = self.waiting.front() {
+            if front.events.is_closed() {
+                self.waiting.pop_front();
                 continue;
             }
-            let prompt = &w.request.input_ids;
+            if self.free_slots.is_empty() && self.prefix_cache.is_empty() {
+                break;
+            }
+            let prompt = &front.request.input_ids;
+            let min = self.config.min_prefix_reuse;
+            if planned
+                .iter()
+                .any(|p| common_prefix(&p.waiting.request.input_ids, prompt) >= min)
+            {
+                break;
+            }
             // At least the last prompt token is computed: its logits start the output.
             let usable = |n: usize| n.min(prompt.len() - 1);
             let from_running = self
@@ -516,7 +552,12 @@ impl EngineLoop {
                 .prefix_cache
                 .best_match(prompt)
                 .map(|(slot, n)| (slot, usable(n)));
-            let min = self.config.min_prefix_reuse;
+            let best = from_kept.max(from_running).map_or(0, |(_, n)| n);
+            let new_tokens = (prompt.len() - if best >= min { best } else { 0 }) as i64;
+            let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
+            if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
+                break;
+            }
             let (slot, reused) = match (from_kept, from_running) {
                 // Continue in the kept slot itself: nothing to copy.
                 (Some((kept, n)), other) if n >= min && n >= other.map_or(0, |o| o.1) => {
@@ -525,8 +566,7 @@ impl EngineLoop {
                 }
                 (_, Some((source, n))) | (Some((source, n)), None) if n >= min => {
                     let Some(slot) = self.take_slot(Some(source)) else {
-                        self.waiting.push_front(w);
-                        return;
+                        break;
                     };
                     self.cache
                         .as_mut()
@@ -536,56 +576,95 @@ impl EngineLoop {
                 }
                 _ => match self.take_slot(None) {
                     Some(slot) => (slot, 0),
-                    None => {
-                        self.waiting.push_front(w);
-                        return;
-                    }
+                    None => break,
                 },
             };
-            let seed = w.request.sampling.seed.unwrap_or_else(|| {
+            let waiting = self.waiting.pop_front().expect("invariant: front exists");
+            let seed = waiting.request.sampling.seed.unwrap_or_else(|| {
                 self.seed_counter += 1;
                 crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
             });
-            let ids: Vec<i64> = w.request.input_ids[reused..]
-                .iter()
-                .map(|&t| t as i64)
-                .collect();
-            let n = ids.len() as i64;
-            let device = self.decoder.device();
-            let tokens = Tensor::from_slice(&ids).unsqueeze(0).to_device(device);
-            let positions =
-                Tensor::arange_start(reused as i64, reused as i64 + n, (Kind::Int64, device))
-                    .unsqueeze(0);
-            let hidden = self.decoder.hidden_states(
-                &tokens,
-                &positions,
-                Attention::Slots {
-                    cache: kv_memory(&mut self.cache, &self.decoder, &self.config),
-                    slots: &[slot],
-                    past: &[reused as i64],
-                },
+            (rows, longest) = (
+                next_rows,
+                longest.max((waiting.request.input_ids.len() - reused) as i64),
             );
-            let logits = self
-                .decoder
-                .logits(&hidden.select(1, n - 1))
-                .to_kind(Kind::Float);
-            let prompt_len = w.request.input_ids.len();
-            self.running.push(Running {
-                id: w.id,
-                events: w.events,
-                sampling: w.request.sampling,
-                seed,
+            planned.push(Planned {
+                waiting,
                 slot,
-                input_ids: w.request.input_ids,
-                prompt_len,
                 reused,
+                seed,
+            });
+        }
+        planned
+    }
+
+    /// One forward pass over the planned prompts (right-padded to the longest), then each one's
+    /// first token.
+    fn prefill(&mut self, planned: Vec<Planned>) {
+        let device = self.decoder.device();
+        let width = planned
+            .iter()
+            .map(|p| p.waiting.request.input_ids.len() - p.reused)
+            .max()
+            .expect("invariant: non-empty plan");
+        let mut ids = Vec::with_capacity(planned.len() * width);
+        let mut positions = Vec::with_capacity(planned.len() * width);
+        let mut last = Vec::with_capacity(planned.len());
+        for p in &planned {
+            let new = &p.waiting.request.input_ids[p.reused..];
+            ids.extend(new.iter().map(|&t| t as i64));
+            ids.extend(std::iter::repeat_n(0, width - new.len()));
+            positions.extend((0..width).map(|i| (p.reused + i) as i64));
+            last.push((new.len() - 1) as i64);
+        }
+        let b = planned.len() as i64;
+        let tokens = Tensor::from_slice(&ids)
+            .view([b, width as i64])
+            .to_device(device);
+        let positions = Tensor::from_slice(&positions)
+            .view([b, width as i64])
+            .to_device(device);
+        let slots: Vec<i64> = planned.iter().map(|p| p.slot).collect();
+        let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
+        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let hidden = self.decoder.hidden_states(
+            &tokens,
+            &positions,
+            Attention::Slots {
+                cache,
+                slots: &slots,
+                past: &past,
+            },
+        );
+        // Each row's last real position: [B, 1, H] gathered from [B, T, H].
+        let h = hidden.size()[2];
+        let index = Tensor::from_slice(&last)
+            .to_device(device)
+            .view([b, 1, 1])
+            .expand([b, 1, h], false);
+        let logits = self
+            .decoder
+            .logits(&hidden.gather(1, &index, false).squeeze_dim(1))
+            .to_kind(Kind::Float);
+        let first = self.running.len();
+        for p in planned {
+            let prompt_len = p.waiting.request.input_ids.len();
+            self.running.push(Running {
+                id: p.waiting.id,
+                events: p.waiting.events,
+                sampling: p.waiting.request.sampling,
+                seed: p.seed,
+                slot: p.slot,
+                input_ids: p.waiting.request.input_ids,
+                prompt_len,
+                reused: p.reused,
                 cached: prompt_len as i64,
                 output: Vec::new(),
                 log_probs: Vec::new(),
             });
-            let last = self.running.len() - 1;
-            self.draw_and_check(&logits, &[last]);
         }
+        let rows: Vec<usize> = (first..self.running.len()).collect();
+        self.draw_and_check(&logits, &rows);
     }
 
     /// A free slot, evicting the least recently used kept sequence (other than `keep`) if needed.

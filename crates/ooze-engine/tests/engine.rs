@@ -580,3 +580,49 @@ fn kv_memory_is_released_between_rollouts_and_comes_back_on_demand() {
         );
     });
 }
+
+#[test]
+fn batched_prefill_of_uneven_prompts_equals_one_at_a_time() {
+    let dir = model_dir();
+    let batched = engine(dir.path(), 8, vec![]);
+    let single = engine(dir.path(), 8, vec![]);
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(8),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(20 + i, 3 + 7 * i)).collect();
+    let rt = runtime();
+    // Paused while they queue, so one prefill pass takes them all (right-padded to the longest).
+    batched.pause();
+    let together = rt.block_on(async {
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|p| batched.submit(request(p, greedy.clone())).unwrap().1)
+            .collect();
+        batched.resume();
+        let mut outs = Vec::new();
+        for mut rx in streams {
+            while let Some(event) = rx.recv().await {
+                if let Event::Done(out) = event {
+                    outs.push(out);
+                }
+            }
+        }
+        outs
+    });
+    for (p, out) in prompts.iter().zip(&together) {
+        let alone = rt
+            .block_on(single.generate(request(p, greedy.clone())))
+            .unwrap();
+        assert_eq!(out.tokens, alone.tokens);
+        let worst = out
+            .log_probs
+            .iter()
+            .zip(&alone.log_probs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "batched prefill changed log-probs by {worst}");
+    }
+}

@@ -479,7 +479,14 @@ impl Decoder {
                     .flat_map(|&s| std::iter::repeat_n(s, t as usize))
                     .collect())
                 .view([b, t]);
-                let write_pos = dev(past.iter().flat_map(|&p| p..p + t).collect()).view([b, t]);
+                // Rows padded to a common length write their padding past their own tokens; clamped,
+                // so it stays inside the slot (later tokens overwrite it before anyone reads it).
+                let last = cache.max_len - 1;
+                let write_pos = dev(past
+                    .iter()
+                    .flat_map(|&p| (p..p + t).map(move |x| x.min(last)))
+                    .collect())
+                .view([b, t]);
                 // Query i of row r sees key j when j ≤ past[r] + i.
                 let limit = write_pos.unsqueeze(-1);
                 let keys =
