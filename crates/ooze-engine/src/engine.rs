@@ -134,7 +134,7 @@ enum Command {
     Pause,
     Continue,
     UpdateWeights {
-        dir: PathBuf,
+        source: WeightSource,
         reply: oneshot::Sender<Result<u64, String>>,
     },
 }
@@ -210,6 +210,24 @@ impl EngineHandle {
         rx.await.map_err(|_| EngineError::Stopped)
     }
 
+    /// Replaces the weights with tensors from this process (a colocated trainer's parameters,
+    /// named as in the HF state dict); returns the new weight version.
+    pub async fn update_weights_from_tensors(
+        &self,
+        tensors: Vec<(String, Tensor)>,
+    ) -> Result<u64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::UpdateWeights {
+                source: WeightSource::Tensors(tensors),
+                reply,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::WeightUpdate)
+    }
+
     /// Frees the KV memory (a trainer in the same process can use it) while nothing runs; the next
     /// request allocates it again. Refused while requests are running.
     pub async fn release_memory(&self) -> Result<(), EngineError> {
@@ -236,7 +254,10 @@ impl EngineHandle {
     pub async fn update_weights_from_disk(&self, dir: PathBuf) -> Result<u64, EngineError> {
         let (reply, rx) = oneshot::channel();
         self.commands
-            .send(Command::UpdateWeights { dir, reply })
+            .send(Command::UpdateWeights {
+                source: WeightSource::Dir(dir),
+                reply,
+            })
             .map_err(|_| EngineError::Stopped)?;
         rx.await
             .map_err(|_| EngineError::Stopped)?
@@ -266,6 +287,12 @@ struct Running {
     cached: i64,
     output: Vec<u32>,
     log_probs: Vec<f32>,
+}
+
+/// Where new weights come from.
+enum WeightSource {
+    Dir(PathBuf),
+    Tensors(Vec<(String, Tensor)>),
 }
 
 /// Token budget of one prefill pass (rows × longest new prompt, padding included).
@@ -431,10 +458,18 @@ impl EngineLoop {
                 };
                 let _ = reply.send(result);
             }
-            Command::UpdateWeights { dir, reply } => {
+            Command::UpdateWeights { source, reply } => {
                 let device = self.decoder.device();
                 let kind = self.decoder.kind();
-                let result = ooze_model::checkpoint::WeightSet::load(&dir, device, kind)
+                let weights = match source {
+                    WeightSource::Dir(dir) => {
+                        ooze_model::checkpoint::WeightSet::load(&dir, device, kind)
+                    }
+                    WeightSource::Tensors(tensors) => {
+                        ooze_model::checkpoint::WeightSet::from_tensors(tensors, device, kind)
+                    }
+                };
+                let result = weights
                     .and_then(|w| self.decoder.update_weights(w))
                     .map(|()| {
                         self.flush_prefixes();

@@ -626,3 +626,53 @@ fn batched_prefill_of_uneven_prompts_equals_one_at_a_time() {
         assert!(worst < 1e-5, "batched prefill changed log-probs by {worst}");
     }
 }
+
+#[test]
+fn weights_update_from_in_process_tensors() {
+    let dir = model_dir();
+    let other = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
+    options.tokenizer_vocab = 400;
+    options.seed = 13;
+    init_model(
+        other.path(),
+        &ooze_model::corpus::generate(3, 30_000),
+        &options,
+    )
+    .unwrap();
+    let trainer = Decoder::load(other.path(), Device::Cpu, Kind::Float).unwrap();
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(8),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let p = prompt(6, 9);
+    let rt = runtime();
+    let handle = engine(dir.path(), 2, vec![]);
+    let mut partial = trainer.named_parameters();
+    partial.retain(|(name, _)| name != "model.norm.weight");
+    let err = rt
+        .block_on(handle.update_weights_from_tensors(partial))
+        .unwrap_err();
+    assert!(err.to_string().contains("model.norm.weight"), "{err}");
+    assert_eq!(
+        rt.block_on(handle.stats()).unwrap().weight_version,
+        0,
+        "a rejected update changes nothing"
+    );
+    let version = rt
+        .block_on(handle.update_weights_from_tensors(trainer.named_parameters()))
+        .unwrap();
+    assert_eq!(version, 1);
+    let updated = rt
+        .block_on(handle.generate(request(&p, greedy.clone())))
+        .unwrap();
+    let fresh = rt
+        .block_on(engine(other.path(), 2, vec![]).generate(request(&p, greedy)))
+        .unwrap();
+    assert_eq!(
+        (updated.tokens, updated.log_probs),
+        (fresh.tokens, fresh.log_probs)
+    );
+}

@@ -94,6 +94,26 @@ impl WeightSet {
         })
     }
 
+    /// Wraps tensors already in memory (a trainer's parameters), converted to `device` and `kind`.
+    pub fn from_tensors(
+        tensors: Vec<(String, Tensor)>,
+        device: Device,
+        kind: Kind,
+    ) -> Result<WeightSet> {
+        let origin = PathBuf::from("<in-memory weights>");
+        let mut map = HashMap::with_capacity(tensors.len());
+        for (name, t) in tensors {
+            map.insert(
+                name,
+                (t.f_to_device(device)?.f_to_kind(kind)?, origin.clone()),
+            );
+        }
+        Ok(WeightSet {
+            dir: origin,
+            tensors: map,
+        })
+    }
+
     /// Removes and returns a tensor, checking its shape.
     pub fn take(&mut self, name: &str, shape: &[i64]) -> Result<Tensor> {
         let (tensor, _) = self
