@@ -55,7 +55,15 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
             }
         })
         .collect());
-    let scaled = logits / temps.unsqueeze(1);
+    // Fewer passes over [B, vocab] where the settings allow: no division at T = 1.
+    let scaled = if rows
+        .iter()
+        .all(|r| r.params.temperature == 1.0 || r.params.temperature == 0.0)
+    {
+        logits.shallow_clone()
+    } else {
+        logits / temps.unsqueeze(1)
+    };
     let log_probs = scaled.log_softmax(-1, Kind::Float);
 
     // What may be drawn: banned tokens (stop tokens before min_new_tokens) are out.
@@ -70,7 +78,8 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
                 .map(move |&t| (i as i64, t as i64))
         })
         .collect();
-    if !banned.is_empty() {
+    let nothing_banned = banned.is_empty();
+    if !nothing_banned {
         let (ri, ti): (Vec<i64>, Vec<i64>) = banned.into_iter().unzip();
         let index = [
             Some(Tensor::from_slice(&ri).to_device(device)),
@@ -82,11 +91,16 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
             false,
         );
     }
-    let greedy_tokens = masked.argmax(-1, false);
+    let any_greedy = rows.iter().any(|r| r.params.temperature == 0.0);
     if rows.iter().all(|r| r.params.temperature == 0.0) {
-        return finish(&log_probs, greedy_tokens);
+        return finish(&log_probs, masked.argmax(-1, false));
     }
-    let mut probs = masked.softmax(-1, Kind::Float);
+    // The distribution is exp(log_probs) with banned tokens zeroed (the inverse CDF below scales by
+    // the total, so no renormalisation): the same arithmetic for a row whatever its neighbours ban.
+    let mut probs = log_probs.exp();
+    if !nothing_banned {
+        probs = probs.masked_fill(&masked.isneginf(), 0.0);
+    }
     if rows.iter().any(|r| r.params.min_p > 0.0) {
         let min_p = on(rows.iter().map(|r| r.params.min_p as f32).collect()).unsqueeze(1);
         let floor = probs.amax([-1i64].as_slice(), true) * min_p;
@@ -146,6 +160,10 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
         let truncated = order.gather(1, &pick, false).squeeze_dim(1);
         sampled = truncated.where_self(&Tensor::from_slice(&truncates).to_device(device), &sampled);
     }
+    if !any_greedy {
+        return finish(&log_probs, sampled);
+    }
+    let greedy_tokens = masked.argmax(-1, false);
     let is_greedy = Tensor::from_slice(
         &rows
             .iter()
