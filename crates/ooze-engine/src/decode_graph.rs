@@ -4,7 +4,7 @@
 //!
 //! Inputs live in static tensors refilled before each replay: token, slot and position per row.
 //! Batches are padded up to the bucket size with rows that write to a scratch slot no request
-//! uses; key lengths are rounded up to a power of two (at least 256, at most the slot length), and
+//! uses; key lengths are rounded up to a multiple of 256 (at most the slot length), and
 //! the mask hides the padding. All graphs share one memory pool (they never run concurrently).
 
 use ooze_model::{Attention, Decoder, SlotCache};
@@ -28,6 +28,10 @@ pub struct DecodeGraphs {
     /// Keyed by (rows, key length, rows read their own slot index).
     graphs: HashMap<(i64, i64, bool), Captured>,
 }
+
+/// Key lengths are rounded up to a multiple of this: fewer wasted keys than powers of two, few
+/// enough graphs (one per multiple in use).
+const KEY_BUCKET: i64 = 256;
 
 fn bucket(n: i64, min: i64) -> i64 {
     (n.max(min) as u64).next_power_of_two() as i64
@@ -64,7 +68,8 @@ impl DecodeGraphs {
     ) -> Result<Tensor, GraphError> {
         let b = tokens.len() as i64;
         let needed = past.iter().max().copied().unwrap_or(0) + 1;
-        let len = bucket(needed, 256).min(cache.max_len());
+        let len = (needed.max(1) + KEY_BUCKET - 1) / KEY_BUCKET * KEY_BUCKET;
+        let len = len.min(cache.max_len());
         // A batch sitting in slots 0..B in order reads the slots as a view instead of gathering.
         // (Padding rows then read slots B..rows, so those must exist.)
         let rows = bucket(b, 1).min(self.max_batch);
