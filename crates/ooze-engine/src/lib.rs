@@ -7,8 +7,6 @@
 //! - [`prefix_cache`]: finished sequences kept in their slots for prefix reuse.
 //!
 //! - [`decode_graph`]: decode steps captured in CUDA graphs and replayed.
-//!
-//! Not here yet (issue 3 continues): batched prefill.
 
 pub mod decode_graph;
 pub mod engine;
