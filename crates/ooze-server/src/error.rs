@@ -34,6 +34,13 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error as a chunk of a stream that already started (its status line is long sent).
+    pub fn stream_chunk(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"message": self.message, "code": self.code}})
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = if self.status().is_client_error() {

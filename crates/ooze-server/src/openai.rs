@@ -157,6 +157,26 @@ async fn run_all(
     Ok(outs.into_iter().map(|(_, o)| o).collect())
 }
 
+type SseSender = tokio::sync::mpsc::Sender<Result<SseEvent, std::convert::Infallible>>;
+
+async fn send_json(tx: &SseSender, value: &Value) {
+    let _ = tx
+        .send(Ok(SseEvent::default().data(value.to_string())))
+        .await;
+}
+
+/// The last chunk of a stream when `stream_options.include_usage` is set.
+fn usage_chunk(
+    id: &str,
+    object: &str,
+    model: &str,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+) -> Value {
+    json!({"id": id, "object": object, "created": unix_now(), "model": model, "choices": [],
+           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}})
+}
+
 pub async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     Json(
         json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "ooze"}]}),
@@ -256,20 +276,17 @@ pub async fn completions(
                         )))
                         .await;
                     if include_usage {
-                        let usage = json!({"id": id, "object": "text_completion", "created": unix_now(), "model": model, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out.tokens.len(), "total_tokens": prompt_tokens + out.tokens.len()}});
-                        let _ = tx
-                            .send(Ok(SseEvent::default().data(usage.to_string())))
-                            .await;
+                        let usage = usage_chunk(
+                            &id,
+                            "text_completion",
+                            &model,
+                            prompt_tokens,
+                            out.tokens.len(),
+                        );
+                        send_json(&tx, &usage).await;
                     }
                 }
-                Err(err) => {
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(
-                            json!({"error": {"message": err.message, "code": err.code}})
-                                .to_string(),
-                        )))
-                        .await;
-                }
+                Err(err) => send_json(&tx, &err.stream_chunk()).await,
             }
             let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
         });
@@ -497,20 +514,17 @@ pub async fn chat_completions(
                             .data(chunk(json!({}), None, Some(finish)).to_string())))
                         .await;
                     if include_usage {
-                        let usage = json!({"id": id, "object": "chat.completion.chunk", "created": unix_now(), "model": model, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out.tokens.len(), "total_tokens": prompt_tokens + out.tokens.len()}});
-                        let _ = tx
-                            .send(Ok(SseEvent::default().data(usage.to_string())))
-                            .await;
+                        let usage = usage_chunk(
+                            &id,
+                            "chat.completion.chunk",
+                            &model,
+                            prompt_tokens,
+                            out.tokens.len(),
+                        );
+                        send_json(&tx, &usage).await;
                     }
                 }
-                Err(err) => {
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(
-                            json!({"error": {"message": err.message, "code": err.code}})
-                                .to_string(),
-                        )))
-                        .await;
-                }
+                Err(err) => send_json(&tx, &err.stream_chunk()).await,
             }
             let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
         });

@@ -228,7 +228,7 @@ async fn stream(
         .await;
         let last = match result {
             Ok(out) => response_json(&state, &reply, &out.tokens, &out.log_probs, Some(&out)),
-            Err(err) => json!({"error": {"message": err.message, "code": err.code}}),
+            Err(err) => err.stream_chunk(),
         };
         let _ = tx
             .send(Ok(SseEvent::default().data(last.to_string())))
