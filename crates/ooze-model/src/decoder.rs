@@ -525,15 +525,30 @@ impl Decoder {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
             let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-            let mut q = heads(&qkv.narrow(-1, 0, q_dim), c.num_heads);
-            let mut k = heads(&qkv.narrow(-1, q_dim, kv_dim), c.num_kv_heads);
             let v = heads(&qkv.narrow(-1, q_dim + kv_dim, kv_dim), c.num_kv_heads).transpose(1, 2);
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                q = rms_norm(&q, qn, c.rms_norm_eps);
-                k = rms_norm(&k, kn, c.rms_norm_eps);
-            }
-            let q = rope::apply(&q.transpose(1, 2), &cos, &sin);
-            let k = rope::apply(&k.transpose(1, 2), &cos, &sin);
+            // q and k are adjacent in the fused projection: rotate them in one go.
+            let qk = match (&l.q_norm, &l.k_norm) {
+                (Some(qn), Some(kn)) => {
+                    let q = rms_norm(
+                        &heads(&qkv.narrow(-1, 0, q_dim), c.num_heads),
+                        qn,
+                        c.rms_norm_eps,
+                    );
+                    let k = rms_norm(
+                        &heads(&qkv.narrow(-1, q_dim, kv_dim), c.num_kv_heads),
+                        kn,
+                        c.rms_norm_eps,
+                    );
+                    Tensor::cat(&[q, k], 2)
+                }
+                _ => heads(
+                    &qkv.narrow(-1, 0, q_dim + kv_dim),
+                    c.num_heads + c.num_kv_heads,
+                ),
+            };
+            let qk = rope::apply(&qk.transpose(1, 2), &cos, &sin);
+            let q = qk.narrow(1, 0, c.num_heads);
+            let k = qk.narrow(1, c.num_heads, c.num_kv_heads);
             let (k, v) = match &mut target {
                 KvTarget::None => (k, v),
                 KvTarget::Contiguous(cache) => {

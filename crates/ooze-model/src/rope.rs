@@ -43,21 +43,24 @@ fn llama3_scale(inv_freq: f32, s: &Llama3Scaling) -> f32 {
 }
 
 /// `(cos, sin)` of shape `[.., T, head_dim]` for integer `positions` of shape `[.., T]`.
+///
+/// The sine comes back with its first half negated, so that the rotation needs no negation:
+/// `rotate_half(x)·sin = roll(x, D/2)·[−sin, sin]` (see [`apply`]).
 pub fn cos_sin(inv_freq: &Tensor, positions: &Tensor, kind: Kind) -> (Tensor, Tensor) {
     let angles = positions.to_kind(Kind::Float).unsqueeze(-1) * inv_freq;
     let emb = Tensor::cat(&[&angles, &angles], -1);
-    (emb.cos().to_kind(kind), emb.sin().to_kind(kind))
+    let sin = angles.sin();
+    let signed_sin = Tensor::cat(&[&(-&sin), &sin], -1);
+    (emb.cos().to_kind(kind), signed_sin.to_kind(kind))
 }
 
-/// Applies the rotation to `x` of shape `[B, heads, T, head_dim]`; `cos`/`sin` are `[B, T, head_dim]`.
-pub fn apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+/// Applies the rotation to `x` of shape `[B, heads, T, head_dim]`; `cos` and the signed sine from
+/// [`cos_sin`] are `[B, T, head_dim]`. Four kernels: roll, two products, a sum — and q and k can go
+/// through together as one `[B, heads_q + heads_kv, T, head_dim]` tensor.
+pub fn apply(x: &Tensor, cos: &Tensor, signed_sin: &Tensor) -> Tensor {
     let half = x.size()[3] / 2;
-    let x1 = x.narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
-    let rotated = Tensor::cat(&[&(-x2), &x1], 3);
-    let cos = cos.unsqueeze(1);
-    let sin = sin.unsqueeze(1);
-    x * &cos + rotated * &sin
+    let swapped = x.roll([half].as_slice(), [3i64].as_slice());
+    x * cos.unsqueeze(1) + swapped * signed_sin.unsqueeze(1)
 }
 
 #[cfg(test)]
