@@ -2,7 +2,8 @@
 //!
 //! - [`params`]: sampling parameters, wire form and validated form.
 //! - [`sampler`]: seeded, batch-independent token selection and the shared log-prob definition.
-//! - [`engine`]: the engine thread (continuous batching over slot KV memory) and its handle.
+//! - [`engine`]: the engine thread (continuous batching over slot KV memory).
+//! - [`handle`]: settings, requests, outputs, events, errors and the handle callers use.
 //!
 //! - [`prefix_cache`]: finished sequences kept in their slots for prefix reuse.
 //!
@@ -10,11 +11,13 @@
 
 pub mod decode_graph;
 pub mod engine;
+pub mod handle;
 pub mod params;
 pub mod prefix_cache;
 pub mod sampler;
 
-pub use engine::{
-    start, EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, Request, RequestId,
+pub use engine::start;
+pub use handle::{
+    EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, Request, RequestId,
 };
 pub use params::{ParamError, Sampling, SamplingParams, StopStrings};

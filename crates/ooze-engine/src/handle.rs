@@ -1,0 +1,278 @@
+//! The engine's public face: settings, requests, outputs, events, errors, and the cloneable
+//! [`EngineHandle`] callers use. Every call is a message to the engine thread ([`crate::engine`]);
+//! replies come back over oneshot channels, tokens over a per-request stream.
+
+use crate::params::Sampling;
+use ooze_core::FinishReason;
+use ooze_torch::tch::Tensor;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use tokio::sync::{mpsc as async_mpsc, oneshot};
+
+/// Engine-wide settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Sequences generated at once.
+    pub slots: i64,
+    /// Longest sequence (prompt + output) a slot holds.
+    pub slot_len: i64,
+    /// Tokens that end a sequence unless `ignore_eos` (generation_config's `eos_token_id`).
+    pub eos_token_ids: Vec<u32>,
+    /// Shortest shared prefix worth copying from another slot instead of recomputing.
+    pub min_prefix_reuse: usize,
+    /// Replay decode steps from CUDA graphs on a GPU (set `OOZE_CUDA_GRAPHS=0` to turn off).
+    pub cuda_graphs: bool,
+}
+
+impl EngineConfig {
+    pub fn new(slots: i64, slot_len: i64, eos_token_ids: Vec<u32>) -> EngineConfig {
+        EngineConfig {
+            slots,
+            slot_len,
+            eos_token_ids,
+            min_prefix_reuse: 16,
+            cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
+        }
+    }
+}
+
+/// Identifies one submitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct RequestId(pub u64);
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub input_ids: Vec<u32>,
+    pub sampling: Sampling,
+}
+
+/// A finished (or aborted) generation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Output {
+    pub id: RequestId,
+    pub tokens: Vec<u32>,
+    /// `log_softmax(logits / T)` of each output token (T = 1 for greedy).
+    pub log_probs: Vec<f32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from cache instead of recomputed.
+    pub cached_tokens: usize,
+    pub weight_version: u64,
+    /// The seed the tokens were drawn with (given or drawn by the engine).
+    pub seed: u64,
+}
+
+/// Streamed to the submitter: each token as it is drawn, then the output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Token { token: u32, log_prob: f32 },
+    Done(Output),
+}
+
+/// A request the engine refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("input_ids is empty")]
+    EmptyInput,
+    #[error("input_ids has token id {0}, outside the vocabulary of {1}")]
+    TokenOutOfVocab(u32, i64),
+    #[error("prompt ({prompt} tokens) + max_new_tokens ({max_new}) exceeds the engine's sequence length {limit}")]
+    TooLong {
+        prompt: usize,
+        max_new: usize,
+        limit: i64,
+    },
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("weight update failed: {0}")]
+    WeightUpdate(String),
+    #[error("the engine is busy: {0}")]
+    Busy(String),
+}
+
+/// Live counters.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EngineStats {
+    /// Slots a new request can take: free ones plus those only keeping a finished prefix.
+    pub free_slots: i64,
+    /// Of those, slots keeping a finished sequence for prefix reuse.
+    pub cached_slots: i64,
+    pub total_slots: i64,
+    pub running: usize,
+    pub waiting: usize,
+    pub weight_version: u64,
+    pub paused: bool,
+    /// Whether the KV memory is allocated (false after a release, until the next request).
+    pub kv_allocated: bool,
+}
+
+pub(crate) enum Command {
+    Submit {
+        id: RequestId,
+        request: Request,
+        events: async_mpsc::UnboundedSender<Event>,
+    },
+    Abort(RequestId),
+    AbortAll,
+    Stats(oneshot::Sender<EngineStats>),
+    FlushCache(oneshot::Sender<()>),
+    ReleaseMemory(oneshot::Sender<Result<(), String>>),
+    Pause,
+    Continue,
+    UpdateWeights {
+        source: WeightSource,
+        reply: oneshot::Sender<Result<u64, String>>,
+    },
+}
+
+/// Cloneable handle to a running engine. Dropping every handle stops the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    slot_len: i64,
+    vocab: i64,
+}
+
+impl EngineHandle {
+    /// A handle sending to `commands`; requests are checked against the slot length and vocabulary.
+    pub(crate) fn new(commands: mpsc::Sender<Command>, slot_len: i64, vocab: i64) -> EngineHandle {
+        EngineHandle {
+            commands,
+            next_id: Arc::new(AtomicU64::new(0)),
+            slot_len,
+            vocab,
+        }
+    }
+
+    /// Queues a request; its events arrive on the returned receiver.
+    pub fn submit(
+        &self,
+        request: Request,
+    ) -> Result<(RequestId, async_mpsc::UnboundedReceiver<Event>), EngineError> {
+        if request.input_ids.is_empty() {
+            return Err(EngineError::EmptyInput);
+        }
+        if let Some(&bad) = request.input_ids.iter().find(|&&t| t as i64 >= self.vocab) {
+            return Err(EngineError::TokenOutOfVocab(bad, self.vocab));
+        }
+        let (prompt, max_new) = (request.input_ids.len(), request.sampling.max_new_tokens);
+        if (prompt + max_new) as i64 > self.slot_len {
+            return Err(EngineError::TooLong {
+                prompt,
+                max_new,
+                limit: self.slot_len,
+            });
+        }
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = async_mpsc::unbounded_channel();
+        self.commands
+            .send(Command::Submit {
+                id,
+                request,
+                events: tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok((id, rx))
+    }
+
+    /// Submits and waits for the output.
+    pub async fn generate(&self, request: Request) -> Result<Output, EngineError> {
+        let (_, mut events) = self.submit(request)?;
+        while let Some(event) = events.recv().await {
+            if let Event::Done(output) = event {
+                return Ok(output);
+            }
+        }
+        Err(EngineError::Stopped)
+    }
+
+    /// Aborts one request: it finishes with `FinishReason::Abort` and its partial output.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Aborts every waiting and running request.
+    pub fn abort_all(&self) {
+        let _ = self.commands.send(Command::AbortAll);
+    }
+
+    /// Forgets every kept prefix (their slots become free).
+    pub async fn flush_cache(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::FlushCache(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Replaces the weights with tensors from this process (a colocated trainer's parameters,
+    /// named as in the HF state dict); returns the new weight version.
+    pub async fn update_weights_from_tensors(
+        &self,
+        tensors: Vec<(String, Tensor)>,
+    ) -> Result<u64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::UpdateWeights {
+                source: WeightSource::Tensors(tensors),
+                reply,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::WeightUpdate)
+    }
+
+    /// Frees the KV memory (a trainer in the same process can use it) while nothing runs; the next
+    /// request allocates it again. Refused while requests are running.
+    pub async fn release_memory(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::ReleaseMemory(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::Busy)
+    }
+
+    /// Stops scheduling: running requests keep their state and resume on [`EngineHandle::resume`].
+    pub fn pause(&self) {
+        let _ = self.commands.send(Command::Pause);
+    }
+
+    pub fn resume(&self) {
+        let _ = self.commands.send(Command::Continue);
+    }
+
+    /// Loads new weights from an HF model directory between two steps; returns the new weight
+    /// version. Requests in flight continue under the new weights.
+    pub async fn update_weights_from_disk(&self, dir: PathBuf) -> Result<u64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::UpdateWeights {
+                source: WeightSource::Dir(dir),
+                reply,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::WeightUpdate)
+    }
+
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Stats(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+}
+
+/// Where new weights come from.
+pub(crate) enum WeightSource {
+    Dir(PathBuf),
+    Tensors(Vec<(String, Tensor)>),
+}
