@@ -43,6 +43,30 @@ struct Running {
 /// Token budget of one prefill pass (rows × longest new prompt, padding included).
 const PREFILL_TOKENS: i64 = 16_384;
 
+/// Where a new request's prompt prefix comes from.
+enum Reuse {
+    /// A kept sequence's slot, taken over: the prefix is already there.
+    InPlace {
+        slot: i64,
+        len: usize,
+    },
+    /// Another slot's first `len` positions, copied into a new slot.
+    Copy {
+        from: i64,
+        len: usize,
+    },
+    Nothing,
+}
+
+impl Reuse {
+    fn len(&self) -> usize {
+        match self {
+            Reuse::InPlace { len, .. } | Reuse::Copy { len, .. } => *len,
+            Reuse::Nothing => 0,
+        }
+    }
+}
+
 /// A waiting request given a slot for the next prefill pass.
 struct Planned {
     waiting: Waiting,
@@ -327,30 +351,37 @@ impl EngineLoop {
                 .prefix_cache
                 .best_match(prompt)
                 .map(|(slot, n)| (slot, usable(n)));
-            let best = from_kept.max(from_running).map_or(0, |(_, n)| n);
-            let new_tokens = (prompt.len() - if best >= min { best } else { 0 }) as i64;
+            let reuse = match (from_kept, from_running) {
+                // Continue in the kept slot itself: nothing to copy.
+                (Some((slot, len)), other) if len >= min && len >= other.map_or(0, |o| o.1) => {
+                    Reuse::InPlace { slot, len }
+                }
+                (_, Some((from, len))) if len >= min => Reuse::Copy { from, len },
+                _ => Reuse::Nothing,
+            };
+            let reused = reuse.len();
+            let new_tokens = (prompt.len() - reused) as i64;
             let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
             if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
                 break;
             }
-            let (slot, reused) = match (from_kept, from_running) {
-                // Continue in the kept slot itself: nothing to copy.
-                (Some((kept, n)), other) if n >= min && n >= other.map_or(0, |o| o.1) => {
-                    self.prefix_cache.take(kept);
-                    (kept, n)
+            let slot = match reuse {
+                Reuse::InPlace { slot, .. } => {
+                    self.prefix_cache.take(slot);
+                    slot
                 }
-                (_, Some((source, n))) | (Some((source, n)), None) if n >= min => {
-                    let Some(slot) = self.take_slot(Some(source)) else {
+                Reuse::Copy { from, len } => {
+                    let Some(slot) = self.take_slot(Some(from)) else {
                         break;
                     };
                     self.cache
                         .as_mut()
                         .expect("invariant: a running request implies allocated memory")
-                        .copy_prefix(source, slot, n as i64);
-                    (slot, n)
+                        .copy_prefix(from, slot, len as i64);
+                    slot
                 }
-                _ => match self.take_slot(None) {
-                    Some(slot) => (slot, 0),
+                Reuse::Nothing => match self.take_slot(None) {
+                    Some(slot) => slot,
                     None => break,
                 },
             };
@@ -359,10 +390,7 @@ impl EngineLoop {
                 self.seed_counter += 1;
                 crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
             });
-            (rows, longest) = (
-                next_rows,
-                longest.max((waiting.request.input_ids.len() - reused) as i64),
-            );
+            (rows, longest) = (next_rows, next_longest);
             planned.push(Planned {
                 waiting,
                 slot,
@@ -376,7 +404,6 @@ impl EngineLoop {
     /// One forward pass over the planned prompts (right-padded to the longest), then each one's
     /// first token.
     fn prefill(&mut self, planned: Vec<Planned>) {
-        let device = self.decoder.device();
         let width = planned
             .iter()
             .map(|p| p.waiting.request.input_ids.len() - p.reused)
@@ -392,35 +419,9 @@ impl EngineLoop {
             positions.extend((0..width).map(|i| (p.reused + i) as i64));
             last.push((new.len() - 1) as i64);
         }
-        let b = planned.len() as i64;
-        let tokens = Tensor::from_slice(&ids)
-            .view([b, width as i64])
-            .to_device(device);
-        let positions = Tensor::from_slice(&positions)
-            .view([b, width as i64])
-            .to_device(device);
         let slots: Vec<i64> = planned.iter().map(|p| p.slot).collect();
         let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
-        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-        let hidden = self.decoder.hidden_states(
-            &tokens,
-            &positions,
-            Attention::Slots {
-                cache,
-                slots: &slots,
-                past: &past,
-            },
-        );
-        // Each row's last real position: [B, 1, H] gathered from [B, T, H].
-        let h = hidden.size()[2];
-        let index = Tensor::from_slice(&last)
-            .to_device(device)
-            .view([b, 1, 1])
-            .expand([b, 1, h], false);
-        let logits = self
-            .decoder
-            .logits(&hidden.gather(1, &index, false).squeeze_dim(1))
-            .to_kind(Kind::Float);
+        let logits = self.slot_logits(&ids, &positions, width as i64, &slots, &past, &last);
         let first = self.running.len();
         for p in planned {
             let prompt_len = p.waiting.request.input_ids.len();
@@ -442,6 +443,40 @@ impl EngineLoop {
         self.draw_and_check(&logits, &rows);
     }
 
+    /// An eager forward over slot rows: `ids` and `positions` are `[B, width]`, row-major, on the
+    /// host; row `b` goes into slot `slots[b]` after `past[b]` tokens. Returns fp32 logits
+    /// `[B, vocab]` at each row's position `last[b]` (prefill and, without CUDA graphs, decode).
+    fn slot_logits(
+        &mut self,
+        ids: &[i64],
+        positions: &[i64],
+        width: i64,
+        slots: &[i64],
+        past: &[i64],
+        last: &[i64],
+    ) -> Tensor {
+        let device = self.decoder.device();
+        let b = slots.len() as i64;
+        let tokens = Tensor::from_slice(ids).view([b, width]).to_device(device);
+        let positions = Tensor::from_slice(positions)
+            .view([b, width])
+            .to_device(device);
+        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let hidden = self.decoder.hidden_states(
+            &tokens,
+            &positions,
+            Attention::Slots { cache, slots, past },
+        );
+        let h = hidden.size()[2];
+        let index = Tensor::from_slice(last)
+            .to_device(device)
+            .view([b, 1, 1])
+            .expand([b, 1, h], false);
+        self.decoder
+            .logits(&hidden.gather(1, &index, false).squeeze_dim(1))
+            .to_kind(Kind::Float)
+    }
+
     /// A free slot, evicting the least recently used kept sequence (other than `keep`) if needed.
     fn take_slot(&mut self, keep: Option<i64>) -> Option<i64> {
         match self.free_slots.pop() {
@@ -457,14 +492,8 @@ impl EngineLoop {
         }
         // Slot order: consecutive slots are read as one view.
         self.running.sort_by_key(|r| r.slot);
-        let profile = std::env::var_os("OOZE_ENGINE_PROFILE").is_some();
+        let profile = self.config.profile_steps;
         let t0 = std::time::Instant::now();
-        let sync = |device: ooze_torch::tch::Device| {
-            if let ooze_torch::tch::Device::Cuda(i) = device {
-                ooze_torch::tch::Cuda::synchronize(i as i64);
-            }
-        };
-        let device = self.decoder.device();
         let last: Vec<i64> = self
             .running
             .iter()
@@ -490,26 +519,10 @@ impl EngineLoop {
         };
         let logits = match graphed {
             Some(logits) => logits,
-            None => {
-                let tokens = Tensor::from_slice(&last).unsqueeze(1).to_device(device);
-                let positions = Tensor::from_slice(&past).unsqueeze(1).to_device(device);
-                let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-                let hidden = self.decoder.hidden_states(
-                    &tokens,
-                    &positions,
-                    Attention::Slots {
-                        cache,
-                        slots: &slots,
-                        past: &past,
-                    },
-                );
-                self.decoder
-                    .logits(&hidden.select(1, 0))
-                    .to_kind(Kind::Float)
-            }
+            None => self.slot_logits(&last, &past, 1, &slots, &past, &vec![0; slots.len()]),
         };
-        if profile {
-            sync(device);
+        if let (true, ooze_torch::tch::Device::Cuda(i)) = (profile, self.decoder.device()) {
+            ooze_torch::tch::Cuda::synchronize(i as i64);
         }
         let t1 = std::time::Instant::now();
         for r in &mut self.running {
