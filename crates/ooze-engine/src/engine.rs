@@ -21,7 +21,7 @@ use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
 use ooze_torch::tch::{self, Kind, Tensor};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use tokio::sync::mpsc as async_mpsc;
 
 struct Running {
@@ -85,7 +85,7 @@ struct Waiting {
 /// The engine thread's state.
 struct EngineLoop {
     decoder: Decoder,
-    tokenizer: Option<Tokenizer>,
+    tokenizer: Option<Arc<Tokenizer>>,
     config: EngineConfig,
     /// `None` while released (see [`EngineHandle::release_memory`]); allocated again on demand.
     cache: Option<SlotCache>,
@@ -103,7 +103,11 @@ struct EngineLoop {
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
-pub fn start(decoder: Decoder, tokenizer: Option<Tokenizer>, config: EngineConfig) -> EngineHandle {
+pub fn start(
+    decoder: Decoder,
+    tokenizer: Option<Arc<Tokenizer>>,
+    config: EngineConfig,
+) -> EngineHandle {
     let (tx, rx) = mpsc::channel();
     let mut cache = None;
     kv_memory(&mut cache, &decoder, &config);
@@ -591,7 +595,7 @@ impl EngineLoop {
                 done.push((i, FinishReason::Abort));
                 continue;
             }
-            if let Some(reason) = stop_reason(r, &self.config, self.tokenizer.as_ref()) {
+            if let Some(reason) = stop_reason(r, &self.config, self.tokenizer.as_deref()) {
                 done.push((i, reason));
             }
         }

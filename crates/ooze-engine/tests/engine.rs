@@ -8,6 +8,7 @@ use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{score_sequences, Attention, Decoder, Family, Layout, ScoreOptions, Tokenizer};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
+use std::sync::Arc;
 
 fn model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -26,7 +27,11 @@ fn model_dir() -> tempfile::TempDir {
 fn engine(dir: &Path, slots: i64, eos: Vec<u32>) -> EngineHandle {
     let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
     let tokenizer = Tokenizer::load(dir).unwrap();
-    start(decoder, Some(tokenizer), EngineConfig::new(slots, 256, eos))
+    start(
+        decoder,
+        Some(Arc::new(tokenizer)),
+        EngineConfig::new(slots, 256, eos),
+    )
 }
 
 fn request(prompt: &[u32], params: SamplingParams) -> Request {
@@ -431,7 +436,11 @@ fn engine_with(dir: &Path, slots: i64, min_prefix_reuse: usize) -> EngineHandle 
     let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
     let mut config = EngineConfig::new(slots, 256, vec![]);
     config.min_prefix_reuse = min_prefix_reuse;
-    start(decoder, Some(Tokenizer::load(dir).unwrap()), config)
+    start(
+        decoder,
+        Some(Arc::new(Tokenizer::load(dir).unwrap())),
+        config,
+    )
 }
 
 async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<ooze_engine::Output> {

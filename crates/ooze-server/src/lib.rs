@@ -45,7 +45,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         engine: EngineHandle,
-        tokenizer: Tokenizer,
+        tokenizer: Arc<Tokenizer>,
         model_name: String,
         model_path: PathBuf,
         request_timeout: Duration,
@@ -53,7 +53,7 @@ impl AppState {
     ) -> AppState {
         AppState {
             engine,
-            tokenizer: Arc::new(tokenizer),
+            tokenizer,
             model_name,
             model_path,
             request_timeout,

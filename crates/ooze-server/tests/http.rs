@@ -24,14 +24,15 @@ fn make_model(dir: &Path, seed: i64) {
 
 async fn serve(dir: &Path, slots: i64) -> SocketAddr {
     let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
+    let tokenizer = Arc::new(Tokenizer::load(dir).unwrap());
     let engine = ooze_engine::start(
         decoder,
-        Some(Tokenizer::load(dir).unwrap()),
+        Some(tokenizer.clone()),
         EngineConfig::new(slots, 1024, vec![]),
     );
     let state = Arc::new(AppState::new(
         engine,
-        Tokenizer::load(dir).unwrap(),
+        tokenizer,
         "tiny".into(),
         dir.to_owned(),
         Duration::from_secs(60),

@@ -46,7 +46,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.mem_fraction
         );
     }
-    let tokenizer = load_tokenizer(&args.model)?;
+    let tokenizer = Arc::new(load_tokenizer(&args.model)?);
     let decoder = load_decoder(&args.model, &args.compute)?;
     let eos =
         load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
@@ -69,7 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let server_info = serde_json::json!({"model_path": args.model, "context_len": context_len, "max_running_requests": slots, "dtype": args.compute.dtype.to_string(), "device": format!("{:?}", decoder.device())});
     let engine = ooze_engine::start(
         decoder,
-        Some(load_tokenizer(&args.model)?),
+        Some(tokenizer.clone()),
         EngineConfig::new(slots, context_len, eos),
     );
     let name = args.served_model_name.clone().unwrap_or_else(|| {
