@@ -13,6 +13,7 @@
 pub mod error;
 pub mod openai;
 pub mod sglang;
+pub mod text_stream;
 pub mod tool_calls;
 
 use axum::routing::{get, post};
@@ -171,6 +172,30 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpList
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
+}
+
+/// The sending side of a server-sent-event stream.
+pub type SseSender =
+    tokio::sync::mpsc::Sender<Result<axum::response::sse::Event, std::convert::Infallible>>;
+
+/// Sends a chunk, waiting for room (for the last chunks of a stream).
+pub async fn send_json(tx: &SseSender, value: &serde_json::Value) {
+    let _ = tx
+        .send(Ok(
+            axum::response::sse::Event::default().data(value.to_string())
+        ))
+        .await;
+}
+
+/// Queues a chunk without waiting; false once the client is gone. A full queue (a slow client)
+/// drops the chunk: the stream's last chunk still carries everything not yet shown.
+pub fn try_send_json(tx: &SseSender, value: &serde_json::Value) -> bool {
+    !matches!(
+        tx.try_send(Ok(
+            axum::response::sse::Event::default().data(value.to_string())
+        )),
+        Err(tokio::sync::mpsc::error::TrySendError::Closed(_))
+    )
 }
 
 /// The router with every endpoint.

@@ -2,8 +2,9 @@
 //! template, `tools` with `<tool_call>` parsing into `tool_calls`, `logprobs`, streaming over SSE).
 
 use crate::error::ApiError;
+use crate::text_stream::TextStream;
 use crate::tool_calls;
-use crate::{follow, new_rid, run_request, AppState};
+use crate::{follow, new_rid, run_request, send_json, try_send_json, AppState};
 use axum::extract::{rejection::JsonRejection, State};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -157,14 +158,6 @@ async fn run_all(
     Ok(outs.into_iter().map(|(_, o)| o).collect())
 }
 
-type SseSender = tokio::sync::mpsc::Sender<Result<SseEvent, std::convert::Infallible>>;
-
-async fn send_json(tx: &SseSender, value: &Value) {
-    let _ = tx
-        .send(Ok(SseEvent::default().data(value.to_string())))
-        .await;
-}
-
 /// The last chunk of a stream when `stream_options.include_usage` is set.
 fn usage_chunk(
     id: &str,
@@ -244,37 +237,22 @@ pub async fn completions(
         })?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
-            let mut tokens: Vec<u32> = Vec::new();
-            let mut sent = 0usize;
-            let sender = tx.clone();
+            let mut text = TextStream::new(true, false);
             let st = state.clone();
-            let chunk = |text: String, lp: Option<Value>, finish: Option<&str>| json!({"id": id, "object": "text_completion", "created": unix_now(), "model": model, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]});
+            let chunk = |text: &str, lp: Option<Value>, finish: Option<&str>| json!({"id": id, "object": "text_completion", "created": unix_now(), "model": model, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]});
             let result = follow(&state, submitted, &new_rid(), |token, log_prob| {
-                tokens.push(token);
-                let text = st.tokenizer.decode(&tokens, true).unwrap_or_default();
-                let ready = text.trim_end_matches('\u{fffd}').len();
-                let piece = text.get(sent..ready).unwrap_or("").to_owned();
-                sent = sent.max(ready);
+                let piece = text.push(&st.tokenizer, token);
                 let lp = req.logprobs.map(|_| json!({"tokens": token_texts(&st, &[token]), "token_logprobs": [log_prob], "top_logprobs": null, "text_offset": [0]}));
-                !matches!(sender.try_send(Ok::<_, std::convert::Infallible>(SseEvent::default().data(chunk(piece, lp, None).to_string()))), Err(tokio::sync::mpsc::error::TrySendError::Closed(_)))
+                try_send_json(&tx, &chunk(&piece, lp, None))
             })
             .await;
             match result {
                 Ok(out) => {
-                    let text = state
-                        .tokenizer
-                        .decode(&out.tokens, true)
-                        .unwrap_or_default();
-                    let _ = tx
-                        .send(Ok(SseEvent::default().data(
-                            chunk(
-                                text.get(sent..).unwrap_or("").to_owned(),
-                                None,
-                                Some(finish_str(&out.finish)),
-                            )
-                            .to_string(),
-                        )))
-                        .await;
+                    send_json(
+                        &tx,
+                        &chunk(text.rest(), None, Some(finish_str(&out.finish))),
+                    )
+                    .await;
                     if include_usage {
                         let usage = usage_chunk(
                             &id,
@@ -446,47 +424,26 @@ pub async fn chat_completions(
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let chunk = |delta: Value, lp: Option<Value>, finish: Option<&str>| json!({"id": id, "object": "chat.completion.chunk", "created": unix_now(), "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]});
-            let send =
-                |tx: &tokio::sync::mpsc::Sender<Result<SseEvent, std::convert::Infallible>>,
-                 v: Value| {
-                    !matches!(
-                        tx.try_send(Ok(SseEvent::default().data(v.to_string()))),
-                        Err(tokio::sync::mpsc::error::TrySendError::Closed(_))
-                    )
-                };
-            send(
+            try_send_json(
                 &tx,
-                chunk(json!({"role": "assistant", "content": ""}), None, None),
+                &chunk(json!({"role": "assistant", "content": ""}), None, None),
             );
-            let (mut tokens, mut sent) = (Vec::new(), 0usize);
+            let mut text = TextStream::new(true, tools.is_some());
             let st = state.clone();
             let result = follow(&state, submitted, &rid, |token, log_prob| {
-                tokens.push(token);
-                let text = st.tokenizer.decode(&tokens, true).unwrap_or_default();
-                let complete = text.trim_end_matches('\u{fffd}');
-                let ready = if tools.is_some() {
-                    tool_calls::safe_content_len(complete)
-                } else {
-                    complete.len()
-                };
-                let piece = complete.get(sent..ready).unwrap_or("").to_owned();
-                sent = sent.max(ready);
+                let piece = text.push(&st.tokenizer, token);
                 let lp = want_logprobs.then(|| chat_logprobs(&st, &[token], &[log_prob]));
                 if piece.is_empty() && lp.is_none() {
                     return !tx.is_closed();
                 }
-                send(&tx, chunk(json!({"content": piece}), lp, None))
+                try_send_json(&tx, &chunk(json!({"content": piece}), lp, None))
             })
             .await;
             match result {
                 Ok(out) => {
-                    let text = state
-                        .tokenizer
-                        .decode(&out.tokens, true)
-                        .unwrap_or_default();
                     let parsed = tools
                         .as_ref()
-                        .map(|_| tool_calls::parse(&text, &format!("call_{rid}")));
+                        .map(|_| tool_calls::parse(text.text(), &format!("call_{rid}")));
                     let mut finish = finish_str(&out.finish);
                     match parsed {
                         Some(p) if !p.tool_calls.is_empty() => {
@@ -499,20 +456,16 @@ pub async fn chat_completions(
                                     c
                                 })
                                 .collect();
-                            send(&tx, chunk(json!({"tool_calls": calls}), None, None));
+                            send_json(&tx, &chunk(json!({"tool_calls": calls}), None, None)).await;
                             finish = "tool_calls";
                         }
-                        _ => {
-                            let rest = text.get(sent..).unwrap_or("");
-                            if !rest.is_empty() {
-                                send(&tx, chunk(json!({"content": rest}), None, None));
-                            }
+                        _ if !text.rest().is_empty() => {
+                            send_json(&tx, &chunk(json!({"content": text.rest()}), None, None))
+                                .await;
                         }
+                        _ => {}
                     }
-                    let _ = tx
-                        .send(Ok(SseEvent::default()
-                            .data(chunk(json!({}), None, Some(finish)).to_string())))
-                        .await;
+                    send_json(&tx, &chunk(json!({}), None, Some(finish))).await;
                     if include_usage {
                         let usage = usage_chunk(
                             &id,

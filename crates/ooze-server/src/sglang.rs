@@ -2,7 +2,8 @@
 //! expect (`/generate` with `input_ids` or `text`, `sampling_params`, `return_logprob`, `meta_info`).
 
 use crate::error::ApiError;
-use crate::{follow, new_rid, run_request, AppState};
+use crate::text_stream::TextStream;
+use crate::{follow, new_rid, run_request, try_send_json, AppState};
 use axum::extract::{rejection::JsonRejection, State};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -74,16 +75,12 @@ struct Reply {
 }
 
 fn response_json(
-    state: &AppState,
     reply: &Reply,
+    text: &str,
     tokens: &[u32],
     log_probs: &[f32],
     out: Option<&Output>,
 ) -> Value {
-    let text = state
-        .tokenizer
-        .decode(tokens, reply.skip_special)
-        .unwrap_or_default();
     let mut meta = json!({
         "id": reply.rid,
         "finish_reason": out.map(|o| finish_reason_json(&o.finish, o.tokens.len())),
@@ -182,7 +179,13 @@ pub async fn generate(
             .await?;
             Ok::<_, ApiError>((
                 i,
-                response_json(&state, &reply, &out.tokens, &out.log_probs, Some(&out)),
+                response_json(
+                    &reply,
+                    &state.tokenizer.decode(&out.tokens, reply.skip_special)?,
+                    &out.tokens,
+                    &out.log_probs,
+                    Some(&out),
+                ),
             ))
         });
     }
@@ -213,21 +216,19 @@ async fn stream(
     let submitted = state.engine.submit(request)?;
     tokio::spawn(async move {
         let (mut tokens, mut log_probs) = (Vec::new(), Vec::new());
-        let sender = tx.clone();
+        let mut text = TextStream::new(reply.skip_special, false);
         let st = state.clone();
         let result = follow(&state, submitted, &reply.rid, |token, lp| {
             tokens.push(token);
             log_probs.push(lp);
-            let chunk = response_json(&st, &reply, &tokens, &log_probs, None);
-            // A full channel means a slow client: it gets later chunks (they are cumulative).
-            !matches!(
-                sender.try_send(Ok(SseEvent::default().data(chunk.to_string()))),
-                Err(tokio::sync::mpsc::error::TrySendError::Closed(_))
-            )
+            text.push(&st.tokenizer, token);
+            let chunk = response_json(&reply, text.text(), &tokens, &log_probs, None);
+            // A slow client misses chunks, not text: they are cumulative.
+            try_send_json(&tx, &chunk)
         })
         .await;
         let last = match result {
-            Ok(out) => response_json(&state, &reply, &out.tokens, &out.log_probs, Some(&out)),
+            Ok(out) => response_json(&reply, text.text(), &out.tokens, &out.log_probs, Some(&out)),
             Err(err) => err.stream_chunk(),
         };
         let _ = tx
