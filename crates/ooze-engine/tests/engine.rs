@@ -10,11 +10,12 @@ use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
 use std::sync::Arc;
 
-fn model_dir() -> tempfile::TempDir {
+/// A tiny random Qwen2-family model; its weights depend only on `seed`.
+fn model_with_seed(seed: i64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
     options.tokenizer_vocab = 400;
-    options.seed = 11;
+    options.seed = seed;
     init_model(
         dir.path(),
         &ooze_model::corpus::generate(3, 30_000),
@@ -24,14 +25,36 @@ fn model_dir() -> tempfile::TempDir {
     dir
 }
 
-fn engine(dir: &Path, slots: i64, eos: Vec<u32>) -> EngineHandle {
+fn model_dir() -> tempfile::TempDir {
+    model_with_seed(11)
+}
+
+fn start_engine(dir: &Path, config: EngineConfig) -> EngineHandle {
     let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    let tokenizer = Tokenizer::load(dir).unwrap();
     start(
         decoder,
-        Some(Arc::new(tokenizer)),
-        EngineConfig::new(slots, 256, eos),
+        Some(Arc::new(Tokenizer::load(dir).unwrap())),
+        config,
     )
+}
+
+/// Follows every stream to its end; the outputs in stream order.
+async fn outputs(
+    streams: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+) -> Vec<ooze_engine::Output> {
+    let mut outs = Vec::new();
+    for mut rx in streams {
+        while let Some(event) = rx.recv().await {
+            if let Event::Done(out) = event {
+                outs.push(out);
+            }
+        }
+    }
+    outs
+}
+
+fn engine(dir: &Path, slots: i64, eos: Vec<u32>) -> EngineHandle {
+    start_engine(dir, EngineConfig::new(slots, 256, eos))
 }
 
 fn request(prompt: &[u32], params: SamplingParams) -> Request {
@@ -137,27 +160,32 @@ fn same_seed_same_tokens_alone_or_in_a_batch_of_64() {
         .block_on(handle.generate(request(&target, plain(7))))
         .unwrap();
     let crowd = rt.block_on(async {
-        let mut receivers = Vec::new();
+        let mut requests = Vec::new();
         for i in 0..64u32 {
             if i == 31 {
-                receivers.push(handle.submit(request(&target, sampled(42))).unwrap());
-                receivers.push(handle.submit(request(&target, plain(7))).unwrap());
+                requests.push(request(&target, sampled(42)));
+                requests.push(request(&target, plain(7)));
             }
-            receivers.push(
-                handle
-                    .submit(request(&prompt(i, 2 + i % 13), sampled(i as u64)))
-                    .unwrap(),
-            );
+            // Neighbours with every kind of setting: top-p, plain, top-k, greedy, min-p.
+            let params = match i % 5 {
+                0 => sampled(i as u64),
+                1 => plain(i as u64),
+                2 => SamplingParams {
+                    top_k: Some(5),
+                    ..sampled(i as u64)
+                },
+                3 => SamplingParams {
+                    temperature: Some(0.0),
+                    ..sampled(i as u64)
+                },
+                _ => SamplingParams {
+                    min_p: Some(0.1),
+                    ..plain(i as u64)
+                },
+            };
+            requests.push(request(&prompt(i, 2 + i % 13), params));
         }
-        let mut outputs = Vec::new();
-        for (_, mut rx) in receivers {
-            while let Some(event) = rx.recv().await {
-                if let Event::Done(out) = event {
-                    outputs.push(out);
-                }
-            }
-        }
-        outputs
+        all(&handle, requests).await
     });
     assert_eq!(crowd.len(), 66);
     let in_batch = &crowd[31];
@@ -383,16 +411,7 @@ fn pause_holds_requests_until_resumed() {
 #[test]
 fn weights_update_in_place_with_a_version() {
     let dir = model_dir();
-    let other = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = 12;
-    init_model(
-        other.path(),
-        &ooze_model::corpus::generate(3, 30_000),
-        &options,
-    )
-    .unwrap();
+    let other = model_with_seed(12);
     let greedy = SamplingParams {
         temperature: Some(0.0),
         max_new_tokens: Some(12),
@@ -433,30 +452,19 @@ fn weights_update_in_place_with_a_version() {
 }
 
 fn engine_with(dir: &Path, slots: i64, min_prefix_reuse: usize) -> EngineHandle {
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
     let mut config = EngineConfig::new(slots, 256, vec![]);
     config.min_prefix_reuse = min_prefix_reuse;
-    start(
-        decoder,
-        Some(Arc::new(Tokenizer::load(dir).unwrap())),
-        config,
-    )
+    start_engine(dir, config)
 }
 
 async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<ooze_engine::Output> {
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap().1)
-        .collect();
-    let mut outs = Vec::new();
-    for mut rx in streams {
-        while let Some(event) = rx.recv().await {
-            if let Event::Done(out) = event {
-                outs.push(out);
-            }
-        }
-    }
-    outs
+    outputs(
+        requests
+            .into_iter()
+            .map(|r| handle.submit(r).unwrap().1)
+            .collect(),
+    )
+    .await
 }
 
 #[test]
@@ -611,15 +619,7 @@ fn batched_prefill_of_uneven_prompts_equals_one_at_a_time() {
             .map(|p| batched.submit(request(p, greedy.clone())).unwrap().1)
             .collect();
         batched.resume();
-        let mut outs = Vec::new();
-        for mut rx in streams {
-            while let Some(event) = rx.recv().await {
-                if let Event::Done(out) = event {
-                    outs.push(out);
-                }
-            }
-        }
-        outs
+        outputs(streams).await
     });
     for (p, out) in prompts.iter().zip(&together) {
         let alone = rt
@@ -639,16 +639,7 @@ fn batched_prefill_of_uneven_prompts_equals_one_at_a_time() {
 #[test]
 fn weights_update_from_in_process_tensors() {
     let dir = model_dir();
-    let other = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = 13;
-    init_model(
-        other.path(),
-        &ooze_model::corpus::generate(3, 30_000),
-        &options,
-    )
-    .unwrap();
+    let other = model_with_seed(13);
     let trainer = Decoder::load(other.path(), Device::Cpu, Kind::Float).unwrap();
     let greedy = SamplingParams {
         temperature: Some(0.0),

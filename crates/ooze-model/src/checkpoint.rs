@@ -400,23 +400,24 @@ mod tests {
         assert_eq!(set.take("c.bias", &[6]).unwrap().double_value(&[0]), -2.0);
     }
 
+    fn load_err(dir: &Path) -> String {
+        match WeightSet::load(dir, Device::Cpu, Kind::Float) {
+            Ok(_) => panic!("loading {} should fail", dir.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
     #[test]
     fn corrupt_and_missing_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
-            .err()
-            .unwrap()
-            .to_string();
+        let err = load_err(dir.path());
         assert!(err.contains("no weights found"), "{err}");
         std::fs::write(
             dir.path().join(SINGLE_FILE),
             b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
         )
         .unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
-            .err()
-            .unwrap()
-            .to_string();
+        let err = load_err(dir.path());
         assert!(
             err.contains("model.safetensors: not a valid safetensors file"),
             "{err}"
@@ -426,10 +427,7 @@ mod tests {
             r#"{"weight_map": {"x": "model-00001-of-00002.safetensors"}}"#,
         )
         .unwrap();
-        let err = WeightSet::load(dir.path(), Device::Cpu, Kind::Float)
-            .err()
-            .unwrap()
-            .to_string();
+        let err = load_err(dir.path());
         assert!(
             err.contains("model-00001-of-00002.safetensors: cannot read"),
             "{err}"

@@ -13,6 +13,38 @@ fn require_gpu() {
     );
 }
 
+/// Runs every prompt through the engine at once; the outputs in prompt order.
+fn generate_all(
+    runtime: &tokio::runtime::Runtime,
+    engine: &ooze_engine::EngineHandle,
+    prompts: &[Vec<u32>],
+    sampling: &ooze_engine::Sampling,
+) -> Vec<ooze_engine::Output> {
+    runtime.block_on(async {
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                engine
+                    .submit(ooze_engine::Request {
+                        input_ids: p.clone(),
+                        sampling: sampling.clone(),
+                    })
+                    .unwrap()
+                    .1
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for mut rx in streams {
+            while let Some(event) = rx.recv().await {
+                if let ooze_engine::Event::Done(out) = event {
+                    outs.push(out);
+                }
+            }
+        }
+        outs
+    })
+}
+
 fn sequences(vocab: i64) -> Vec<Vec<u32>> {
     (0..6)
         .map(|i| {
@@ -104,7 +136,7 @@ fn gpu_scores_match_cpu() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_engine_greedy_matches_scoring() {
     require_gpu();
-    use ooze_engine::{start, EngineConfig, Request, SamplingParams};
+    use ooze_engine::{start, EngineConfig, SamplingParams};
     let dir = tempfile::tempdir().unwrap();
     let mut options = InitOptions::new(Family::Qwen2, Size::Small);
     options.seed = 5;
@@ -133,29 +165,7 @@ fn gpu_engine_greedy_matches_scoring() {
             .build()
             .unwrap();
         let prompts = sequences(scorer.config.vocab_size);
-        let outputs: Vec<_> = runtime.block_on(async {
-            let streams: Vec<_> = prompts
-                .iter()
-                .map(|p| {
-                    engine
-                        .submit(Request {
-                            input_ids: p.clone(),
-                            sampling: greedy.clone(),
-                        })
-                        .unwrap()
-                        .1
-                })
-                .collect();
-            let mut outs = Vec::new();
-            for mut rx in streams {
-                while let Some(event) = rx.recv().await {
-                    if let ooze_engine::Event::Done(out) = event {
-                        outs.push(out);
-                    }
-                }
-            }
-            outs
-        });
+        let outputs: Vec<_> = generate_all(&runtime, &engine, &prompts, &greedy);
         let tolerance = if kind == Kind::Float { 1e-3 } else { 0.15 };
         let mut worst = 0.0f32;
         for (p, out) in prompts.iter().zip(&outputs) {
@@ -182,7 +192,7 @@ fn gpu_engine_greedy_matches_scoring() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_cuda_graph_decode_matches_eager() {
     require_gpu();
-    use ooze_engine::{start, EngineConfig, Request, SamplingParams};
+    use ooze_engine::{start, EngineConfig, SamplingParams};
     assert!(
         ooze_torch::cuda_graph::CudaGraph::available(),
         "this build has no CUDA-graph shim"
@@ -217,29 +227,7 @@ fn gpu_cuda_graph_decode_matches_eager() {
             config,
         );
         let prompts = sequences(600);
-        let outs: Vec<_> = runtime.block_on(async {
-            let streams: Vec<_> = prompts
-                .iter()
-                .map(|p| {
-                    engine
-                        .submit(Request {
-                            input_ids: p.clone(),
-                            sampling: params.clone(),
-                        })
-                        .unwrap()
-                        .1
-                })
-                .collect();
-            let mut outs = Vec::new();
-            for mut rx in streams {
-                while let Some(event) = rx.recv().await {
-                    if let ooze_engine::Event::Done(out) = event {
-                        outs.push(out);
-                    }
-                }
-            }
-            outs
-        });
+        let outs: Vec<_> = generate_all(&runtime, &engine, &prompts, &params);
         results.push(outs);
     }
     let mut worst = 0.0f32;

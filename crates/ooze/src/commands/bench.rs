@@ -134,7 +134,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     // Every stream is read concurrently, so each first-token time is taken when it arrives.
-    let (mut first_tokens, generated) = runtime.block_on(async {
+    let (mut first_tokens, outputs) = runtime.block_on(async {
         let tasks: Vec<_> = streams
             .into_iter()
             .map(|mut rx| {
@@ -160,7 +160,6 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         }
         (firsts, outputs)
     });
-    let outputs = generated;
     let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
     let total = started.elapsed().as_secs_f64();
     first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
