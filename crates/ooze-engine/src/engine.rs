@@ -7,10 +7,15 @@
 //! request together. Requests join and leave between steps. A request that cannot fit a slot
 //! (prompt + max_new_tokens > slot length) is refused at submission; one that finds no free slot
 //! waits — admission control, so memory never runs out.
+//!
+//! Preemption: a retracting pause or a memory release takes running requests out of their slots
+//! and puts them back at the head of the queue with what they have drawn so far; when admitted
+//! again they prefill prompt + output (from the kept prefix where it survived) and go on drawing
+//! at the step they had reached.
 
 use crate::decode_graph::DecodeGraphs;
 use crate::handle::{
-    Command, EngineConfig, EngineHandle, EngineStats, Event, Output, Request, RequestId,
+    Command, EngineConfig, EngineHandle, EngineStats, Event, Output, PauseMode, Request, RequestId,
     WeightSource,
 };
 use crate::params::Sampling;
@@ -19,6 +24,7 @@ use crate::sampler::{draw, RowSampling};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
 use ooze_torch::tch::{self, Kind, Tensor};
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::{mpsc, Arc};
@@ -80,6 +86,29 @@ struct Waiting {
     id: RequestId,
     request: Request,
     events: async_mpsc::UnboundedSender<Event>,
+    /// Set when the request was preempted after it started.
+    progress: Option<Progress>,
+}
+
+/// What a preempted request had when it gave up its slot.
+struct Progress {
+    seed: u64,
+    output: Vec<u32>,
+    log_probs: Vec<f32>,
+    /// Prompt tokens reused when it was first admitted (reported as cached tokens).
+    reused: usize,
+}
+
+impl Waiting {
+    /// The tokens a prefill must cover: the prompt, and the output of a preempted request.
+    fn sequence(&self) -> Cow<'_, [u32]> {
+        match &self.progress {
+            Some(p) if !p.output.is_empty() => {
+                Cow::Owned([&self.request.input_ids[..], &p.output[..]].concat())
+            }
+            _ => Cow::Borrowed(&self.request.input_ids),
+        }
+    }
 }
 
 /// The engine thread's state.
@@ -97,6 +126,7 @@ struct EngineLoop {
     weight_version: u64,
     seed_counter: u64,
     paused: bool,
+    preempted: u64,
     prefix_cache: PrefixCache,
     /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
     graphs: Option<DecodeGraphs>,
@@ -129,6 +159,7 @@ pub fn start(
         weight_version: 0,
         seed_counter: 0,
         paused: false,
+        preempted: 0,
         prefix_cache: PrefixCache::default(),
         graphs,
     };
@@ -176,6 +207,7 @@ impl EngineLoop {
                 id,
                 request,
                 events,
+                progress: None,
             }),
             Command::Abort(id) => {
                 if let Some(pos) = self.waiting.iter().position(|w| w.id == id) {
@@ -183,9 +215,7 @@ impl EngineLoop {
                         .waiting
                         .remove(pos)
                         .expect("invariant: position is valid");
-                    let _ = w
-                        .events
-                        .send(Event::Done(self.unstarted(&w, FinishReason::Abort)));
+                    self.finish_waiting(w, FinishReason::Abort);
                 } else if let Some(pos) = self.running.iter().position(|r| r.id == id) {
                     let r = self.running.swap_remove(pos);
                     self.finish(r, FinishReason::Abort);
@@ -202,29 +232,32 @@ impl EngineLoop {
                     weight_version: self.weight_version,
                     paused: self.paused,
                     kv_allocated: self.cache.is_some(),
+                    preempted: self.preempted,
                 });
             }
             Command::FlushCache(reply) => {
                 self.flush_prefixes();
                 let _ = reply.send(());
             }
-            Command::Pause => self.paused = true,
+            Command::Pause(mode) => {
+                match mode {
+                    PauseMode::Abort => self.abort_everything(),
+                    PauseMode::Retract => {
+                        self.retract_all();
+                    }
+                    PauseMode::InPlace => {}
+                }
+                self.paused = true;
+            }
             Command::Continue => self.paused = false,
             Command::ReleaseMemory(reply) => {
-                let result = if self.running.is_empty() {
-                    self.flush_prefixes();
-                    self.cache = None;
-                    if let Some(graphs) = self.graphs.as_mut() {
-                        graphs.clear();
-                    }
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "{} requests are running; abort them or let them finish first",
-                        self.running.len()
-                    ))
-                };
-                let _ = reply.send(result);
+                let preempted = self.retract_all();
+                self.flush_prefixes();
+                self.cache = None;
+                if let Some(graphs) = self.graphs.as_mut() {
+                    graphs.clear();
+                }
+                let _ = reply.send(preempted);
             }
             Command::UpdateWeights { source, reply } => {
                 let device = self.decoder.device();
@@ -259,33 +292,71 @@ impl EngineLoop {
 
     fn abort_everything(&mut self) {
         while let Some(w) = self.waiting.pop_front() {
-            let _ = w
-                .events
-                .send(Event::Done(self.unstarted(&w, FinishReason::Abort)));
+            self.finish_waiting(w, FinishReason::Abort);
         }
         while let Some(r) = self.running.pop() {
             self.finish(r, FinishReason::Abort);
         }
     }
 
-    fn unstarted(&self, w: &Waiting, finish: FinishReason) -> Output {
-        Output {
-            id: w.id,
-            tokens: Vec::new(),
+    /// Ends a request that holds no slot (never started, or preempted) with what it has.
+    fn finish_waiting(&self, w: Waiting, finish: FinishReason) {
+        let progress = w.progress.unwrap_or(Progress {
+            seed: w.request.sampling.seed.unwrap_or(0),
+            output: Vec::new(),
             log_probs: Vec::new(),
+            reused: 0,
+        });
+        let output = Output {
+            id: w.id,
+            tokens: progress.output,
+            log_probs: progress.log_probs,
             finish,
             prompt_tokens: w.request.input_ids.len(),
-            cached_tokens: 0,
+            cached_tokens: progress.reused,
             weight_version: self.weight_version,
-            seed: w.request.sampling.seed.unwrap_or(0),
+            seed: progress.seed,
+        };
+        let _ = w.events.send(Event::Done(output));
+    }
+
+    /// Preempts every running request: each gives up its slot (left as a kept prefix, so that it
+    /// can continue in place if nothing takes the slot meanwhile) and waits at the head of the
+    /// queue, in its running order, with its output so far. Returns how many were preempted.
+    fn retract_all(&mut self) -> usize {
+        let n = self.running.len();
+        self.running.sort_by_key(|r| r.slot);
+        while let Some(r) = self.running.pop() {
+            self.keep_prefix(&r);
+            self.waiting.push_front(Waiting {
+                id: r.id,
+                request: Request {
+                    input_ids: r.input_ids,
+                    sampling: r.sampling,
+                },
+                events: r.events,
+                progress: Some(Progress {
+                    seed: r.seed,
+                    output: r.output,
+                    log_probs: r.log_probs,
+                    reused: r.reused,
+                }),
+            });
         }
+        self.preempted += n as u64;
+        n
+    }
+
+    /// Leaves a request's slot keeping what it holds, for a later request that starts the same way.
+    fn keep_prefix(&mut self, r: &Running) {
+        let in_slot = (r.cached as usize).saturating_sub(r.prompt_len);
+        let mut kept = r.input_ids.clone();
+        kept.extend_from_slice(&r.output[..in_slot]);
+        self.prefix_cache.retain(r.slot, kept);
     }
 
     fn finish(&mut self, r: Running, finish: FinishReason) {
-        // The slot keeps what it holds for a later request that starts the same way.
-        let mut kept = r.input_ids;
-        kept.extend_from_slice(&r.output[..(r.cached as usize).saturating_sub(r.prompt_len)]);
-        self.prefix_cache.retain(r.slot, kept);
+        self.keep_prefix(&r);
         let output = Output {
             id: r.id,
             tokens: r.output,
@@ -327,11 +398,12 @@ impl EngineLoop {
             if self.free_slots.is_empty() && self.prefix_cache.is_empty() {
                 break;
             }
-            let prompt = &front.request.input_ids;
+            let sequence = front.sequence();
+            let prompt: &[u32] = &sequence;
             let min = self.config.min_prefix_reuse;
             if planned
                 .iter()
-                .any(|p| common_prefix(&p.waiting.request.input_ids, prompt) >= min)
+                .any(|p| common_prefix(&p.waiting.sequence(), prompt) >= min)
             {
                 break;
             }
@@ -365,6 +437,7 @@ impl EngineLoop {
             };
             let reused = reuse.len();
             let new_tokens = (prompt.len() - reused) as i64;
+            drop(sequence);
             let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
             if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
                 break;
@@ -390,10 +463,14 @@ impl EngineLoop {
                 },
             };
             let waiting = self.waiting.pop_front().expect("invariant: front exists");
-            let seed = waiting.request.sampling.seed.unwrap_or_else(|| {
-                self.seed_counter += 1;
-                crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
-            });
+            let seed = match (&waiting.progress, waiting.request.sampling.seed) {
+                (Some(progress), _) => progress.seed,
+                (None, Some(seed)) => seed,
+                (None, None) => {
+                    self.seed_counter += 1;
+                    crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
+                }
+            };
             (rows, longest) = (next_rows, next_longest);
             planned.push(Planned {
                 waiting,
@@ -408,27 +485,35 @@ impl EngineLoop {
     /// One forward pass over the planned prompts (right-padded to the longest), then each one's
     /// first token.
     fn prefill(&mut self, planned: Vec<Planned>) {
+        let sequences: Vec<Cow<'_, [u32]>> = planned.iter().map(|p| p.waiting.sequence()).collect();
         let width = planned
             .iter()
-            .map(|p| p.waiting.request.input_ids.len() - p.reused)
+            .zip(&sequences)
+            .map(|(p, s)| s.len() - p.reused)
             .max()
             .expect("invariant: non-empty plan");
         let mut ids = Vec::with_capacity(planned.len() * width);
         let mut positions = Vec::with_capacity(planned.len() * width);
         let mut last = Vec::with_capacity(planned.len());
-        for p in &planned {
-            let new = &p.waiting.request.input_ids[p.reused..];
+        for (p, sequence) in planned.iter().zip(&sequences) {
+            let new = &sequence[p.reused..];
             ids.extend(new.iter().map(|&t| t as i64));
             ids.extend(std::iter::repeat_n(0, width - new.len()));
             positions.extend((0..width).map(|i| (p.reused + i) as i64));
             last.push((new.len() - 1) as i64);
         }
+        let cached: Vec<i64> = sequences.iter().map(|s| s.len() as i64).collect();
+        drop(sequences);
         let slots: Vec<i64> = planned.iter().map(|p| p.slot).collect();
         let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
         let logits = self.slot_logits(&ids, &positions, width as i64, &slots, &past, &last);
         let first = self.running.len();
-        for p in planned {
+        for (p, cached) in planned.into_iter().zip(cached) {
             let prompt_len = p.waiting.request.input_ids.len();
+            let (output, log_probs, reused) = match p.waiting.progress {
+                Some(progress) => (progress.output, progress.log_probs, progress.reused),
+                None => (Vec::new(), Vec::new(), p.reused),
+            };
             self.running.push(Running {
                 id: p.waiting.id,
                 events: p.waiting.events,
@@ -437,10 +522,10 @@ impl EngineLoop {
                 slot: p.slot,
                 input_ids: p.waiting.request.input_ids,
                 prompt_len,
-                reused: p.reused,
-                cached: prompt_len as i64,
-                output: Vec::new(),
-                log_probs: Vec::new(),
+                reused,
+                cached,
+                output,
+                log_probs,
             });
         }
         let rows: Vec<usize> = (first..self.running.len()).collect();

@@ -92,8 +92,21 @@ pub enum EngineError {
     Stopped,
     #[error("weight update failed: {0}")]
     WeightUpdate(String),
-    #[error("the engine is busy: {0}")]
-    Busy(String),
+}
+
+/// What [`EngineHandle::pause`] does with running requests (SGLang's `pause_generation` modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Every waiting and running request finishes with `FinishReason::Abort` and its partial output.
+    Abort,
+    /// Running requests are preempted: their slots are given up (kept as reusable prefixes while
+    /// nothing else needs them) and they wait, ahead of new requests, to be recomputed and
+    /// continued after [`EngineHandle::resume`]. Their tokens are the ones they would have drawn
+    /// uninterrupted: sampling depends only on the seed and the token's position.
+    Retract,
+    /// Running requests keep their slots and stop between two steps.
+    InPlace,
 }
 
 /// Live counters.
@@ -110,6 +123,8 @@ pub struct EngineStats {
     pub paused: bool,
     /// Whether the KV memory is allocated (false after a release, until the next request).
     pub kv_allocated: bool,
+    /// Requests preempted so far (each time counts).
+    pub preempted: u64,
 }
 
 pub(crate) enum Command {
@@ -122,8 +137,8 @@ pub(crate) enum Command {
     AbortAll,
     Stats(oneshot::Sender<EngineStats>),
     FlushCache(oneshot::Sender<()>),
-    ReleaseMemory(oneshot::Sender<Result<(), String>>),
-    Pause,
+    ReleaseMemory(oneshot::Sender<usize>),
+    Pause(PauseMode),
     Continue,
     UpdateWeights {
         source: WeightSource,
@@ -230,21 +245,22 @@ impl EngineHandle {
             .map_err(EngineError::WeightUpdate)
     }
 
-    /// Frees the KV memory (a trainer in the same process can use it) while nothing runs; the next
-    /// request allocates it again. Refused while requests are running.
-    pub async fn release_memory(&self) -> Result<(), EngineError> {
+    /// Frees the KV memory so that a trainer in the same process can use it. Running requests are
+    /// preempted first (as by [`PauseMode::Retract`]) and recomputed when they run again; returns
+    /// how many were. The memory is allocated again when a request next needs it, so pause the
+    /// engine first to keep it free while training.
+    pub async fn release_memory(&self) -> Result<usize, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.commands
             .send(Command::ReleaseMemory(tx))
             .map_err(|_| EngineError::Stopped)?;
-        rx.await
-            .map_err(|_| EngineError::Stopped)?
-            .map_err(EngineError::Busy)
+        rx.await.map_err(|_| EngineError::Stopped)
     }
 
-    /// Stops scheduling: running requests keep their state and resume on [`EngineHandle::resume`].
-    pub fn pause(&self) {
-        let _ = self.commands.send(Command::Pause);
+    /// Stops scheduling until [`EngineHandle::resume`]; `mode` says what happens to the requests
+    /// running now. Requests submitted meanwhile wait.
+    pub fn pause(&self, mode: PauseMode) {
+        let _ = self.commands.send(Command::Pause(mode));
     }
 
     pub fn resume(&self) {

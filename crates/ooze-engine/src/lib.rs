@@ -18,6 +18,7 @@ pub mod sampler;
 
 pub use engine::start;
 pub use handle::{
-    EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, Request, RequestId,
+    EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, PauseMode, Request,
+    RequestId,
 };
 pub use params::{ParamError, Sampling, SamplingParams, StopStrings};

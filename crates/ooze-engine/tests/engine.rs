@@ -3,7 +3,9 @@
 //! or among 64 others; aborts return partial output; stop conditions; slots all come back.
 
 use ooze_core::{FinishReason, StopMatch};
-use ooze_engine::{start, EngineConfig, EngineError, EngineHandle, Event, Request, SamplingParams};
+use ooze_engine::{
+    start, EngineConfig, EngineError, EngineHandle, Event, PauseMode, Request, SamplingParams,
+};
 use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{score_sequences, Attention, Decoder, Family, Layout, ScoreOptions, Tokenizer};
 use ooze_torch::tch::{Device, Kind, Tensor};
@@ -382,7 +384,7 @@ fn pause_holds_requests_until_resumed() {
     let handle = engine(dir.path(), 4, vec![]);
     let rt = runtime();
     rt.block_on(async {
-        handle.pause();
+        handle.pause(PauseMode::InPlace);
         let params = SamplingParams {
             max_new_tokens: Some(5),
             ignore_eos: Some(true),
@@ -406,6 +408,116 @@ fn pause_holds_requests_until_resumed() {
         }
         assert_eq!(n, 5);
     });
+}
+
+fn assert_close(a: &[f32], b: &[f32], tolerance: f32) {
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < tolerance, "log-probs differ by {worst}");
+}
+
+/// Submits `requests` while paused, resumes, and returns the streams once each has drawn at least
+/// `tokens` tokens.
+async fn running_streams(
+    handle: &EngineHandle,
+    requests: &[Request],
+    tokens: usize,
+) -> Vec<tokio::sync::mpsc::UnboundedReceiver<Event>> {
+    handle.pause(PauseMode::InPlace);
+    let mut streams: Vec<_> = requests
+        .iter()
+        .map(|r| handle.submit(r.clone()).unwrap().1)
+        .collect();
+    handle.resume();
+    for rx in &mut streams {
+        for _ in 0..tokens {
+            assert!(matches!(rx.recv().await, Some(Event::Token { .. })));
+        }
+    }
+    streams
+}
+
+/// Preempted requests (retracting pause) resume where they were: same tokens as uninterrupted runs,
+/// whether their kept prefix survived (continued in place) or was flushed (recomputed).
+#[test]
+fn retracted_requests_continue_with_the_same_tokens() {
+    let dir = model_dir();
+    let rt = runtime();
+    let requests: Vec<Request> = (0..4)
+        .map(|i| {
+            let params = SamplingParams {
+                temperature: Some(if i == 0 { 0.0 } else { 0.9 }),
+                top_p: Some(if i == 2 { 0.8 } else { 1.0 }),
+                // Long enough that none can finish before the pause reaches the engine.
+                max_new_tokens: Some(400),
+                ignore_eos: Some(true),
+                seed: Some(100 + i as u64),
+                ..Default::default()
+            };
+            request(&prompt(40 + i, 6 + 5 * i), params)
+        })
+        .collect();
+    let engine = || start_engine(dir.path(), EngineConfig::new(4, 512, vec![]));
+    let reference = rt.block_on(all(&engine(), requests.clone()));
+    for flush in [false, true] {
+        let handle = engine();
+        let resumed = rt.block_on(async {
+            let streams = running_streams(&handle, &requests, 10).await;
+            handle.pause(PauseMode::Retract);
+            let stats = handle.stats().await.unwrap();
+            assert_eq!((stats.running, stats.waiting, stats.preempted), (0, 4, 4));
+            assert_eq!(stats.cached_slots, 4, "their slots are kept for them");
+            if flush {
+                handle.flush_cache().await.unwrap();
+            }
+            handle.resume();
+            let outs = outputs(streams).await;
+            let stats = handle.stats().await.unwrap();
+            assert_eq!((stats.free_slots, stats.running), (4, 0));
+            outs
+        });
+        for (got, want) in resumed.iter().zip(&reference) {
+            assert_eq!(got.tokens, want.tokens, "flush {flush}");
+            assert_eq!(got.seed, want.seed);
+            assert_eq!(got.finish, FinishReason::Length);
+            assert_close(&got.log_probs, &want.log_probs, 1e-5);
+        }
+    }
+}
+
+/// SGLang's default pause mode: everything in flight ends as aborted, with its partial output.
+#[test]
+fn aborting_pause_ends_running_and_waiting_requests() {
+    let dir = model_dir();
+    let handle = start_engine(dir.path(), EngineConfig::new(1, 512, vec![]));
+    let rt = runtime();
+    let params = SamplingParams {
+        max_new_tokens: Some(400),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    let requests = vec![
+        request(&prompt(1, 5), params.clone()),
+        request(&prompt(2, 5), params),
+    ];
+    let outs = rt.block_on(async {
+        let mut streams = running_streams(&handle, &requests[..1], 3).await;
+        streams.push(handle.submit(requests[1].clone()).unwrap().1);
+        handle.pause(PauseMode::Abort);
+        let outs = outputs(streams).await;
+        let stats = handle.stats().await.unwrap();
+        assert!(stats.paused);
+        assert_eq!((stats.running, stats.waiting, stats.free_slots), (0, 0, 1));
+        outs
+    });
+    assert!(outs.iter().all(|o| o.finish == FinishReason::Abort));
+    assert!((3..400).contains(&outs[0].tokens.len()), "partial output");
+    assert_eq!(outs[0].tokens.len(), outs[0].log_probs.len());
+    assert!(outs[1].tokens.is_empty(), "never started");
 }
 
 #[test]
@@ -564,24 +676,39 @@ fn kv_memory_is_released_between_rollouts_and_comes_back_on_demand() {
             .generate(request(&prompt(2, 5), greedy.clone()))
             .await
             .unwrap();
-        let (busy_id, mut busy) = handle
-            .submit(request(
-                &prompt(2, 5),
-                SamplingParams {
-                    max_new_tokens: Some(200),
-                    ignore_eos: Some(true),
-                    ..Default::default()
-                },
-            ))
+        // Released while a request runs: it is preempted and finishes after the memory is back,
+        // with the tokens it would have drawn anyway.
+        let sampled = SamplingParams {
+            max_new_tokens: Some(60),
+            ignore_eos: Some(true),
+            seed: Some(5),
+            ..Default::default()
+        };
+        let uninterrupted = handle
+            .generate(request(&prompt(3, 7), sampled.clone()))
+            .await
             .unwrap();
+        handle.flush_cache().await.unwrap();
+        handle.pause(PauseMode::InPlace);
+        let (_, mut busy) = handle.submit(request(&prompt(3, 7), sampled)).unwrap();
+        handle.resume();
         assert!(
             matches!(busy.recv().await, Some(Event::Token { .. })),
             "it is running"
         );
-        let err = handle.release_memory().await.unwrap_err();
-        assert!(err.to_string().contains("1 requests are running"), "{err}");
-        handle.abort(busy_id);
-        while busy.recv().await.is_some() {}
+        handle.pause(PauseMode::InPlace);
+        assert_eq!(handle.release_memory().await.unwrap(), 1, "one preempted");
+        let stats = handle.stats().await.unwrap();
+        assert!(!stats.kv_allocated);
+        assert_eq!(
+            (stats.cached_slots, stats.running, stats.waiting),
+            (0, 0, 1)
+        );
+        handle.resume();
+        let resumed = outputs(vec![busy]).await.remove(0);
+        assert_eq!(resumed.tokens, uninterrupted.tokens);
+        assert_eq!(resumed.finish, FinishReason::Length);
+        assert_close(&resumed.log_probs, &uninterrupted.log_probs, 1e-5);
         handle.release_memory().await.unwrap();
         let stats = handle.stats().await.unwrap();
         assert!(!stats.kv_allocated);
@@ -612,7 +739,7 @@ fn batched_prefill_of_uneven_prompts_equals_one_at_a_time() {
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(20 + i, 3 + 7 * i)).collect();
     let rt = runtime();
     // Paused while they queue, so one prefill pass takes them all (right-padded to the longest).
-    batched.pause();
+    batched.pause(PauseMode::InPlace);
     let together = rt.block_on(async {
         let streams: Vec<_> = prompts
             .iter()

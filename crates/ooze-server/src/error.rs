@@ -74,7 +74,6 @@ impl From<EngineError> for ApiError {
             EngineError::EmptyInput | EngineError::TokenOutOfVocab(..) => "invalid_request",
             EngineError::TooLong { .. } => "context_length_exceeded",
             EngineError::WeightUpdate(_) => "invalid_request",
-            EngineError::Busy(_) => "busy",
             EngineError::Stopped => "unavailable",
         };
         ApiError {

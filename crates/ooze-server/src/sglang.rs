@@ -9,7 +9,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ooze_core::{FinishReason, StopMatch};
-use ooze_engine::{Output, Request, SamplingParams};
+use ooze_engine::{Output, PauseMode, Request, SamplingParams};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -318,9 +318,38 @@ pub async fn abort_request(
     Ok(Json(json!({"success": state.abort_rid(&rid)})))
 }
 
-pub async fn pause(State(state): State<Arc<AppState>>) -> Json<Value> {
-    state.engine.pause();
-    Json(json!({"success": true}))
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// `abort` (SGLang's default), `retract` or `in_place`.
+    #[serde(default = "default_pause_mode")]
+    mode: PauseMode,
+}
+
+fn default_pause_mode() -> PauseMode {
+    PauseMode::Abort
+}
+
+/// Stops generation until `/continue_generation`. The body (optional, as in SGLang) names what
+/// happens to running requests: `abort` them with their partial output, `retract` them (preempted,
+/// recomputed and continued on resume) or keep them `in_place`.
+pub async fn pause(
+    State(state): State<Arc<AppState>>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let mode = if body.iter().all(u8::is_ascii_whitespace) {
+        default_pause_mode()
+    } else {
+        serde_json::from_slice::<PauseRequest>(&body)
+            .map_err(|e| {
+                ApiError::invalid(format!(
+                    "pause_generation body: {e} (expected {{\"mode\": \"abort\" | \"retract\" | \"in_place\"}})"
+                ))
+            })?
+            .mode
+    };
+    state.engine.pause(mode);
+    Ok(Json(json!({"success": true})))
 }
 
 pub async fn resume(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -351,10 +380,11 @@ pub async fn update_weights_from_disk(
     ))
 }
 
-/// Frees the KV memory while nothing runs (for a trainer sharing the GPU); 409 while busy.
+/// Frees the KV memory for a trainer sharing the GPU; running requests are preempted and
+/// recomputed when they run again (pause first to keep the memory free).
 pub async fn release_memory(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    state.engine.release_memory().await?;
-    Ok(Json(json!({"success": true})))
+    let preempted = state.engine.release_memory().await?;
+    Ok(Json(json!({"success": true, "preempted": preempted})))
 }
 
 /// The KV memory comes back with the next request; this only reports that it will.

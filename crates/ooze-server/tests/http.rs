@@ -251,6 +251,36 @@ async fn streaming_control_and_weight_updates() {
         (status, done["meta_info"]["completion_tokens"].as_u64()),
         (200, Some(2))
     );
+
+    // Retracting pause: a running request is preempted and continues after continue_generation.
+    let long = json!({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 800, "ignore_eos": true, "seed": 3}});
+    let (_, uninterrupted) = post(addr, "/generate", long.clone()).await;
+    let running = tokio::spawn(async move { post(addr, "/generate", long).await });
+    loop {
+        let (_, info) = get(addr, "/get_server_info").await;
+        if info["engine"]["running"] == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        post(addr, "/pause_generation", json!({"mode": "retract"}))
+            .await
+            .0,
+        200
+    );
+    let (_, info) = get(addr, "/get_server_info").await;
+    assert_eq!(info["engine"]["preempted"], 1, "{info}");
+    assert_eq!(post(addr, "/continue_generation", json!({})).await.0, 200);
+    let (status, resumed) = running.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(resumed["text"], uninterrupted["text"]);
+    let (status, err) = post(addr, "/pause_generation", json!({"mode": "sleep"})).await;
+    assert_eq!(status, 400);
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("mode"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
