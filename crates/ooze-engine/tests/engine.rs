@@ -500,7 +500,7 @@ fn aborting_pause_ends_running_and_waiting_requests() {
         ignore_eos: Some(true),
         ..Default::default()
     };
-    let requests = vec![
+    let requests = [
         request(&prompt(1, 5), params.clone()),
         request(&prompt(2, 5), params),
     ];
