@@ -4,8 +4,12 @@
 //! that library's static initialisers, and no symbol of it is referenced, so the linker would drop
 //! it) and to record the directory as a run path.
 //!
-//! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/`, CUDA graphs) against the
-//! libtorch headers and CUDA's host headers from the nvidia wheels, and sets `cfg(ooze_cuda_graphs)`.
+//! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/cuda_graph.cpp`, CUDA graphs)
+//! against the libtorch headers and CUDA's host headers from the nvidia wheels, and sets
+//! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
+//! kernels (`shim/kernels.cu` with their checked entry points in `shim/ops.cpp`) for A100 (sm_80),
+//! H100/H200 (sm_90) and PTX for newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the
+//! same steps run as libtorch operations.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,9 +71,48 @@ fn compile_shim(lib: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Compiles the CUDA kernels with the wheel's nvcc and their C++ entry points.
+fn compile_kernels(lib: &Path) -> Result<(), String> {
+    let torch = lib.parent().ok_or("torch/lib has no parent")?;
+    let cuda = torch.join("../nvidia/cu13");
+    let nvcc = cuda.join("bin/nvcc");
+    if !nvcc.exists() {
+        return Err(format!("nvcc not found at {}", nvcc.display()));
+    }
+    println!("cargo:rerun-if-changed=shim/kernels.cu");
+    println!("cargo:rerun-if-changed=shim/ops.cpp");
+    // cc finds nvcc through NVCC (an explicit .compiler() would be treated as a C compiler).
+    std::env::set_var("NVCC", &nvcc);
+    cc::Build::new()
+        .cuda(true)
+        .file("shim/kernels.cu")
+        .include(cuda.join("include"))
+        .debug(false)
+        .opt_level(3)
+        .flag("-gencode=arch=compute_80,code=sm_80")
+        .flag("-gencode=arch=compute_90,code=sm_90")
+        .flag("-gencode=arch=compute_90,code=compute_90")
+        .warnings(false)
+        .try_compile("ooze_kernels")
+        .map_err(|e| e.to_string())?;
+    cc::Build::new()
+        .cpp(true)
+        .file("shim/ops.cpp")
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .include(cuda.join("include"))
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .try_compile("ooze_ops")
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_graphs)");
+    println!("cargo:rustc-check-cfg=cfg(ooze_cuda_kernels)");
     let Some(lib) = torch_lib_dir() else {
         println!("cargo:warning=ooze-torch: could not locate torch/lib; building without CUDA");
         return;
@@ -79,7 +122,15 @@ fn main() {
     println!("cargo:cuda={cuda}");
     if cuda {
         match compile_shim(&lib) {
-            Ok(()) => println!("cargo:rustc-cfg=ooze_cuda_graphs"),
+            Ok(()) => {
+                println!("cargo:rustc-cfg=ooze_cuda_graphs");
+                match compile_kernels(&lib) {
+                    Ok(()) => println!("cargo:rustc-cfg=ooze_cuda_kernels"),
+                    Err(e) => println!(
+                        "cargo:warning=ooze-torch: CUDA kernels not built ({e}); libtorch operations instead"
+                    ),
+                }
+            }
             Err(e) => {
                 println!("cargo:warning=ooze-torch: C++ shim not built ({e}); CUDA graphs disabled")
             }

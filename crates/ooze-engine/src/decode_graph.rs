@@ -13,9 +13,8 @@ use ooze_torch::tch::{Device, Kind, Tensor};
 use std::collections::HashMap;
 
 struct Captured {
-    tokens: Tensor,
-    slots: Tensor,
-    past: Tensor,
+    /// `[3, rows]`: token, slot and position of each row, refilled with one copy per step.
+    inputs: Tensor,
     logits: Tensor,
     graph: CudaGraph,
 }
@@ -81,20 +80,15 @@ impl DecodeGraphs {
             self.graphs.insert(key, captured);
         }
         let g = &self.graphs[&key];
-        let (rows, device) = (key.0 as usize, g.tokens.device());
-        let pad = |values: &[i64], fill: i64| {
-            let mut v = values.to_vec();
-            v.resize(rows, fill);
-            Tensor::from_slice(&v).to_device(device)
-        };
-        let (mut t, mut s, mut p) = (
-            g.tokens.shallow_clone(),
-            g.slots.shallow_clone(),
-            g.past.shallow_clone(),
-        );
-        t.copy_(&pad(tokens, 0).view([key.0, 1]));
-        s.copy_(&pad(slots, self.scratch_slot));
-        p.copy_(&pad(past, 0));
+        let rows = key.0 as usize;
+        let mut host = Vec::with_capacity(3 * rows);
+        for (values, fill) in [(tokens, 0), (slots, self.scratch_slot), (past, 0)] {
+            host.extend_from_slice(values);
+            host.resize(host.len() + rows - values.len(), fill);
+        }
+        g.inputs
+            .shallow_clone()
+            .copy_(&Tensor::from_slice(&host).view([3, key.0]));
         g.graph.replay()?;
         Ok(g.logits.narrow(0, 0, b))
     }
@@ -106,9 +100,9 @@ impl DecodeGraphs {
         (rows, len, rows_are_slots): (i64, i64, bool),
     ) -> Result<Captured, GraphError> {
         let device = Device::Cuda(self.device);
-        let tokens = Tensor::zeros([rows, 1], (Kind::Int64, device));
-        let slots = Tensor::full([rows], self.scratch_slot, (Kind::Int64, device));
-        let past = Tensor::zeros([rows], (Kind::Int64, device));
+        let inputs = Tensor::zeros([3, rows], (Kind::Int64, device));
+        let _ = inputs.get(1).fill_(self.scratch_slot);
+        let (tokens, slots, past) = (inputs.get(0).unsqueeze(1), inputs.get(1), inputs.get(2));
         let run = |cache: &mut SlotCache| {
             let positions = past.unsqueeze(1);
             let hidden = decoder.hidden_states(
@@ -122,7 +116,7 @@ impl DecodeGraphs {
                     rows_are_slots,
                 },
             );
-            decoder.logits(&hidden.select(1, 0)).to_kind(Kind::Float)
+            decoder.logits_f32(&hidden.select(1, 0))
         };
         // Warm-up outside the capture: cuBLAS handles, workspaces and kernels get created here.
         let _ = run(cache);
@@ -130,9 +124,7 @@ impl DecodeGraphs {
         let share = self.graphs.values().next().map(|c| &c.graph);
         let (graph, logits) = CudaGraph::capture(self.device, share, || run(cache))?;
         Ok(Captured {
-            tokens,
-            slots,
-            past,
+            inputs,
             logits,
             graph,
         })

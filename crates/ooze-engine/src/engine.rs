@@ -23,7 +23,7 @@ use crate::prefix_cache::{common_prefix, PrefixCache};
 use crate::sampler::{draw, RowSampling};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
-use ooze_torch::tch::{self, Kind, Tensor};
+use ooze_torch::tch::{self, Tensor};
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -562,8 +562,7 @@ impl EngineLoop {
             .view([b, 1, 1])
             .expand([b, 1, h], false);
         self.decoder
-            .logits(&hidden.gather(1, &index, false).squeeze_dim(1))
-            .to_kind(Kind::Float)
+            .logits_f32(&hidden.gather(1, &index, false).squeeze_dim(1))
     }
 
     /// A free slot, evicting the least recently used kept sequence (other than `keep`) if needed.

@@ -7,6 +7,7 @@
 //! on its seed and the logits — never on what else shares the batch.
 
 use crate::params::Sampling;
+use ooze_torch::kernels;
 use ooze_torch::tch::{Device, Kind, Tensor};
 
 /// One row's sampling state for this step.
@@ -43,6 +44,9 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
 /// asks for top-k or top-p.
 pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let device = logits.device();
+    if device.is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain) {
+        return draw_fused(logits, rows);
+    }
     let (b, vocab) = logits.size2().expect("invariant: logits are [B, V]");
     let on = |v: Vec<f32>| Tensor::from_slice(&v).to_device(device);
     let temps = on(rows
@@ -176,16 +180,42 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     finish(&log_probs, tokens)
 }
 
-/// Gathers the chosen tokens' log-probs and brings both to the host (one synchronisation).
-fn finish(log_probs: &Tensor, tokens: Tensor) -> Vec<Draw> {
-    let chosen = log_probs
-        .gather(1, &tokens.unsqueeze(1), false)
-        .squeeze_dim(1);
-    let both = Tensor::stack(
-        &[tokens.to_kind(Kind::Double), chosen.to_kind(Kind::Double)],
-        0,
-    )
-    .to_device(Device::Cpu);
+impl RowSampling<'_> {
+    /// Greedy or plain temperature sampling: no truncation, nothing banned.
+    fn is_plain(&self) -> bool {
+        let p = self.params;
+        p.top_k == 0 && p.top_p >= 1.0 && p.min_p == 0.0 && self.banned.is_empty()
+    }
+}
+
+/// [`draw`] for greedy and plain rows on a GPU: ooze's sampling kernel, one block per row, the
+/// same definitions (log-prob of `logits / T`, inverse CDF in vocabulary order with the row's
+/// uniform), one upload of the settings and one download of the results.
+fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
+    let greedy = |r: &RowSampling<'_>| r.params.temperature == 0.0;
+    let mut params: Vec<f32> = rows
+        .iter()
+        .map(|r| {
+            if greedy(r) {
+                1.0
+            } else {
+                r.params.temperature as f32
+            }
+        })
+        .collect();
+    params.extend(rows.iter().map(|r| if greedy(r) { 1.0 } else { 0.0 }));
+    params.extend(rows.iter().map(|r| uniform(r.seed, r.step) as f32));
+    let params = Tensor::from_slice(&params)
+        .view([3, rows.len() as i64])
+        .to_device(logits.device());
+    let out = kernels::sample(logits, &params)
+        .expect("invariant: fp32 [B, V] logits and [3, B] settings on one GPU are valid")
+        .to_device(Device::Cpu);
+    host_draws(&out)
+}
+
+/// `[2, B]` float64 on the host (tokens, log-probs) → draws.
+fn host_draws(both: &Tensor) -> Vec<Draw> {
     let tokens = Vec::<f64>::try_from(both.get(0)).expect("invariant: token ids");
     let chosen = Vec::<f64>::try_from(both.get(1)).expect("invariant: log-probs");
     tokens
@@ -196,6 +226,19 @@ fn finish(log_probs: &Tensor, tokens: Tensor) -> Vec<Draw> {
             log_prob: lp as f32,
         })
         .collect()
+}
+
+/// Gathers the chosen tokens' log-probs and brings both to the host (one synchronisation).
+fn finish(log_probs: &Tensor, tokens: Tensor) -> Vec<Draw> {
+    let chosen = log_probs
+        .gather(1, &tokens.unsqueeze(1), false)
+        .squeeze_dim(1);
+    let both = Tensor::stack(
+        &[tokens.to_kind(Kind::Double), chosen.to_kind(Kind::Double)],
+        0,
+    )
+    .to_device(Device::Cpu);
+    host_draws(&both)
 }
 
 #[cfg(test)]

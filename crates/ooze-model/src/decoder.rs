@@ -15,6 +15,7 @@ use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::rope;
+use ooze_torch::kernels::{self, RopeStore};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
 
@@ -55,6 +56,50 @@ fn fuse<const N: usize>(parts: [Projection; N]) -> (Projection, [Projection; N])
 
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
     x.linear(weight, bias)
+}
+
+/// `x + linear(input)`. Without autograd and without a bias, the sum is accumulated into `x` by the
+/// matrix multiply itself (one kernel instead of two).
+fn add_linear(x: Tensor, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    if bias.is_some() || x.requires_grad() || input.requires_grad() || !x.is_contiguous() {
+        return x + linear(input, weight, bias);
+    }
+    let (width, inner) = (x.size()[x.dim() - 1], input.size()[input.dim() - 1]);
+    let _ = x
+        .view([-1, width])
+        .addmm_(&input.reshape([-1, inner]), &weight.tr());
+    x
+}
+
+/// Whether ooze's CUDA kernels can stand in for libtorch operations on `x`: a CUDA tensor of a
+/// dtype they take, outside autograd (they have no backward).
+fn kernels_apply(x: &Tensor) -> bool {
+    kernels::available()
+        && x.device().is_cuda()
+        && matches!(x.kind(), Kind::Float | Kind::BFloat16)
+        && !x.requires_grad()
+}
+
+/// `silu(gate) · up` of the fused gate/up projection output `[.., 2 · width]`.
+fn silu_mul(gate_up: &Tensor, width: i64) -> Tensor {
+    if kernels_apply(gate_up) && gate_up.is_contiguous() {
+        let mut shape = gate_up.size();
+        let last = shape.len() - 1;
+        shape[last] = width;
+        let gated = kernels::silu_mul(&gate_up.view([-1, 2 * width]))
+            .expect("invariant: a contiguous CUDA gate/up output is valid for silu_mul");
+        return gated.view(shape.as_slice());
+    }
+    gate_up.narrow(-1, 0, width).silu() * gate_up.narrow(-1, width, width)
+}
+
+/// Positions `[.., 0..read_len]` of the slots `read` selects, as `[B, kv_heads, read_len, head_dim]`.
+fn read_slots(layer: &Tensor, read: &SlotRead, read_len: i64) -> Tensor {
+    let rows = match read {
+        SlotRead::Range { start, count } => layer.narrow(0, *start, *count),
+        SlotRead::Gather(index) => layer.index_select(0, index),
+    };
+    rows.narrow(1, 0, read_len).transpose(1, 2)
 }
 
 struct Layer {
@@ -508,22 +553,127 @@ impl Decoder {
             }
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();
-        let heads = |x: &Tensor, n: i64| x.view([b, t, n, c.head_dim]);
-        // One-token decode over slots on a GPU: the additive bias, built once for all layers.
-        let decode_bias = match (&target, &mask) {
-            (KvTarget::Slots { .. }, Some(mask)) if t == 1 && self.device.is_cuda() => {
-                Some(decode_bias(
-                    mask,
-                    c.num_kv_heads,
-                    c.num_heads / c.num_kv_heads,
-                    self.kind,
-                ))
+        let group = c.num_heads / c.num_kv_heads;
+        let one_token_slots =
+            matches!(target, KvTarget::Slots { .. }) && t == 1 && self.device.is_cuda();
+        // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
+        // (bf16) ooze's split-key attention kernel.
+        let fused_rope =
+            one_token_slots && kernels_apply(&x) && c.head_dim % 2 == 0 && c.head_dim <= 256;
+        let fused_attention =
+            fused_rope && kernels::decode_attention_supports(self.kind, c.head_dim, group);
+        // Otherwise one-token decode over slots on a GPU calls the memory-efficient kernel with an
+        // additive bias, built once for all layers.
+        let decode_bias = match &mask {
+            Some(mask) if one_token_slots && !fused_attention => {
+                Some(decode_bias(mask, c.num_kv_heads, group, self.kind))
             }
             _ => None,
         };
         for (i, l) in self.layers.iter().enumerate() {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
+            let attn = match &mut target {
+                KvTarget::Slots {
+                    cache,
+                    write_slot,
+                    write_pos,
+                    read,
+                    read_len,
+                } if fused_rope => {
+                    let args = RopeStore {
+                        inv_freq: &self.inv_freq,
+                        q_norm: l.q_norm.as_ref(),
+                        k_norm: l.k_norm.as_ref(),
+                        eps: c.rms_norm_eps,
+                        heads: c.num_heads,
+                        kv_heads: c.num_kv_heads,
+                        head_dim: c.head_dim,
+                    };
+                    let q = kernels::rope_store(
+                        &qkv.view([b, -1]),
+                        &write_pos.view([b]),
+                        &write_slot.view([b]),
+                        &mut cache.k[i],
+                        &mut cache.v[i],
+                        &args,
+                    )
+                    .expect("invariant: decode rows and slot memory are valid for rope_store");
+                    if fused_attention {
+                        kernels::decode_attention(
+                            &q,
+                            &cache.k[i],
+                            &cache.v[i],
+                            &write_slot.view([b]),
+                            &write_pos.view([b]),
+                            *read_len,
+                            scale,
+                        )
+                        .expect("invariant: bf16 decode rows are valid for decode_attention")
+                        .view([b, c.num_heads, t, c.head_dim])
+                    } else {
+                        let bias = decode_bias
+                            .as_ref()
+                            .expect("invariant: built when not fused");
+                        decode_attention(
+                            &q.view([b, c.num_heads, t, c.head_dim]),
+                            &read_slots(&cache.k[i], read, *read_len),
+                            &read_slots(&cache.v[i], read, *read_len),
+                            bias,
+                            scale,
+                        )
+                    }
+                }
+                _ => {
+                    let (q, k, v) = self.project_and_store(i, &qkv, &cos, &sin, &mut target, b, t);
+                    match &decode_bias {
+                        Some(bias) => decode_attention(&q, &k, &v, bias, scale),
+                        _ => Tensor::scaled_dot_product_attention(
+                            &q,
+                            &k,
+                            &v,
+                            mask.as_ref(),
+                            0.0,
+                            causal,
+                            scale,
+                            c.num_kv_heads != c.num_heads,
+                        ),
+                    }
+                }
+            };
+            let attn = attn
+                .transpose(1, 2)
+                .reshape([b, t, c.num_heads * c.head_dim]);
+            x = add_linear(x, &attn, &l.o.0, l.o.1.as_ref());
+            let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
+            let gate_up = linear(&hn, &l.gate_up.0, l.gate_up.1.as_ref());
+            let gated = silu_mul(&gate_up, c.intermediate_size);
+            x = add_linear(x, &gated, &l.down.0, l.down.1.as_ref());
+        }
+        if let KvTarget::Contiguous(cache) = target {
+            cache.len += t;
+        }
+        rms_norm(&x, &self.norm, c.rms_norm_eps)
+    }
+
+    /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to)
+    /// from its fused projection output, with the rotary embedding applied and the new keys and
+    /// values stored in `target` — as libtorch operations.
+    #[allow(clippy::too_many_arguments)]
+    fn project_and_store(
+        &self,
+        i: usize,
+        qkv: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        target: &mut KvTarget<'_>,
+        b: i64,
+        t: i64,
+    ) -> (Tensor, Tensor, Tensor) {
+        let c = &self.config;
+        let l = &self.layers[i];
+        let heads = |x: &Tensor, n: i64| x.view([b, t, n, c.head_dim]);
+        {
             let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
             let v = heads(&qkv.narrow(-1, q_dim + kv_dim, kv_dim), c.num_kv_heads).transpose(1, 2);
             // q and k are adjacent in the fused projection: rotate them in one go.
@@ -546,10 +696,10 @@ impl Decoder {
                     c.num_heads + c.num_kv_heads,
                 ),
             };
-            let qk = rope::apply(&qk.transpose(1, 2), &cos, &sin);
+            let qk = rope::apply(&qk.transpose(1, 2), cos, sin);
             let q = qk.narrow(1, 0, c.num_heads);
             let k = qk.narrow(1, c.num_heads, c.num_kv_heads);
-            let (k, v) = match &mut target {
+            let (k, v) = match target {
                 KvTarget::None => (k, v),
                 KvTarget::Contiguous(cache) => {
                     let (k, v) = match cache.layers[i].take() {
@@ -573,49 +723,33 @@ impl Decoder {
                     // [B, kv, T, D] → [B, T, kv, D], the slot layout.
                     let _ = cache.k[i].index_put_(&index, &k.transpose(1, 2), false);
                     let _ = cache.v[i].index_put_(&index, &v.transpose(1, 2), false);
-                    let from = |layer: &Tensor| {
-                        let rows = match &*read {
-                            SlotRead::Range { start, count } => layer.narrow(0, *start, *count),
-                            SlotRead::Gather(index) => layer.index_select(0, index),
-                        };
-                        rows.narrow(1, 0, *read_len).transpose(1, 2)
-                    };
-                    (from(&cache.k[i]), from(&cache.v[i]))
+                    (
+                        read_slots(&cache.k[i], read, *read_len),
+                        read_slots(&cache.v[i], read, *read_len),
+                    )
                 }
             };
-            let gqa = c.num_kv_heads != c.num_heads;
-            let attn = match &decode_bias {
-                Some(bias) => decode_attention(&q, &k, &v, bias, scale),
-                _ => Tensor::scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    mask.as_ref(),
-                    0.0,
-                    causal,
-                    scale,
-                    gqa,
-                ),
-            };
-            let attn = attn
-                .transpose(1, 2)
-                .reshape([b, t, c.num_heads * c.head_dim]);
-            x = x + linear(&attn, &l.o.0, l.o.1.as_ref());
-            let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
-            let gate_up = linear(&hn, &l.gate_up.0, l.gate_up.1.as_ref());
-            let gated = gate_up.narrow(-1, 0, c.intermediate_size).silu()
-                * gate_up.narrow(-1, c.intermediate_size, c.intermediate_size);
-            x = x + linear(&gated, &l.down.0, l.down.1.as_ref());
+            (q, k, v)
         }
-        if let KvTarget::Contiguous(cache) = target {
-            cache.len += t;
-        }
-        rms_norm(&x, &self.norm, c.rms_norm_eps)
     }
 
     /// Logits `[.., vocab]` for hidden states `[.., hidden]`, in the model dtype.
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         hidden.matmul(&self.head_weight().tr())
+    }
+
+    /// fp32 logits `[N, vocab]` for hidden states `[N, hidden]`. On a GPU in bf16/fp16 without
+    /// autograd the head's matrix multiply writes fp32 itself: the logits are never rounded to 16
+    /// bits (so sampling and scoring see the same values) and there is no separate upcast pass.
+    pub fn logits_f32(&self, hidden: &Tensor) -> Tensor {
+        if hidden.device().is_cuda()
+            && matches!(self.kind, Kind::BFloat16 | Kind::Half)
+            && !hidden.requires_grad()
+        {
+            hidden.mm_dtype(&self.head_weight().tr(), Kind::Float)
+        } else {
+            self.logits(hidden).to_kind(Kind::Float)
+        }
     }
 
     /// One decoding step for a batch whose rows all have `cache.len()` cached tokens: appends

@@ -41,9 +41,6 @@ pub fn head_log_probs(
     targets: &Tensor,
     options: &ScoreOptions,
 ) -> (Tensor, Option<Tensor>) {
-    let fp32_logits = hidden.device().is_cuda()
-        && matches!(decoder.kind(), Kind::BFloat16 | Kind::Half)
-        && !hidden.requires_grad();
     let n = hidden.size()[0];
     let mut log_probs = Vec::new();
     let mut entropies = Vec::new();
@@ -52,15 +49,11 @@ pub fn head_log_probs(
         let len = options.chunk_tokens.min(n - start);
         let rows = hidden.narrow(0, start, len);
         let tgt = targets.narrow(0, start, len).unsqueeze(1);
-        let logits = if fp32_logits {
-            rows.mm_dtype(&decoder.head_weight().tr(), Kind::Float)
-        } else {
-            decoder.logits(&rows)
-        };
+        let logits = decoder.logits_f32(&rows);
         let logits = if options.temperature == 1.0 {
             logits
         } else {
-            logits.to_kind(Kind::Float) / options.temperature
+            logits / options.temperature
         };
         let logp = logits.log_softmax(-1, Kind::Float);
         log_probs.push(logp.gather(1, &tgt, false).squeeze_dim(1));

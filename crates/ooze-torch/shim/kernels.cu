@@ -1,0 +1,471 @@
+// ooze's CUDA kernels: the small fused steps of a decode step that libtorch runs as many separate
+// kernels. Plain C launchers over raw pointers (no libtorch headers here: nvcc stays fast); the
+// checked, tensor-level entry points are in ops.cpp. Every launcher returns the launch error.
+//
+// - rope_store: rotary embedding of q and k (with Qwen3's per-head q/k RMSNorm when given), the
+//   rotated q written out, k and v written into their slot of the KV memory.
+// - silu_mul: silu(gate) * up of the fused gate/up projection.
+// - sample: per row, the log-softmax statistics, then the greedy or inverse-CDF token and its
+//   log-prob, in one block per row (no full-vocabulary intermediate tensors).
+// - decode_attention: one new query token per row over its slot's keys, split along the keys
+//   (flash-decoding): the query heads that share a key head go through tensor cores together, and
+//   a second kernel merges the splits.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+// Rounds to T and back: the value an op of PyTorch would have stored in between.
+template <typename T>
+__device__ __forceinline__ float stored(float x) {
+  return to_float(from_float<T>(x));
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// One warp per (row, head) over the q, k and v heads of a fused projection row. Lane l handles the
+// rotation pairs (i, i + D/2) for i = l, l + 32, … (D ≤ 256).
+template <typename T>
+__global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
+                                  const int64_t* __restrict__ positions,
+                                  const int64_t* __restrict__ slots,
+                                  const float* __restrict__ inv_freq, const T* __restrict__ q_norm,
+                                  const T* __restrict__ k_norm, float eps, T* __restrict__ q_out,
+                                  T* __restrict__ k_cache, T* __restrict__ v_cache, int rows,
+                                  int heads, int kv_heads, int dim, int64_t slot_len) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_row = heads + 2 * kv_heads;
+  if (warp >= rows * per_row) return;
+  const int row = warp / per_row;
+  const int head = warp % per_row;
+  const T* src = qkv + row * qkv_stride + head * dim;
+  const int64_t pos = positions[row];
+  const int64_t cell = (slots[row] * slot_len + pos) * kv_heads;
+  if (head >= heads + kv_heads) {
+    T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
+    for (int i = lane; i < dim; i += 32) dst[i] = src[i];
+    return;
+  }
+  const int half = dim / 2;
+  float x1[4], x2[4];
+  float squares = 0.f;
+  int n = 0;
+  for (int i = lane; i < half; i += 32, ++n) {
+    x1[n] = to_float(src[i]);
+    x2[n] = to_float(src[i + half]);
+    squares += x1[n] * x1[n] + x2[n] * x2[n];
+  }
+  const T* norm = head < heads ? q_norm : k_norm;
+  if (norm != nullptr) {
+    // transformers' RMSNorm: normalise in fp32, round, then scale by the weight and round.
+    const float r = rsqrtf(warp_sum(squares) / dim + eps);
+    n = 0;
+    for (int i = lane; i < half; i += 32, ++n) {
+      x1[n] = stored<T>(stored<T>(x1[n] * r) * to_float(norm[i]));
+      x2[n] = stored<T>(stored<T>(x2[n] * r) * to_float(norm[i + half]));
+    }
+  }
+  T* dst = head < heads ? q_out + (static_cast<int64_t>(row) * heads + head) * dim
+                        : k_cache + (cell + head - heads) * dim;
+  n = 0;
+  for (int i = lane; i < half; i += 32, ++n) {
+    float s, c;
+    sincosf(static_cast<float>(pos) * inv_freq[i], &s, &c);
+    dst[i] = from_float<T>(x1[n] * c - x2[n] * s);
+    dst[i + half] = from_float<T>(x2[n] * c + x1[n] * s);
+  }
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
+                                int64_t width) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, col = i % width;
+    const float g = to_float(gate_up[row * 2 * width + col]);
+    const float u = to_float(gate_up[row * 2 * width + width + col]);
+    // As PyTorch does it: silu rounded to T, then the product.
+    out[i] = from_float<T>(stored<T>(g / (1.f + expf(-g))) * u);
+  }
+}
+
+constexpr int SAMPLE_THREADS = 1024;
+
+struct MaxSum {
+  float max, sum;
+};
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.f};
+  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+struct ArgMax {
+  float value;
+  int index;
+};
+
+__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
+  // The first index wins ties (PyTorch's argmax); NaN never wins.
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// One block per row. params is [3, rows]: temperature (1 for greedy), greedy flag (0/1), uniform
+// in [0, 1). out is [2, rows] (double): the token, then its log-prob log_softmax(logits / T).
+__global__ void sample_kernel(const float* __restrict__ logits, int64_t stride, int vocab,
+                              const float* __restrict__ params, int rows,
+                              double* __restrict__ out) {
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const float* x = logits + row * stride;
+  const float temp = params[row];
+  const bool greedy = params[rows + row] != 0.f;
+  const float u = params[2 * rows + row];
+
+  // Pass 1: max and sum of exponentials (online), and the argmax.
+  MaxSum ms{-INFINITY, 0.f};
+  ArgMax am{-INFINITY, vocab};
+  for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+    const float v = x[i] / temp;
+    ms = merge(ms, MaxSum{v, 1.f});
+    am = better(am, ArgMax{v, i});
+  }
+  __shared__ float s_max[32], s_sum[32], s_val[32];
+  __shared__ int s_idx[32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    ms = merge(ms, MaxSum{__shfl_xor_sync(0xffffffffu, ms.max, offset),
+                          __shfl_xor_sync(0xffffffffu, ms.sum, offset)});
+    am = better(am, ArgMax{__shfl_xor_sync(0xffffffffu, am.value, offset),
+                           __shfl_xor_sync(0xffffffffu, am.index, offset)});
+  }
+  const int warp = tid >> 5, lane = tid & 31;
+  if (lane == 0) {
+    s_max[warp] = ms.max;
+    s_sum[warp] = ms.sum;
+    s_val[warp] = am.value;
+    s_idx[warp] = am.index;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    ms = MaxSum{s_max[lane], s_sum[lane]};
+    am = ArgMax{s_val[lane], s_idx[lane]};
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      ms = merge(ms, MaxSum{__shfl_xor_sync(0xffffffffu, ms.max, offset),
+                            __shfl_xor_sync(0xffffffffu, ms.sum, offset)});
+      am = better(am, ArgMax{__shfl_xor_sync(0xffffffffu, am.value, offset),
+                             __shfl_xor_sync(0xffffffffu, am.index, offset)});
+    }
+    if (lane == 0) {
+      s_max[0] = ms.max;
+      s_sum[0] = ms.sum;
+      s_idx[0] = min(am.index, vocab - 1);
+    }
+  }
+  __syncthreads();
+  const float max = s_max[0];
+  const float log_total = logf(s_sum[0]);
+  __shared__ int s_token;
+  if (greedy) {
+    if (tid == 0) s_token = s_idx[0];
+  } else {
+    // Pass 2: inverse CDF in vocabulary order. Thread t sums its contiguous segment; a scan of the
+    // segment sums finds the segment holding u · total; that thread walks it to the token. The
+    // arithmetic per row is fixed, so a row's token does not depend on its neighbours.
+    const int segment = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int begin = min(tid * segment, vocab), end = min(begin + segment, vocab);
+    float part = 0.f;
+    for (int i = begin; i < end; ++i) part += expf(x[i] / temp - max);
+    __shared__ float s_prefix[SAMPLE_THREADS + 1];
+    // Inclusive scan within the warp, then across warp totals.
+    float incl = part;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, offset);
+      if (lane >= offset) incl += y;
+    }
+    __shared__ float s_warp[32];
+    if (lane == 31) s_warp[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+      float w = s_warp[lane];
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, w, offset);
+        if (lane >= offset) w += y;
+      }
+      s_warp[lane] = w;  // inclusive totals of warps 0..lane
+    }
+    __syncthreads();
+    const float before_warp = warp == 0 ? 0.f : s_warp[warp - 1];
+    s_prefix[tid] = before_warp + incl - part;  // exclusive prefix of this segment
+    if (tid == SAMPLE_THREADS - 1) s_prefix[SAMPLE_THREADS] = before_warp + incl;
+    if (tid == 0) s_token = -1;
+    __syncthreads();
+    const float target = u * s_prefix[SAMPLE_THREADS];
+    if (begin < end && s_prefix[tid] <= target && target < s_prefix[tid + 1]) {
+      float acc = s_prefix[tid];
+      int pick = -1;
+      for (int i = begin; i < end; ++i) {
+        const float p = expf(x[i] / temp - max);
+        if (p > 0.f) pick = i;
+        acc += p;
+        if (acc > target) break;
+      }
+      if (pick >= 0) s_token = pick;
+    }
+    __syncthreads();
+    // Rounding left no segment owning the target (u·total at the very end): the last token with
+    // any mass, as PyTorch's clamped searchsorted would give.
+    if (s_token < 0 && tid == 0) {
+      int pick = s_idx[0];
+      for (int i = vocab - 1; i >= 0; --i) {
+        if (expf(x[i] / temp - max) > 0.f) {
+          pick = i;
+          break;
+        }
+      }
+      s_token = pick;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const int token = s_token;
+    out[row] = static_cast<double>(token);
+    out[rows + row] = static_cast<double>(x[token] / temp - max - log_total);
+  }
+}
+
+// Decode attention, bf16. Block (split, kv head, row): keys [split·CHUNK, +CHUNK) of the row's
+// slot, for the G query heads of one key head (padded to 16 rows of a tensor-core tile).
+// Pass A: scores S = Q·Kᵀ into shared memory (each warp a 16-key tile at a time). Softmax over the
+// chunk per query head (max, exp, sum), P rounded to bf16. Pass B: O = P·V (each warp 16 output
+// columns). The partial O (unnormalised), max and sum go out per split.
+constexpr int ATT_CHUNK = 256;
+constexpr int ATT_WARPS = 4;
+constexpr int ATT_PAD = 8;  // keeps shared-memory rows off the same banks, multiple of 8 (wmma)
+
+template <int D>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    decode_attention_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+                            const __nv_bfloat16* __restrict__ v_cache, const int64_t* __restrict__ slots,
+                            const int64_t* __restrict__ positions, int heads, int kv_heads,
+                            int64_t slot_len, float scale, float* __restrict__ part_o,
+                            float* __restrict__ part_ml) {
+  using namespace nvcuda;
+  const int split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
+  const int splits = gridDim.x;
+  const int group = heads / kv_heads;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t n_keys = positions[row] + 1;
+  const int64_t first = static_cast<int64_t>(split) * ATT_CHUNK;
+  const int valid = static_cast<int>(n_keys - first < ATT_CHUNK ? n_keys - first : ATT_CHUNK);
+  // Partial results: o [row, kv, split, 16, D], (max, sum) [row, kv, split, 16, 2].
+  const int64_t part = (static_cast<int64_t>(row) * kv_heads + kv) * splits + split;
+  float* out_o = part_o + part * 16 * D;
+  float* out_ml = part_ml + part * 16 * 2;
+  if (valid <= 0) {
+    for (int g = tid; g < 16; g += blockDim.x) {
+      out_ml[2 * g] = -INFINITY;
+      out_ml[2 * g + 1] = 0.f;
+    }
+    return;
+  }
+  __shared__ __align__(32) __nv_bfloat16 s_q[16][D + ATT_PAD];
+  __shared__ __align__(32) float s_s[16][ATT_CHUNK + ATT_PAD];
+  __shared__ __align__(32) __nv_bfloat16 s_p[16][ATT_CHUNK + ATT_PAD];
+  for (int i = tid; i < 16 * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    s_q[g][d] = g < group ? q[(static_cast<int64_t>(row) * heads + kv * group + g) * D + d]
+                          : __float2bfloat16(0.f);
+  }
+  __syncthreads();
+  const int64_t key_stride = static_cast<int64_t>(kv_heads) * D;
+  const int64_t base = (slots[row] * slot_len + first) * key_stride + static_cast<int64_t>(kv) * D;
+  const int tiles = (valid + 15) / 16;
+  for (int t = warp; t < tiles; t += ATT_WARPS) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+      wmma::load_matrix_sync(a, &s_q[0][kk * 16], D + ATT_PAD);
+      wmma::load_matrix_sync(b, k_cache + base + t * 16 * key_stride + kk * 16,
+                             static_cast<unsigned>(key_stride));
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(&s_s[0][t * 16], acc, ATT_CHUNK + ATT_PAD, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // Softmax over the chunk, one warp per query head.
+  __shared__ float s_max[16], s_sum[16];
+  for (int g = warp; g < 16; g += ATT_WARPS) {
+    if (g >= group) {
+      for (int j = lane; j < tiles * 16; j += 32) s_p[g][j] = __float2bfloat16(0.f);
+      continue;
+    }
+    float m = -INFINITY;
+    for (int j = lane; j < valid; j += 32) m = fmaxf(m, s_s[g][j] * scale);
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float l = 0.f;
+    for (int j = lane; j < tiles * 16; j += 32) {
+      const float p = j < valid ? __expf(s_s[g][j] * scale - m) : 0.f;
+      l += p;
+      s_p[g][j] = __float2bfloat16(p);
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      s_max[g] = m;
+      s_sum[g] = l;
+    }
+  }
+  __syncthreads();
+  // O = P·V, each warp 16 output columns at a time; the tile reuses s_s as float scratch.
+  for (int n = warp; n < D / 16; n += ATT_WARPS) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+    for (int t = 0; t < tiles; ++t) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+      wmma::load_matrix_sync(a, &s_p[0][t * 16], ATT_CHUNK + ATT_PAD);
+      wmma::load_matrix_sync(b, v_cache + base + t * 16 * key_stride + n * 16,
+                             static_cast<unsigned>(key_stride));
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(out_o + n * 16, acc, D, wmma::mem_row_major);
+  }
+  for (int g = tid; g < 16; g += blockDim.x) {
+    out_ml[2 * g] = g < group ? s_max[g] : -INFINITY;
+    out_ml[2 * g + 1] = g < group ? s_sum[g] : 0.f;
+  }
+}
+
+// Merges the splits of each (row, head): out = Σ_s e^{m_s − m} O_s / Σ_s e^{m_s − m} l_s.
+template <int D>
+__global__ void decode_attention_merge(const float* __restrict__ part_o,
+                                       const float* __restrict__ part_ml, int heads, int kv_heads,
+                                       int splits, __nv_bfloat16* __restrict__ out) {
+  const int row = blockIdx.y, head = blockIdx.x, d = threadIdx.x;
+  const int group = heads / kv_heads;
+  const int kv = head / group, g = head % group;
+  const int64_t first = (static_cast<int64_t>(row) * kv_heads + kv) * splits;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[((first + s) * 16 + g) * 2]);
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part_ml[((first + s) * 16 + g) * 2];
+    if (ms == -INFINITY) continue;
+    const float w = __expf(ms - m);
+    den += w * part_ml[((first + s) * 16 + g) * 2 + 1];
+    num += w * part_o[((first + s) * 16 + g) * D + d];
+  }
+  out[(static_cast<int64_t>(row) * heads + head) * D + d] = __float2bfloat16(num / den);
+}
+
+template <int D>
+int launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+                            const int64_t* slots, const int64_t* positions, int rows, int heads,
+                            int kv_heads, int64_t slot_len, int read_len, float scale,
+                            float* part_o, float* part_ml, void* out, cudaStream_t stream) {
+  const int splits = (read_len + ATT_CHUNK - 1) / ATT_CHUNK;
+  decode_attention_kernel<D><<<dim3(splits, kv_heads, rows), ATT_WARPS * 32, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
+      static_cast<const __nv_bfloat16*>(v_cache), slots, positions, heads, kv_heads, slot_len,
+      scale, part_o, part_ml);
+  decode_attention_merge<D><<<dim3(heads, rows), D, 0, stream>>>(
+      part_o, part_ml, heads, kv_heads, splits, static_cast<__nv_bfloat16*>(out));
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+extern "C" {
+
+int ooze_attention_splits(int read_len) { return (read_len + ATT_CHUNK - 1) / ATT_CHUNK; }
+
+int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+                                 const int64_t* slots, const int64_t* positions, int rows,
+                                 int heads, int kv_heads, int dim, int64_t slot_len, int read_len,
+                                 float scale, float* part_o, float* part_ml, void* out,
+                                 cudaStream_t stream) {
+  if (dim == 64) {
+    return launch_decode_attention<64>(q, k_cache, v_cache, slots, positions, rows, heads,
+                                       kv_heads, slot_len, read_len, scale, part_o, part_ml, out,
+                                       stream);
+  }
+  if (dim == 128) {
+    return launch_decode_attention<128>(q, k_cache, v_cache, slots, positions, rows, heads,
+                                        kv_heads, slot_len, read_len, scale, part_o, part_ml, out,
+                                        stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* positions,
+                           const int64_t* slots, const float* inv_freq, const void* q_norm,
+                           const void* k_norm, float eps, void* q_out, void* k_cache,
+                           void* v_cache, int rows, int heads, int kv_heads, int dim,
+                           int64_t slot_len, cudaStream_t stream) {
+  const int warps = rows * (heads + 2 * kv_heads);
+  const int threads = 128;
+  const int blocks = (warps * 32 + threads - 1) / threads;
+  if (bf16) {
+    using T = __nv_bfloat16;
+    rope_store_kernel<T><<<blocks, threads, 0, stream>>>(
+        static_cast<const T*>(qkv), qkv_stride, positions, slots, inv_freq,
+        static_cast<const T*>(q_norm), static_cast<const T*>(k_norm), eps, static_cast<T*>(q_out),
+        static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, heads, kv_heads, dim, slot_len);
+  } else {
+    rope_store_kernel<float><<<blocks, threads, 0, stream>>>(
+        static_cast<const float*>(qkv), qkv_stride, positions, slots, inv_freq,
+        static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), eps,
+        static_cast<float*>(q_out), static_cast<float*>(k_cache), static_cast<float*>(v_cache),
+        rows, heads, kv_heads, dim, slot_len);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
+                         cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t wanted = (rows * width + threads - 1) / threads;
+  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  if (bf16) {
+    silu_mul_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), rows, width);
+  } else {
+    silu_mul_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(gate_up),
+                                                           static_cast<float*>(out), rows, width);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,
+                       int rows, double* out, cudaStream_t stream) {
+  sample_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(logits, stride, vocab, params, rows, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,196 @@
+// Tensor-level entry points of ooze's CUDA kernels (kernels.cu): shapes, dtypes and devices are
+// checked here, outputs allocated with PyTorch's allocator on the current stream (so they work
+// under CUDA graph capture), and C++ exceptions reported through ooze_ops_last_error.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <exception>
+#include <string>
+
+extern "C" {
+int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* positions,
+                           const int64_t* slots, const float* inv_freq, const void* q_norm,
+                           const void* k_norm, float eps, void* q_out, void* k_cache,
+                           void* v_cache, int rows, int heads, int kv_heads, int dim,
+                           int64_t slot_len, cudaStream_t stream);
+int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
+                         cudaStream_t stream);
+int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,
+                       int rows, double* out, cudaStream_t stream);
+int ooze_attention_splits(int read_len);
+int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+                                 const int64_t* slots, const int64_t* positions, int rows,
+                                 int heads, int kv_heads, int dim, int64_t slot_len, int read_len,
+                                 float scale, float* part_o, float* part_ml, void* out,
+                                 cudaStream_t stream);
+}
+
+namespace {
+
+thread_local std::string last_error;
+
+// Runs `body`; on an exception records it and returns null.
+template <typename F>
+at::Tensor* guarded(F body) {
+  try {
+    return new at::Tensor(body());
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+bool is_bf16(const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat,
+              "ooze kernels take bfloat16 or float32, got ", t.scalar_type());
+  return t.scalar_type() == at::kBFloat16;
+}
+
+void check_launch(int code) {
+  TORCH_CHECK(code == 0, "kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(code)));
+}
+
+void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be on a CUDA device");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ooze_ops_last_error() { return last_error.c_str(); }
+
+// qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), positions and slots [rows] int64,
+// inv_freq [dim / 2] float32, q_norm / k_norm [dim] or null, k_cache / v_cache
+// [slots, slot_len, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
+at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
+                            const at::Tensor* slots, const at::Tensor* inv_freq,
+                            const at::Tensor* q_norm, const at::Tensor* k_norm, double eps,
+                            at::Tensor* k_cache, at::Tensor* v_cache, int64_t heads,
+                            int64_t kv_heads, int64_t dim) {
+  return guarded([&] {
+    check_cuda(*qkv, "qkv");
+    c10::cuda::CUDAGuard guard(qkv->device());
+    const bool bf16 = is_bf16(*qkv);
+    const int64_t rows = qkv->size(0);
+    TORCH_CHECK(qkv->dim() == 2 && qkv->stride(1) == 1 && qkv->size(1) == (heads + 2 * kv_heads) * dim,
+                "qkv must be [rows, (heads + 2 kv_heads) * head_dim] with unit last stride");
+    TORCH_CHECK(dim % 2 == 0 && dim <= 256, "head_dim must be even and at most 256, got ", dim);
+    for (const at::Tensor* t : {positions, slots}) {
+      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
+                  "positions and slots must be contiguous int64 [rows]");
+    }
+    TORCH_CHECK(inv_freq->scalar_type() == at::kFloat && inv_freq->is_contiguous() &&
+                    inv_freq->numel() == dim / 2,
+                "inv_freq must be contiguous float32 [head_dim / 2]");
+    for (const at::Tensor* t : {k_cache, v_cache}) {
+      TORCH_CHECK(t->scalar_type() == qkv->scalar_type() && t->is_contiguous() && t->dim() == 4 &&
+                      t->size(2) == kv_heads && t->size(3) == dim,
+                  "KV memory must be contiguous [slots, len, kv_heads, head_dim] of qkv's dtype");
+    }
+    for (const at::Tensor* t : {q_norm, k_norm}) {
+      TORCH_CHECK(t == nullptr || (t->scalar_type() == qkv->scalar_type() && t->is_contiguous() &&
+                                   t->numel() == dim),
+                  "q/k norm weights must be contiguous [head_dim] of qkv's dtype");
+    }
+    at::Tensor q = at::empty({rows, heads, dim}, qkv->options());
+    check_launch(ooze_launch_rope_store(
+        bf16, qkv->data_ptr(), qkv->stride(0), positions->data_ptr<int64_t>(),
+        slots->data_ptr<int64_t>(), inv_freq->data_ptr<float>(),
+        q_norm ? q_norm->data_ptr() : nullptr, k_norm ? k_norm->data_ptr() : nullptr,
+        static_cast<float>(eps), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
+        static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(kv_heads),
+        static_cast<int>(dim), k_cache->size(1), at::cuda::getCurrentCUDAStream().stream()));
+    return q;
+  });
+}
+
+// gate_up [rows, 2 · width] contiguous → silu(gate) · up [rows, width].
+at::Tensor* ooze_silu_mul(const at::Tensor* gate_up) {
+  return guarded([&] {
+    check_cuda(*gate_up, "gate_up");
+    c10::cuda::CUDAGuard guard(gate_up->device());
+    const bool bf16 = is_bf16(*gate_up);
+    TORCH_CHECK(gate_up->dim() == 2 && gate_up->is_contiguous() && gate_up->size(1) % 2 == 0,
+                "gate_up must be contiguous [rows, 2 * width]");
+    const int64_t rows = gate_up->size(0), width = gate_up->size(1) / 2;
+    at::Tensor out = at::empty({rows, width}, gate_up->options());
+    if (rows > 0) {
+      check_launch(ooze_launch_silu_mul(bf16, gate_up->data_ptr(), out.data_ptr(), rows, width,
+                                        at::cuda::getCurrentCUDAStream().stream()));
+    }
+    return out;
+  });
+}
+
+// logits [rows, vocab] float32 (unit last stride), params [3, rows] float32 (temperature, greedy
+// flag, uniform) → [2, rows] float64 (token, log-prob).
+at::Tensor* ooze_sample(const at::Tensor* logits, const at::Tensor* params) {
+  return guarded([&] {
+    check_cuda(*logits, "logits");
+    c10::cuda::CUDAGuard guard(logits->device());
+    TORCH_CHECK(logits->scalar_type() == at::kFloat && logits->dim() == 2 && logits->stride(1) == 1,
+                "logits must be float32 [rows, vocab] with unit last stride");
+    const int64_t rows = logits->size(0);
+    TORCH_CHECK(params->scalar_type() == at::kFloat && params->is_contiguous() &&
+                    params->dim() == 2 && params->size(0) == 3 && params->size(1) == rows,
+                "params must be contiguous float32 [3, rows]");
+    TORCH_CHECK(params->device() == logits->device(), "params must be on the logits' device");
+    at::Tensor out = at::empty({2, rows}, logits->options().dtype(at::kDouble));
+    if (rows > 0) {
+      check_launch(ooze_launch_sample(logits->data_ptr<float>(), logits->stride(0),
+                                      static_cast<int>(logits->size(1)), params->data_ptr<float>(),
+                                      static_cast<int>(rows), out.data_ptr<double>(),
+                                      at::cuda::getCurrentCUDAStream().stream()));
+    }
+    return out;
+  });
+}
+
+// One new query per row: q [rows, heads, dim] bf16 (contiguous) over the first positions[r] + 1
+// keys of slot slots[r] in k_cache / v_cache [slots, len, kv_heads, dim] (bf16); read_len bounds
+// every row's key count (it fixes the number of key splits, so a CUDA graph can be captured for it).
+// Returns [rows, heads, dim] bf16. dim 64 or 128, at most 16 query heads per key head.
+at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache,
+                                  const at::Tensor* v_cache, const at::Tensor* slots,
+                                  const at::Tensor* positions, int64_t read_len, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(q->scalar_type() == at::kBFloat16 && q->is_contiguous() && q->dim() == 3,
+                "q must be contiguous bfloat16 [rows, heads, head_dim]");
+    const int64_t rows = q->size(0), heads = q->size(1), dim = q->size(2);
+    for (const at::Tensor* t : {k_cache, v_cache}) {
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 4 &&
+                      t->size(3) == dim && t->sizes() == k_cache->sizes(),
+                  "KV memory must be contiguous bfloat16 [slots, len, kv_heads, head_dim]");
+    }
+    const int64_t kv_heads = k_cache->size(2), slot_len = k_cache->size(1);
+    TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
+    TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
+                "decode attention takes at most 16 query heads per key head");
+    TORCH_CHECK(read_len > 0 && read_len <= slot_len, "read_len must be in 1..=slot length");
+    for (const at::Tensor* t : {slots, positions}) {
+      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
+                  "slots and positions must be contiguous int64 [rows]");
+    }
+    const int splits = ooze_attention_splits(static_cast<int>(read_len));
+    auto f32 = q->options().dtype(at::kFloat);
+    at::Tensor part_o = at::empty({rows, kv_heads, splits, 16, dim}, f32);
+    at::Tensor part_ml = at::empty({rows, kv_heads, splits, 16, 2}, f32);
+    at::Tensor out = at::empty({rows, heads, dim}, q->options());
+    if (rows > 0) {
+      check_launch(ooze_launch_decode_attention(
+          q->data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(), slots->data_ptr<int64_t>(),
+          positions->data_ptr<int64_t>(), static_cast<int>(rows), static_cast<int>(heads),
+          static_cast<int>(kv_heads), static_cast<int>(dim), slot_len, static_cast<int>(read_len),
+          static_cast<float>(scale), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
+          out.data_ptr(), at::cuda::getCurrentCUDAStream().stream()));
+    }
+    return out;
+  });
+}
+
+}  // extern "C"

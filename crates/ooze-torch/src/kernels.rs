@@ -1,0 +1,224 @@
+//! ooze's own CUDA kernels (`shim/kernels.cu`, entry points in `shim/ops.cpp`): steps of a decode
+//! step that libtorch would run as several kernels each. Built when the nvcc wheel is present
+//! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
+//!
+//! - [`rope_store`]: rotary embedding of q and k (with Qwen3's q/k norms), q returned, k and v
+//!   written into their slots of the KV memory.
+//! - [`silu_mul`]: `silu(gate) · up` of a fused gate/up projection.
+//! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
+//!   intermediates.
+//! - [`decode_attention`]: one query token per row over its slot's keys, split along the keys,
+//!   grouped query heads on tensor cores (bf16).
+
+use crate::tch::Tensor;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// A kernel refused its arguments or failed to launch.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "ooze's CUDA kernels are not in this build (no CUDA PyTorch or no nvcc when it was built)"
+    )]
+    Unavailable,
+    #[error("{kernel}: {message}")]
+    Failed {
+        kernel: &'static str,
+        message: String,
+    },
+}
+
+/// Whether the kernels are used: built into this binary, not turned off by `OOZE_CUDA_KERNELS=0`
+/// and not by [`set_enabled`].
+pub fn available() -> bool {
+    cfg!(ooze_cuda_kernels) && enabled().load(Ordering::Relaxed)
+}
+
+/// Turns the kernels off (or back on) for this process: the libtorch operations run instead (for
+/// comparisons and for ruling the kernels out when something looks wrong).
+pub fn set_enabled(on: bool) {
+    enabled().store(on, Ordering::Relaxed);
+}
+
+fn enabled() -> &'static AtomicBool {
+    static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
+    ENABLED
+        .get_or_init(|| AtomicBool::new(std::env::var("OOZE_CUDA_KERNELS").as_deref() != Ok("0")))
+}
+
+/// The arguments of [`rope_store`] besides the tensors it reads per row.
+pub struct RopeStore<'a> {
+    pub inv_freq: &'a Tensor,
+    pub q_norm: Option<&'a Tensor>,
+    pub k_norm: Option<&'a Tensor>,
+    pub eps: f64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+}
+
+#[cfg(ooze_cuda_kernels)]
+mod ffi {
+    use crate::tch::Tensor;
+    use std::ffi::{c_char, c_void};
+
+    /// An `at::Tensor*` (tch's `C_tensor`), passed through untyped.
+    type CTensor = c_void;
+
+    extern "C" {
+        pub fn ooze_ops_last_error() -> *const c_char;
+        pub fn ooze_rope_store(
+            qkv: *const CTensor,
+            positions: *const CTensor,
+            slots: *const CTensor,
+            inv_freq: *const CTensor,
+            q_norm: *const CTensor,
+            k_norm: *const CTensor,
+            eps: f64,
+            k_cache: *mut CTensor,
+            v_cache: *mut CTensor,
+            heads: i64,
+            kv_heads: i64,
+            dim: i64,
+        ) -> *mut CTensor;
+        pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
+        pub fn ooze_sample(logits: *const CTensor, params: *const CTensor) -> *mut CTensor;
+        pub fn ooze_decode_attention(
+            q: *const CTensor,
+            k_cache: *const CTensor,
+            v_cache: *const CTensor,
+            slots: *const CTensor,
+            positions: *const CTensor,
+            read_len: i64,
+            scale: f64,
+        ) -> *mut CTensor;
+    }
+
+    /// Wraps a returned tensor, or reads the error the shim recorded.
+    pub fn result(kernel: &'static str, raw: *mut CTensor) -> Result<Tensor, super::KernelError> {
+        if raw.is_null() {
+            // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string that
+            // lives until the next failing call on this thread.
+            let message = unsafe { std::ffi::CStr::from_ptr(ooze_ops_last_error()) }
+                .to_string_lossy()
+                .into_owned();
+            return Err(super::KernelError::Failed { kernel, message });
+        }
+        // SAFETY: a non-null result is a heap-allocated at::Tensor the caller now owns; tch frees
+        // it with delete, as it was allocated with new.
+        Ok(unsafe { Tensor::from_ptr(raw.cast()) })
+    }
+}
+
+/// Rotates q and k of `qkv [rows, (heads + 2·kv_heads)·head_dim]` (rows may be strided, with unit
+/// last stride) at `positions [rows]`, writes k and v into `k_cache` / `v_cache [slots, len,
+/// kv_heads, head_dim]` at (`slots[r]`, `positions[r]`), and returns q `[rows, heads, head_dim]`.
+/// With q/k norm weights, each head is RMS-normalised first (Qwen3).
+#[allow(unused_variables)]
+pub fn rope_store(
+    qkv: &Tensor,
+    positions: &Tensor,
+    slots: &Tensor,
+    k_cache: &mut Tensor,
+    v_cache: &mut Tensor,
+    args: &RopeStore<'_>,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        let norm = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast());
+        // SAFETY: every pointer is a live tensor for the duration of the call; the shim checks
+        // shapes, dtypes and devices before touching memory.
+        let raw = unsafe {
+            ffi::ooze_rope_store(
+                qkv.as_ptr().cast(),
+                positions.as_ptr().cast(),
+                slots.as_ptr().cast(),
+                args.inv_freq.as_ptr().cast(),
+                norm(args.q_norm),
+                norm(args.k_norm),
+                args.eps,
+                k_cache.as_mut_ptr().cast(),
+                v_cache.as_mut_ptr().cast(),
+                args.heads,
+                args.kv_heads,
+                args.head_dim,
+            )
+        };
+        ffi::result("rope_store", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// `silu(gate_up[:, :w]) · gate_up[:, w:]` for a contiguous `[rows, 2w]` tensor, rounded as
+/// PyTorch rounds the two operations.
+#[allow(unused_variables)]
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: a live tensor; the shim checks it.
+        let raw = unsafe { ffi::ooze_silu_mul(gate_up.as_ptr().cast()) };
+        ffi::result("silu_mul", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// One token per row of fp32 `logits [rows, vocab]`: `params [3, rows]` (fp32, same device) holds
+/// each row's temperature (1 for greedy), greedy flag (0 or 1) and uniform number in [0, 1).
+/// Returns `[2, rows]` float64: the tokens, then their log-probs `log_softmax(logits / T)`.
+/// Sampled rows take the inverse CDF in vocabulary order; each row's arithmetic is fixed, so its
+/// token does not depend on the other rows.
+#[allow(unused_variables)]
+pub fn sample(logits: &Tensor, params: &Tensor) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe { ffi::ooze_sample(logits.as_ptr().cast(), params.as_ptr().cast()) };
+        ffi::result("sample", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Whether [`decode_attention`] takes this shape: bf16, head_dim 64 or 128, at most 16 query heads
+/// per key head.
+pub fn decode_attention_supports(kind: crate::tch::Kind, head_dim: i64, group: i64) -> bool {
+    available()
+        && kind == crate::tch::Kind::BFloat16
+        && matches!(head_dim, 64 | 128)
+        && (1..=16).contains(&group)
+}
+
+/// Attention of one new query per row, `q [rows, heads, head_dim]` (bf16, contiguous), over the
+/// first `positions[r] + 1` keys of slot `slots[r]` in `k_cache` / `v_cache [slots, len, kv_heads,
+/// head_dim]`; `read_len` bounds every row's key count. Returns `[rows, heads, head_dim]`.
+#[allow(unused_variables)]
+pub fn decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slots: &Tensor,
+    positions: &Tensor,
+    read_len: i64,
+    scale: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_decode_attention(
+                q.as_ptr().cast(),
+                k_cache.as_ptr().cast(),
+                v_cache.as_ptr().cast(),
+                slots.as_ptr().cast(),
+                positions.as_ptr().cast(),
+                read_len,
+                scale,
+            )
+        };
+        ffi::result("decode_attention", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
