@@ -32,6 +32,16 @@ pub struct DecodeGraphs {
 /// enough graphs (one per multiple in use).
 const KEY_BUCKET: i64 = 256;
 
+/// With ooze's decode attention kernel, positions past a row's own keys cost almost nothing (their
+/// blocks return at once), so buckets are coarser: fewer graphs to capture.
+const FUSED_KEY_BUCKET: i64 = 1024;
+
+/// The key length a step with `needed` keys is captured for.
+fn key_bucket(needed: i64, fused: bool, max_len: i64) -> i64 {
+    let unit = if fused { FUSED_KEY_BUCKET } else { KEY_BUCKET };
+    ((needed.max(1) + unit - 1) / unit * unit).min(max_len)
+}
+
 fn bucket(n: i64, min: i64) -> i64 {
     (n.max(min) as u64).next_power_of_two() as i64
 }
@@ -48,6 +58,27 @@ impl DecodeGraphs {
             }),
             _ => None,
         }
+    }
+
+    /// Captures the steps of every batch bucket for the shortest key bucket up front (as a server
+    /// does at start-up), so the first requests do not wait for captures.
+    pub fn capture_common(
+        &mut self,
+        decoder: &Decoder,
+        cache: &mut SlotCache,
+    ) -> Result<(), GraphError> {
+        let fused = decoder.decode_attention_fused();
+        let len = key_bucket(1, fused, cache.max_len());
+        let mut rows = 1;
+        while rows <= self.max_batch {
+            let key = (rows, len, false);
+            if !self.graphs.contains_key(&key) {
+                let captured = self.capture(decoder, cache, key)?;
+                self.graphs.insert(key, captured);
+            }
+            rows *= 2;
+        }
+        Ok(())
     }
 
     /// Forgets every graph (they point at KV memory that is being freed).
@@ -67,13 +98,15 @@ impl DecodeGraphs {
     ) -> Result<Tensor, GraphError> {
         let b = tokens.len() as i64;
         let needed = past.iter().max().copied().unwrap_or(0) + 1;
-        let len = (needed.max(1) + KEY_BUCKET - 1) / KEY_BUCKET * KEY_BUCKET;
-        let len = len.min(cache.max_len());
+        let fused = decoder.decode_attention_fused();
+        let len = key_bucket(needed, fused, cache.max_len());
         // A batch sitting in slots 0..B in order reads the slots as a view instead of gathering.
-        // (Padding rows then read slots B..rows, so those must exist.)
+        // (Padding rows then read slots B..rows, so those must exist.) The fused kernel reads
+        // slots by index either way.
         let rows = bucket(b, 1).min(self.max_batch);
-        let in_order =
-            rows <= cache.slots() && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
+        let in_order = !fused
+            && rows <= cache.slots()
+            && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
         let key = (rows, len, in_order);
         if !self.graphs.contains_key(&key) {
             let captured = self.capture(decoder, cache, key)?;

@@ -28,7 +28,7 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::{mpsc, Arc};
-use tokio::sync::mpsc as async_mpsc;
+use tokio::sync::{mpsc as async_mpsc, oneshot};
 
 struct Running {
     id: RequestId,
@@ -130,6 +130,9 @@ struct EngineLoop {
     prefix_cache: PrefixCache,
     /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
     graphs: Option<DecodeGraphs>,
+    /// Events drawn but not yet sent. A decode step sends them once the next forward pass is
+    /// launched, so waking the callers overlaps with the GPU instead of delaying it.
+    outbox: Vec<(async_mpsc::UnboundedSender<Event>, Event)>,
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
@@ -162,6 +165,7 @@ pub fn start(
         preempted: 0,
         prefix_cache: PrefixCache::default(),
         graphs,
+        outbox: Vec::new(),
     };
     std::thread::Builder::new()
         .name("ooze-engine".into())
@@ -173,19 +177,29 @@ pub fn start(
 impl EngineLoop {
     fn run(mut self, commands: mpsc::Receiver<Command>) {
         let _guard = tch::no_grad_guard();
+        if let Some(graphs) = self.graphs.as_mut() {
+            let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+            if let Err(err) = graphs.capture_common(&self.decoder, cache) {
+                eprintln!("ooze-engine: CUDA graphs turned off: {err}");
+                self.graphs = None;
+            }
+        }
         loop {
             if self.paused || (self.running.is_empty() && self.waiting.is_empty()) {
                 match commands.recv() {
+                    Ok(Command::Shutdown(reply)) => return self.shut_down(reply),
                     Ok(command) => self.handle(command),
                     Err(_) => return,
                 }
             }
             loop {
                 match commands.try_recv() {
+                    Ok(Command::Shutdown(reply)) => return self.shut_down(reply),
                     Ok(command) => self.handle(command),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         self.abort_everything();
+                        self.send_outbox();
                         return;
                     }
                 }
@@ -194,6 +208,28 @@ impl EngineLoop {
                 self.admit();
                 self.decode_step();
             }
+            if self.running.is_empty() || self.paused {
+                self.send_outbox();
+            }
+        }
+    }
+
+    /// Ends everything in flight, frees the GPU state while the driver is certainly up, then
+    /// answers.
+    fn shut_down(mut self, reply: oneshot::Sender<()>) {
+        self.abort_everything();
+        self.send_outbox();
+        self.graphs = None;
+        self.cache = None;
+        if let ooze_torch::tch::Device::Cuda(i) = self.decoder.device() {
+            ooze_torch::tch::Cuda::synchronize(i as i64);
+        }
+        let _ = reply.send(());
+    }
+
+    fn send_outbox(&mut self) {
+        for (events, event) in self.outbox.drain(..) {
+            let _ = events.send(event);
         }
     }
 
@@ -250,6 +286,7 @@ impl EngineLoop {
                 self.paused = true;
             }
             Command::Continue => self.paused = false,
+            Command::Shutdown(_) => unreachable!("the run loop handles shutdown"),
             Command::ReleaseMemory(reply) => {
                 let preempted = self.retract_all();
                 self.flush_prefixes();
@@ -300,7 +337,7 @@ impl EngineLoop {
     }
 
     /// Ends a request that holds no slot (never started, or preempted) with what it has.
-    fn finish_waiting(&self, w: Waiting, finish: FinishReason) {
+    fn finish_waiting(&mut self, w: Waiting, finish: FinishReason) {
         let progress = w.progress.unwrap_or(Progress {
             seed: w.request.sampling.seed.unwrap_or(0),
             output: Vec::new(),
@@ -317,7 +354,7 @@ impl EngineLoop {
             weight_version: self.weight_version,
             seed: progress.seed,
         };
-        let _ = w.events.send(Event::Done(output));
+        self.outbox.push((w.events, Event::Done(output)));
     }
 
     /// Preempts every running request: each gives up its slot (left as a kept prefix, so that it
@@ -367,7 +404,7 @@ impl EngineLoop {
             weight_version: self.weight_version,
             seed: r.seed,
         };
-        let _ = r.events.send(Event::Done(output));
+        self.outbox.push((r.events, Event::Done(output)));
     }
 
     /// Prefills waiting requests into free slots and draws their first tokens, several requests per
@@ -381,6 +418,8 @@ impl EngineLoop {
                 return;
             }
             self.prefill(batch);
+            // First tokens go out at once: the next prefill pass may take a while.
+            self.send_outbox();
         }
     }
 
@@ -609,6 +648,8 @@ impl EngineLoop {
             Some(logits) => logits,
             None => self.slot_logits(&last, &past, 1, &slots, &past, &vec![0; slots.len()]),
         };
+        // The forward pass is queued on the GPU: deliver the previous step's tokens meanwhile.
+        self.send_outbox();
         if let (true, ooze_torch::tch::Device::Cuda(i)) = (profile, self.decoder.device()) {
             ooze_torch::tch::Cuda::synchronize(i as i64);
         }
@@ -669,16 +710,17 @@ impl EngineLoop {
             let r = &mut self.running[i];
             r.output.push(d.token);
             r.log_probs.push(d.log_prob);
-            if r.events
-                .send(Event::Token {
-                    token: d.token,
-                    log_prob: d.log_prob,
-                })
-                .is_err()
-            {
+            if r.events.is_closed() {
                 done.push((i, FinishReason::Abort));
                 continue;
             }
+            self.outbox.push((
+                r.events.clone(),
+                Event::Token {
+                    token: d.token,
+                    log_prob: d.log_prob,
+                },
+            ));
             if let Some(reason) = stop_reason(r, &self.config, self.tokenizer.as_deref()) {
                 done.push((i, reason));
             }

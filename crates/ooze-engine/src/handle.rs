@@ -140,6 +140,7 @@ pub(crate) enum Command {
     ReleaseMemory(oneshot::Sender<usize>),
     Pause(PauseMode),
     Continue,
+    Shutdown(oneshot::Sender<()>),
     UpdateWeights {
         source: WeightSource,
         reply: oneshot::Sender<Result<u64, String>>,
@@ -280,6 +281,16 @@ impl EngineHandle {
         rx.await
             .map_err(|_| EngineError::Stopped)?
             .map_err(EngineError::WeightUpdate)
+    }
+
+    /// Stops the engine: requests in flight end as aborted, the CUDA graphs and KV memory are
+    /// freed, and the engine thread exits before this returns (so a process can end cleanly right
+    /// after). Later calls on any handle get [`EngineError::Stopped`].
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {

@@ -803,3 +803,26 @@ fn weights_update_from_in_process_tensors() {
         (fresh.tokens, fresh.log_probs)
     );
 }
+
+#[test]
+fn shutdown_aborts_what_runs_and_stops_the_engine() {
+    let dir = model_dir();
+    let handle = start_engine(dir.path(), EngineConfig::new(2, 512, vec![]));
+    let rt = runtime();
+    let params = SamplingParams {
+        max_new_tokens: Some(400),
+        ignore_eos: Some(true),
+        ..Default::default()
+    };
+    rt.block_on(async {
+        let streams = running_streams(&handle, &[request(&prompt(4, 6), params)], 2).await;
+        handle.shutdown().await;
+        let out = outputs(streams).await.remove(0);
+        assert_eq!(out.finish, FinishReason::Abort);
+        assert!(out.tokens.len() >= 2 && out.tokens.len() < 400);
+        assert_eq!(handle.stats().await.unwrap_err(), EngineError::Stopped);
+        assert!(handle
+            .submit(request(&prompt(1, 3), SamplingParams::default()))
+            .is_err());
+    });
+}

@@ -558,10 +558,8 @@ impl Decoder {
             matches!(target, KvTarget::Slots { .. }) && t == 1 && self.device.is_cuda();
         // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
         // (bf16) ooze's split-key attention kernel.
-        let fused_rope =
-            one_token_slots && kernels_apply(&x) && c.head_dim % 2 == 0 && c.head_dim <= 256;
-        let fused_attention =
-            fused_rope && kernels::decode_attention_supports(self.kind, c.head_dim, group);
+        let fused_rope = one_token_slots && kernels_apply(&x) && self.rope_kernel_fits();
+        let fused_attention = fused_rope && self.decode_attention_kernel_fits();
         // Otherwise one-token decode over slots on a GPU calls the memory-efficient kernel with an
         // additive bias, built once for all layers.
         let decode_bias = match &mask {
@@ -731,6 +729,24 @@ impl Decoder {
             };
             (q, k, v)
         }
+    }
+
+    fn rope_kernel_fits(&self) -> bool {
+        self.config.head_dim % 2 == 0 && self.config.head_dim <= 256
+    }
+
+    fn decode_attention_kernel_fits(&self) -> bool {
+        let c = &self.config;
+        kernels::decode_attention_supports(self.kind, c.head_dim, c.num_heads / c.num_kv_heads)
+    }
+
+    /// Whether one-token decode steps run ooze's split-key attention kernel: its cost follows
+    /// each row's own key count, not the number of positions read (see `SlotDecode::read_len`).
+    pub fn decode_attention_fused(&self) -> bool {
+        self.device.is_cuda()
+            && kernels::available()
+            && self.rope_kernel_fits()
+            && self.decode_attention_kernel_fits()
     }
 
     /// Logits `[.., vocab]` for hidden states `[.., hidden]`, in the model dtype.

@@ -175,8 +175,8 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         ttft * 1e3,
         (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
     );
+    runtime.block_on(engine.shutdown());
     if !prompts.is_empty() {
-        drop(engine);
         let scorer = load_decoder(&a.model, &a.compute)?;
         let mut errors = Vec::new();
         for (prompt, out) in prompts.iter().zip(&outputs) {

@@ -79,7 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or_else(|| "model".into())
     });
     let state = Arc::new(AppState::new(
-        engine,
+        engine.clone(),
         tokenizer,
         name,
         args.model.clone(),
@@ -105,6 +105,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
+        eprintln!("ooze serve: shutting down");
+        engine.shutdown().await;
         anyhow::Ok(())
     })
 }
