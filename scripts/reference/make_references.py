@@ -137,6 +137,8 @@ def main():
     make_models(args.out)
     make_chat_cases(args.out, args.hf_data)
     make_tokenization(args.out, args.hf_data)
+    import rl_golden  # next to this script
+    rl_golden.write(os.path.join(args.out, "rl_golden.json"))
 
 
 if __name__ == "__main__":
