@@ -109,8 +109,30 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// libtorch's fused AdamW entry point (ATen headers only, with or without CUDA).
+fn compile_optim(lib: &Path) -> Result<(), String> {
+    let torch = lib.parent().ok_or("torch/lib has no parent")?;
+    println!("cargo:rerun-if-changed=shim/optim.cpp");
+    cc::Build::new()
+        .cpp(true)
+        .file("shim/optim.cpp")
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false)
+        .try_compile("ooze_optim")
+        .map_err(|e| e.to_string())?;
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    for name in ["torch_cpu", "c10"] {
+        println!("cargo:rustc-link-lib=dylib={name}");
+    }
+    Ok(())
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rustc-check-cfg=cfg(ooze_fused_adamw)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_graphs)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_kernels)");
     let Some(lib) = torch_lib_dir() else {
@@ -118,6 +140,10 @@ fn main() {
         return;
     };
     println!("cargo:lib={}", lib.display());
+    match compile_optim(&lib) {
+        Ok(()) => println!("cargo:rustc-cfg=ooze_fused_adamw"),
+        Err(e) => println!("cargo:warning=ooze-torch: fused AdamW not built ({e})"),
+    }
     let cuda = lib.join("libtorch_cuda.so").exists();
     println!("cargo:cuda={cuda}");
     if cuda {

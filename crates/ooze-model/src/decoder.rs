@@ -429,6 +429,42 @@ impl Decoder {
         out
     }
 
+    /// The tensors an optimizer updates (each exactly once): the fused q/k/v and gate/up matrices
+    /// themselves — named `…self_attn.qkv_proj.weight` / `…mlp.gate_up_proj.weight` — instead of
+    /// the per-projection views that [`Decoder::named_parameters`] lists for checkpoints.
+    pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_owned(),
+            self.embed_tokens.shallow_clone(),
+        )];
+        let mut push = |name: String, t: &Tensor| out.push((name, t.shallow_clone()));
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            push(format!("{p}.input_layernorm.weight"), &l.input_norm);
+            for (name, (weight, bias)) in [
+                ("self_attn.qkv_proj", &l.qkv),
+                ("self_attn.o_proj", &l.o),
+                ("mlp.gate_up_proj", &l.gate_up),
+                ("mlp.down_proj", &l.down),
+            ] {
+                push(format!("{p}.{name}.weight"), weight);
+                if let Some(b) = bias {
+                    push(format!("{p}.{name}.bias"), b);
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                push(format!("{p}.self_attn.q_norm.weight"), qn);
+                push(format!("{p}.self_attn.k_norm.weight"), kn);
+            }
+            push(format!("{p}.post_attention_layernorm.weight"), &l.post_norm);
+        }
+        push("model.norm.weight".into(), &self.norm);
+        if let Some(head) = &self.lm_head {
+            push("lm_head.weight".into(), head);
+        }
+        out
+    }
+
     /// Replaces the weights in place (same shapes, same device and dtype as now) with `weights`,
     /// e.g. a newer checkpoint of the same model. Every parameter must be present with its shape.
     pub fn update_weights(&mut self, mut weights: WeightSet) -> Result<()> {
@@ -754,7 +790,7 @@ impl Decoder {
         hidden.matmul(&self.head_weight().tr())
     }
 
-    /// fp32 logits `[N, vocab]` for hidden states `[N, hidden]`. On a GPU in bf16/fp16 without
+    /// fp32 logits `[N, vocab]` (fp64 for an fp64 model) for hidden states `[N, hidden]`. On a GPU in bf16/fp16 without
     /// autograd the head's matrix multiply writes fp32 itself: the logits are never rounded to 16
     /// bits (so sampling and scoring see the same values) and there is no separate upcast pass.
     pub fn logits_f32(&self, hidden: &Tensor) -> Tensor {
@@ -763,6 +799,9 @@ impl Decoder {
             && !hidden.requires_grad()
         {
             hidden.mm_dtype(&self.head_weight().tr(), Kind::Float)
+        } else if self.kind == Kind::Double {
+            // fp64 models (gradient checks) keep their precision.
+            self.logits(hidden)
         } else {
             self.logits(hidden).to_kind(Kind::Float)
         }

@@ -55,14 +55,16 @@ pub fn head_log_probs(
         } else {
             logits / options.temperature
         };
-        let logp = logits.log_softmax(-1, Kind::Float);
+        // fp32 statistics, or fp64 for an fp64 model (gradient checks).
+        let kind = if logits.kind() == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
+        let logp = logits.log_softmax(-1, kind);
         log_probs.push(logp.gather(1, &tgt, false).squeeze_dim(1));
         if options.entropy {
-            entropies.push(-(logp.exp() * &logp).sum_dim_intlist(
-                [-1i64].as_slice(),
-                false,
-                Kind::Float,
-            ));
+            entropies.push(-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, kind));
         }
         start += len;
     }

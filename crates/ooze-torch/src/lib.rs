@@ -3,7 +3,7 @@
 //! - [`DeviceSpec`] and [`DtypeSpec`]: the `--device` / `--dtype` values users type, parsed once.
 //! - [`runtime_info`]: PyTorch version, CUDA availability, GPU names and memory (`ooze info`).
 //! - [`cuda_graph`] and [`kernels`]: CUDA graphs and ooze's own CUDA kernels, through the C++/CUDA
-//!   shim in `shim/` (built when PyTorch has CUDA).
+//!   shim in `shim/` (built when PyTorch has CUDA); [`optim`]: libtorch's fused AdamW.
 //!
 //! Tensors themselves are `tch::Tensor`; this crate re-exports `tch` so downstream crates use the
 //! same version.
@@ -11,6 +11,7 @@
 pub mod cuda_driver;
 pub mod cuda_graph;
 pub mod kernels;
+pub mod optim;
 pub mod spec;
 
 pub use spec::{DeviceSpec, DtypeSpec, SpecError};

@@ -1,0 +1,45 @@
+// libtorch's fused AdamW (one multi-tensor kernel for all parameters on a GPU, a vectorised loop on
+// the CPU), which tch does not bind. Only ATen headers: built whenever the PyTorch headers are
+// there, with or without CUDA.
+
+#include <ATen/ATen.h>
+
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace {
+thread_local std::string last_error;
+
+std::vector<at::Tensor> list(at::Tensor** tensors, int64_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i) out.push_back(*tensors[i]);
+  return out;
+}
+}  // namespace
+
+extern "C" {
+
+const char* ooze_optim_last_error() { return last_error.c_str(); }
+
+// One AdamW step over n parameters, in place: params, grads, first and second moments, and the
+// per-parameter step counters (float32 scalars, already incremented for this step: the kernel
+// reads them for the bias correction). Returns 0, or 1 with
+// the error in ooze_optim_last_error.
+int ooze_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs,
+                     at::Tensor** exp_avg_sqs, at::Tensor** steps, int64_t n, double lr,
+                     double beta1, double beta2, double weight_decay, double eps) {
+  try {
+    auto p = list(params, n), g = list(grads, n), m = list(exp_avgs, n),
+         v = list(exp_avg_sqs, n), s = list(steps, n);
+    at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,170 @@
+//! libtorch's fused AdamW (`at::_fused_adamw_`) through the shim (`shim/optim.cpp`): one
+//! multi-tensor kernel for all parameters on a GPU, a vectorised loop on the CPU.
+
+use crate::tch::Tensor;
+
+/// The fused step failed or is not in this build.
+#[derive(Debug, thiserror::Error)]
+pub enum OptimError {
+    #[error(
+        "fused AdamW is not in this build (the PyTorch headers were not found when it was built)"
+    )]
+    Unavailable,
+    #[error("fused AdamW: {0}")]
+    Failed(String),
+}
+
+/// Whether this build has the fused step.
+pub fn fused_adamw_available() -> bool {
+    cfg!(ooze_fused_adamw)
+}
+
+/// AdamW hyper-parameters of one step (decoupled weight decay: `p ← p − lr·wd·p` before the
+/// Adam update, as `torch.optim.AdamW`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+#[cfg(ooze_fused_adamw)]
+mod ffi {
+    use std::ffi::{c_char, c_void};
+    extern "C" {
+        pub fn ooze_optim_last_error() -> *const c_char;
+        pub fn ooze_fused_adamw(
+            params: *const *mut c_void,
+            grads: *const *mut c_void,
+            exp_avgs: *const *mut c_void,
+            exp_avg_sqs: *const *mut c_void,
+            steps: *const *mut c_void,
+            n: i64,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+        ) -> i32;
+    }
+}
+
+/// One AdamW step, in place, over parallel lists: parameters (fp32), their gradients, first and
+/// second moments, and per-parameter step counters (fp32 scalars on the parameters' device),
+/// which this increments before the update (as `torch.optim.AdamW` does). All tensors on one
+/// device.
+#[allow(unused_variables)]
+pub fn fused_adamw(
+    params: &mut [Tensor],
+    grads: &[Tensor],
+    exp_avgs: &mut [Tensor],
+    exp_avg_sqs: &mut [Tensor],
+    steps: &mut [Tensor],
+    hyper: AdamW,
+) -> Result<(), OptimError> {
+    let n = params.len();
+    assert!(
+        grads.len() == n && exp_avgs.len() == n && exp_avg_sqs.len() == n && steps.len() == n,
+        "invariant: parallel AdamW lists"
+    );
+    #[cfg(ooze_fused_adamw)]
+    {
+        for s in steps.iter_mut() {
+            let _ = s.g_add_scalar_(1.0);
+        }
+        let ptrs = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
+            ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+        };
+        let (p, g, m, v, s) = (
+            ptrs(params),
+            ptrs(grads),
+            ptrs(exp_avgs),
+            ptrs(exp_avg_sqs),
+            ptrs(steps),
+        );
+        // SAFETY: each pointer is a live at::Tensor owned by the slices above, which outlive the
+        // call; the shim only reads the handles and updates the tensors' data in place.
+        let code = unsafe {
+            ffi::ooze_fused_adamw(
+                p.as_ptr(),
+                g.as_ptr(),
+                m.as_ptr(),
+                v.as_ptr(),
+                s.as_ptr(),
+                n as i64,
+                hyper.lr,
+                hyper.beta1,
+                hyper.beta2,
+                hyper.weight_decay,
+                hyper.eps,
+            )
+        };
+        if code != 0 {
+            // SAFETY: a thread-local NUL-terminated string set by the failing call.
+            let message = unsafe { std::ffi::CStr::from_ptr(ffi::ooze_optim_last_error()) }
+                .to_string_lossy()
+                .into_owned();
+            return Err(OptimError::Failed(message));
+        }
+        Ok(())
+    }
+    #[cfg(not(ooze_fused_adamw))]
+    Err(OptimError::Unavailable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tch::{Device, Kind};
+
+    /// The fused step against AdamW written out (torch.optim.AdamW's formula).
+    #[test]
+    fn fused_adamw_matches_the_formula() {
+        if !fused_adamw_available() {
+            return;
+        }
+        let opts = (Kind::Float, Device::Cpu);
+        let p0 = Tensor::from_slice(&[0.5f32, -1.0, 2.0]);
+        let g = Tensor::from_slice(&[0.1f32, -0.2, 0.3]);
+        let hyper = AdamW {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            weight_decay: 0.1,
+            eps: 1e-8,
+        };
+        let mut params = [p0.copy()];
+        let mut m = [Tensor::zeros([3], opts)];
+        let mut v = [Tensor::zeros([3], opts)];
+        let mut steps = [Tensor::zeros([], opts)];
+        for _ in 0..2 {
+            fused_adamw(
+                &mut params,
+                std::slice::from_ref(&g),
+                &mut m,
+                &mut v,
+                &mut steps,
+                hyper,
+            )
+            .unwrap();
+        }
+        // Written out for two steps with the same gradient.
+        let mut p = p0.copy();
+        let (mut m1, mut v1) = (Tensor::zeros([3], opts), Tensor::zeros([3], opts));
+        for t in 1..=2 {
+            p = &p * (1.0 - hyper.lr * hyper.weight_decay);
+            m1 = &m1 * hyper.beta1 + &g * (1.0 - hyper.beta1);
+            v1 = &v1 * hyper.beta2 + g.square() * (1.0 - hyper.beta2);
+            let mhat = &m1 / (1.0 - hyper.beta1.powi(t));
+            let vhat = &v1 / (1.0 - hyper.beta2.powi(t));
+            p -= mhat / (vhat.sqrt() + hyper.eps) * hyper.lr;
+        }
+        assert!(
+            params[0].allclose(&p, 1e-6, 1e-7, false),
+            "{params:?} vs {p:?}"
+        );
+        assert_eq!(steps[0].double_value(&[]), 2.0);
+    }
+}

@@ -1,0 +1,239 @@
+//! AdamW with fp32 master weights. The model computes in its own dtype (bf16 on a GPU); the
+//! optimizer keeps an fp32 copy of every trainable tensor, upcasts the gradients, clips them by
+//! their global norm, runs libtorch's fused AdamW (one call per weight-decay group) and writes the
+//! result back into the model's tensors. In fp32 the model's tensors are their own masters.
+//!
+//! Weight decay applies to matrices (≥ 2 dimensions); biases and norm weights are not decayed.
+
+use crate::TrainError;
+use ooze_torch::optim::{fused_adamw, fused_adamw_available, AdamW};
+use ooze_torch::tch::{self, Kind, Tensor};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimizerConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (0 = off).
+    pub clip_grad: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig {
+            beta1: 0.9,
+            beta2: 0.98,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            clip_grad: 1.0,
+        }
+    }
+}
+
+/// One trainable tensor and its optimizer state.
+struct Slot {
+    name: String,
+    /// The model's tensor (compute dtype), with gradients on.
+    model: Tensor,
+    /// fp32 master copy (`None` when the model tensor is fp32 already).
+    master: Option<Tensor>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: Tensor,
+    decay: bool,
+}
+
+pub struct Optimizer {
+    slots: Vec<Slot>,
+    config: OptimizerConfig,
+}
+
+impl Optimizer {
+    /// Takes the model's trainable tensors (`Decoder::trainable_parameters`) and turns their
+    /// gradients on.
+    pub fn new(params: Vec<(String, Tensor)>, config: OptimizerConfig) -> Optimizer {
+        let slots = params
+            .into_iter()
+            .map(|(name, model)| {
+                let model = model.set_requires_grad(true);
+                let master = (model.kind() != Kind::Float)
+                    .then(|| model.detach().to_kind(Kind::Float).copy());
+                let fp32 = (Kind::Float, model.device());
+                Slot {
+                    decay: model.dim() >= 2,
+                    exp_avg: Tensor::zeros(model.size(), fp32),
+                    exp_avg_sq: Tensor::zeros(model.size(), fp32),
+                    step: Tensor::zeros([], fp32),
+                    name,
+                    model,
+                    master,
+                }
+            })
+            .collect();
+        Optimizer { slots, config }
+    }
+
+    pub fn zero_grad(&mut self) {
+        for s in &mut self.slots {
+            s.model.zero_grad();
+        }
+    }
+
+    /// Number of trainable values.
+    pub fn num_parameters(&self) -> i64 {
+        self.slots.iter().map(|s| s.model.numel() as i64).sum()
+    }
+
+    /// Clips, steps with learning rate `lr` and writes the weights back; returns the gradient norm
+    /// before clipping. Parameters without a gradient (unused in this step) keep their values.
+    pub fn step(&mut self, lr: f64) -> Result<f64, TrainError> {
+        let _guard = tch::no_grad_guard();
+        let grads: Vec<Option<Tensor>> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let g = s.model.grad();
+                g.defined().then(|| g.to_kind(Kind::Float))
+            })
+            .collect();
+        let squares: Vec<Tensor> = grads
+            .iter()
+            .flatten()
+            .map(|g| g.square().sum(Kind::Float))
+            .collect();
+        let norm = if squares.is_empty() {
+            0.0
+        } else {
+            Tensor::stack(&squares, 0)
+                .sum(Kind::Float)
+                .sqrt()
+                .double_value(&[])
+        };
+        if !norm.is_finite() {
+            return Err(TrainError::NonFinite(format!(
+                "gradient norm is {norm}; the step was skipped"
+            )));
+        }
+        let clip = self.config.clip_grad;
+        let scale = if clip > 0.0 && norm > clip {
+            clip / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        for decay in [true, false] {
+            let mut params = Vec::new();
+            let (mut g, mut m, mut v, mut st) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for (s, grad) in self.slots.iter().zip(&grads) {
+                let Some(grad) = grad else { continue };
+                if s.decay != decay {
+                    continue;
+                }
+                params.push(s.master.as_ref().unwrap_or(&s.model).shallow_clone());
+                g.push(if scale == 1.0 {
+                    grad.shallow_clone()
+                } else {
+                    grad * scale
+                });
+                m.push(s.exp_avg.shallow_clone());
+                v.push(s.exp_avg_sq.shallow_clone());
+                st.push(s.step.shallow_clone());
+            }
+            if params.is_empty() {
+                continue;
+            }
+            let hyper = AdamW {
+                lr,
+                beta1: self.config.beta1,
+                beta2: self.config.beta2,
+                weight_decay: if decay { self.config.weight_decay } else { 0.0 },
+                eps: self.config.eps,
+            };
+            if fused_adamw_available() {
+                fused_adamw(&mut params, &g, &mut m, &mut v, &mut st, hyper)
+                    .map_err(|e| TrainError::Optimizer(e.to_string()))?;
+            } else {
+                adamw_unfused(&mut params, &g, &mut m, &mut v, &mut st, hyper);
+            }
+        }
+        for s in &mut self.slots {
+            if let Some(master) = &s.master {
+                s.model.copy_(master);
+            }
+        }
+        Ok(norm)
+    }
+
+    /// The optimizer state as named fp32 tensors (for checkpoints).
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for s in &self.slots {
+            out.push((format!("exp_avg.{}", s.name), s.exp_avg.shallow_clone()));
+            out.push((
+                format!("exp_avg_sq.{}", s.name),
+                s.exp_avg_sq.shallow_clone(),
+            ));
+            out.push((format!("step.{}", s.name), s.step.reshape([1])));
+            if let Some(master) = &s.master {
+                out.push((format!("master.{}", s.name), master.shallow_clone()));
+            }
+        }
+        out
+    }
+
+    /// Restores [`Optimizer::state`]; every tensor must be there with its shape.
+    pub fn load_state(
+        &mut self,
+        mut state: ooze_model::checkpoint::WeightSet,
+    ) -> Result<(), TrainError> {
+        let _guard = tch::no_grad_guard();
+        for s in &mut self.slots {
+            let take =
+                |state: &mut ooze_model::checkpoint::WeightSet, key: String, shape: &[i64]| {
+                    state.take(&key, shape).map_err(TrainError::from)
+                };
+            let shape = s.model.size();
+            s.exp_avg
+                .copy_(&take(&mut state, format!("exp_avg.{}", s.name), &shape)?);
+            s.exp_avg_sq
+                .copy_(&take(&mut state, format!("exp_avg_sq.{}", s.name), &shape)?);
+            s.step
+                .copy_(&take(&mut state, format!("step.{}", s.name), &[1])?.reshape([]));
+            if let Some(master) = &mut s.master {
+                master.copy_(&take(&mut state, format!("master.{}", s.name), &shape)?);
+            }
+        }
+        state.finish().map_err(TrainError::from)
+    }
+}
+
+/// The same update as the fused kernel, as separate operations (builds without the shim).
+fn adamw_unfused(
+    params: &mut [Tensor],
+    grads: &[Tensor],
+    exp_avgs: &mut [Tensor],
+    exp_avg_sqs: &mut [Tensor],
+    steps: &mut [Tensor],
+    h: AdamW,
+) {
+    for ((((p, g), m), v), s) in params
+        .iter_mut()
+        .zip(grads)
+        .zip(exp_avgs.iter_mut())
+        .zip(exp_avg_sqs.iter_mut())
+        .zip(steps.iter_mut())
+    {
+        let _ = s.g_add_scalar_(1.0);
+        let t = s.double_value(&[]) as i32;
+        let _ = p.g_mul_scalar_(1.0 - h.lr * h.weight_decay);
+        let _ = m.g_mul_scalar_(h.beta1);
+        let _ = m.g_add_(&(g * (1.0 - h.beta1)));
+        let _ = v.g_mul_scalar_(h.beta2);
+        let _ = v.g_add_(&(g.square() * (1.0 - h.beta2)));
+        let step_size = h.lr / (1.0 - h.beta1.powi(t));
+        let denom = (&*v / (1.0 - h.beta2.powi(t))).sqrt() + h.eps;
+        let _ = p.g_sub_(&(&*m / denom * step_size));
+    }
+}

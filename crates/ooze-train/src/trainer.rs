@@ -1,0 +1,431 @@
+//! The trainer: one optimizer step over a batch of samples.
+//!
+//! An RL step: pack the samples into micro-batches by token budget; recompute the policy's
+//! log-probs before the update (`logp_old`) and the frozen reference's, without gradients; turn
+//! rewards into advantages (`ooze_algo::advantage`); weight every token for the step's aggregation;
+//! then forward and backward each micro-batch (gradients accumulate), clip, and take one AdamW
+//! step. An SFT step is the same with the masked negative log-likelihood and no recomputation.
+//! Every term's micro-batch value is already weighted for the whole step, so the step's numbers do
+//! not depend on the micro-batch split.
+
+use crate::batch::{pack, TrainSample};
+use crate::forward::response_log_probs;
+use crate::optimizer::{Optimizer, OptimizerConfig};
+use crate::schedule::Schedule;
+use crate::TrainError;
+use ooze_algo::loss::loss;
+use ooze_algo::{
+    compute_advantages, token_weights, AdvantageConfig, Aggregation, LossConfig, LossInputs,
+    PolicyLoss, SampleInput, StepSample,
+};
+use ooze_model::Decoder;
+use ooze_torch::tch::{self, Device, Kind, Tensor};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerConfig {
+    pub optimizer: OptimizerConfig,
+    pub schedule: Schedule,
+    /// Token budget of one micro-batch (prompt + response tokens of its samples).
+    pub max_tokens_per_micro_batch: usize,
+    /// The rollout temperature: log-probs are `log_softmax(logits / T)` on both sides.
+    pub temperature: f64,
+    pub advantage: AdvantageConfig,
+    pub loss: LossConfig,
+    pub aggregation: Aggregation,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            optimizer: OptimizerConfig::default(),
+            schedule: Schedule::default(),
+            max_tokens_per_micro_batch: 16_384,
+            temperature: 1.0,
+            advantage: AdvantageConfig::default(),
+            loss: LossConfig::default(),
+            aggregation: Aggregation::default(),
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub lr: f64,
+    pub loss: f64,
+    pub policy_loss: f64,
+    pub kl: Option<f64>,
+    pub entropy: f64,
+    pub observation_loss: Option<f64>,
+    pub clipfrac: f64,
+    pub approx_kl: f64,
+    pub importance_weight: Option<f64>,
+    pub grad_norm: f64,
+    pub samples: usize,
+    pub micro_batches: usize,
+    /// Tokens through the forward and backward passes.
+    pub tokens: usize,
+    pub response_tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    /// Model FLOPs of the step (forward 2N, backward 4N per token, attention included; the
+    /// recomputation passes counted as forwards).
+    pub flops: f64,
+    /// |trainer − rollout engine| log-prob over trained tokens (RL steps with rollout log-probs).
+    pub rollout_logp_diff_mean: Option<f64>,
+    pub rollout_logp_diff_max: Option<f64>,
+}
+
+pub struct Trainer {
+    pub policy: Decoder,
+    reference: Option<Decoder>,
+    optimizer: Optimizer,
+    pub config: TrainerConfig,
+    step: u64,
+}
+
+/// fp32 or, for an fp64 model, fp64 (gradient checks).
+fn float_kind(decoder: &Decoder) -> Kind {
+    if decoder.kind() == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
+fn to_host(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(t.to_kind(Kind::Double).to_device(Device::Cpu))
+        .expect("invariant: a 1-D float tensor converts")
+}
+
+impl Trainer {
+    pub fn new(
+        policy: Decoder,
+        reference: Option<Decoder>,
+        config: TrainerConfig,
+    ) -> Result<Trainer, TrainError> {
+        config.schedule.check().map_err(TrainError::Config)?;
+        if config.max_tokens_per_micro_batch == 0 {
+            return Err(TrainError::Config(
+                "max_tokens_per_micro_batch must be positive".into(),
+            ));
+        }
+        if config.advantage.kl_coef != 0.0 && config.loss.kl_loss_coef != 0.0 {
+            return Err(TrainError::Config(
+                "advantage.kl_coef (KL in the reward) and loss.kl_loss_coef (KL as a loss term) \
+                 are mutually exclusive"
+                    .into(),
+            ));
+        }
+        let optimizer = Optimizer::new(policy.trainable_parameters(), config.optimizer.clone());
+        Ok(Trainer {
+            policy,
+            reference,
+            optimizer,
+            config,
+            step: 0,
+        })
+    }
+
+    /// Optimizer steps taken.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub(crate) fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    pub(crate) fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    pub(crate) fn optimizer_mut(&mut self) -> &mut Optimizer {
+        &mut self.optimizer
+    }
+
+    fn check(&self, samples: &[TrainSample]) -> Result<(), TrainError> {
+        if samples.is_empty() {
+            return Err(TrainError::Config(
+                "a step needs at least one sample".into(),
+            ));
+        }
+        let vocab = self.policy.config.vocab_size;
+        samples
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, s)| s.check(i, vocab))
+    }
+
+    /// Log-probs of every sample's response under `decoder`, without gradients.
+    fn score(&self, decoder: &Decoder, samples: &[TrainSample]) -> Vec<Vec<f64>> {
+        let _guard = tch::no_grad_guard();
+        let mut out = Vec::with_capacity(samples.len());
+        for range in pack(samples, self.config.max_tokens_per_micro_batch) {
+            let chosen = &samples[range];
+            let flat = to_host(
+                &response_log_probs(decoder, chosen, self.config.temperature, false).log_probs,
+            );
+            let mut offset = 0;
+            for s in chosen {
+                out.push(flat[offset..offset + s.response_len()].to_vec());
+                offset += s.response_len();
+            }
+        }
+        out
+    }
+
+    /// Mean negative log-likelihood per trained token (held-out loss of SFT), without gradients.
+    pub fn eval_loss(&self, samples: &[TrainSample]) -> Result<f64, TrainError> {
+        self.check(samples)?;
+        let scores = self.score(&self.policy, samples);
+        let (mut sum, mut count) = (0.0, 0.0);
+        for (s, lp) in samples.iter().zip(&scores) {
+            for (l, &m) in lp.iter().zip(&s.loss_mask) {
+                sum -= l * m as f64;
+                count += m as f64;
+            }
+        }
+        Ok(sum / count.max(1.0))
+    }
+
+    /// One supervised step: masked mean negative log-likelihood over the trained tokens.
+    pub fn sft_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
+        self.check(samples)?;
+        let zeros: Vec<Vec<f64>> = samples
+            .iter()
+            .map(|s| vec![0.0; s.response_len()])
+            .collect();
+        let loss_config = LossConfig {
+            policy: PolicyLoss::Sft,
+            importance: None,
+            kl_loss_coef: 0.0,
+            entropy_coef: 0.0,
+            observation_coef: 0.0,
+            ..self.config.loss.clone()
+        };
+        self.run_step(
+            samples,
+            &zeros,
+            None,
+            None,
+            &loss_config,
+            Aggregation::GlobalTokenMean,
+        )
+    }
+
+    /// One RL step (see the module docs).
+    pub fn rl_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
+        self.check(samples)?;
+        let old = self.score(&self.policy, samples);
+        let reference = self.reference.as_ref().map(|r| self.score(r, samples));
+        let inputs: Vec<SampleInput<'_>> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SampleInput {
+                group: s.group,
+                rollout: s.rollout,
+                reward: s.reward,
+                mask: &s.loss_mask,
+                logp_old: Some(&old[i]),
+                logp_ref: reference.as_ref().map(|r| r[i].as_slice()),
+                values: None,
+                logp_teacher: None,
+            })
+            .collect();
+        let advantages = compute_advantages(&inputs, &self.config.advantage, None)?;
+        let loss_config = self.config.loss.clone();
+        let aggregation = self.config.aggregation;
+        self.run_step(
+            samples,
+            &advantages.advantages,
+            Some(&old),
+            reference.as_ref(),
+            &loss_config,
+            aggregation,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_step(
+        &mut self,
+        samples: &[TrainSample],
+        advantages: &[Vec<f64>],
+        old: Option<&Vec<Vec<f64>>>,
+        reference: Option<&Vec<Vec<f64>>>,
+        loss_config: &LossConfig,
+        aggregation: Aggregation,
+    ) -> Result<StepMetrics, TrainError> {
+        let started = Instant::now();
+        let kind = float_kind(&self.policy);
+        let device = self.policy.device();
+        let steps: Vec<StepSample<'_>> = samples
+            .iter()
+            .map(|s| StepSample {
+                rollout: s.rollout,
+                mask: &s.loss_mask,
+            })
+            .collect();
+        let weights = token_weights(&steps, aggregation);
+        let observation_weights = (loss_config.observation_coef != 0.0).then(|| {
+            let empty: Vec<Vec<f32>> = samples
+                .iter()
+                .map(|s| vec![0.0; s.response_len()])
+                .collect();
+            let obs: Vec<StepSample<'_>> = samples
+                .iter()
+                .zip(&empty)
+                .map(|(s, e)| StepSample {
+                    rollout: s.rollout,
+                    mask: s.observation_mask.as_deref().unwrap_or(e),
+                })
+                .collect();
+            token_weights(&obs, Aggregation::SeqMeanTokenMean)
+        });
+        let mut metrics = StepMetrics {
+            step: self.step,
+            lr: self.config.schedule.lr_at(self.step),
+            samples: samples.len(),
+            ..Default::default()
+        };
+        let (mut kl, mut obs, mut iw) = (None::<f64>, None::<f64>, None::<f64>);
+        let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
+        metrics.micro_batches = ranges.len();
+        let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
+        self.optimizer.zero_grad();
+        for range in ranges {
+            let chosen = &samples[range.clone()];
+            let gather = |all: &[Vec<f64>]| t(all[range.clone()].concat());
+            let gather32 = |all: &[Vec<f32>]| {
+                t(all[range.clone()]
+                    .iter()
+                    .flatten()
+                    .map(|&x| x as f64)
+                    .collect())
+            };
+            let scores = response_log_probs(&self.policy, chosen, self.config.temperature, true);
+            let logp = scores.log_probs;
+            let logp_old = match old {
+                Some(old) => gather(old),
+                None => logp.detach(),
+            };
+            let mask = t(chosen
+                .iter()
+                .flat_map(|s| s.loss_mask.iter().map(|&m| m as f64))
+                .collect());
+            let index: Vec<i64> = chosen
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_len()))
+                .collect();
+            let rollout = chosen
+                .iter()
+                .all(|s| s.rollout_log_probs.is_some())
+                .then(|| {
+                    t(chosen
+                        .iter()
+                        .flat_map(|s| {
+                            s.rollout_log_probs
+                                .as_ref()
+                                .expect("checked")
+                                .iter()
+                                .map(|&x| x as f64)
+                        })
+                        .collect())
+                });
+            let (advantages, weights_t) = (gather(advantages), gather32(&weights));
+            let reference_t = reference.map(|r| gather(r));
+            let observation_t = observation_weights.as_ref().map(|o| gather32(o));
+            let sample_index = Tensor::from_slice(&index).to_device(device);
+            let terms = loss(
+                &LossInputs {
+                    logp: &logp,
+                    logp_old: &logp_old,
+                    advantages: &advantages,
+                    mask: &mask,
+                    weights: &weights_t,
+                    sample_index: &sample_index,
+                    num_samples: chosen.len() as i64,
+                    logp_roll: rollout.as_ref(),
+                    logp_ref: reference_t.as_ref(),
+                    entropy: scores.entropy.as_ref(),
+                    values: None,
+                    observation_weights: observation_t.as_ref(),
+                },
+                loss_config,
+            );
+            terms.total.backward();
+            let v = |t: &Tensor| t.double_value(&[]);
+            metrics.loss += v(&terms.total.detach());
+            metrics.policy_loss += v(&terms.policy);
+            metrics.clipfrac += v(&terms.clipfrac);
+            metrics.approx_kl += v(&terms.approx_kl);
+            if let Some(e) = &scores.entropy {
+                metrics.entropy += v(&(e.detach() * &weights_t).sum(kind));
+            }
+            let add = |acc: &mut Option<f64>, x: &Option<Tensor>| {
+                if let Some(x) = x {
+                    *acc = Some(acc.unwrap_or(0.0) + v(x));
+                }
+            };
+            add(&mut kl, &terms.kl);
+            add(&mut obs, &terms.observation);
+            add(&mut iw, &terms.importance_weight);
+            if let Some(roll) = &rollout {
+                let diff = (&logp_old - roll).abs() * &mask;
+                let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
+                metrics.rollout_logp_diff_mean =
+                    Some(metrics.rollout_logp_diff_mean.unwrap_or(0.0) + sum);
+                metrics.rollout_logp_diff_max =
+                    Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
+            }
+        }
+        let trained: f64 = samples
+            .iter()
+            .map(|s| s.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
+            .sum();
+        if let Some(sum) = metrics.rollout_logp_diff_mean {
+            metrics.rollout_logp_diff_mean = Some(sum / trained.max(1.0));
+        }
+        (
+            metrics.kl,
+            metrics.observation_loss,
+            metrics.importance_weight,
+        ) = (kl, obs, iw);
+        metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+        self.optimizer.zero_grad();
+        self.step += 1;
+        if device.is_cuda() {
+            if let Device::Cuda(i) = device {
+                tch::Cuda::synchronize(i as i64);
+            }
+        }
+        metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
+        metrics.response_tokens = samples.iter().map(|s| s.response_len()).sum();
+        let forwards = 1.0 + old.is_some() as u8 as f64 + reference.is_some() as u8 as f64;
+        metrics.flops = self.flops(samples, forwards);
+        metrics.seconds = started.elapsed().as_secs_f64();
+        metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
+        Ok(metrics)
+    }
+
+    /// Model FLOPs of a step: `2N` per token per forward (`forwards` of them) plus `4N` for the
+    /// backward, with causal attention `2·layers·(q heads·head_dim)·n²` per forward per sequence.
+    fn flops(&self, samples: &[TrainSample], forwards: f64) -> f64 {
+        let c = &self.policy.config;
+        let n = self.optimizer.num_parameters() as f64;
+        let tokens: f64 = samples.iter().map(|s| s.tokens.len() as f64).sum();
+        let attention: f64 = samples
+            .iter()
+            .map(|s| {
+                let len = s.tokens.len() as f64;
+                2.0 * c.num_layers as f64 * (c.num_heads * c.head_dim) as f64 * len * len
+            })
+            .sum();
+        (2.0 * n * tokens + attention) * (forwards + 2.0)
+    }
+}
