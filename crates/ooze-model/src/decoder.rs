@@ -512,10 +512,27 @@ impl Decoder {
         let (b, t) = input_ids.size2().expect("invariant: input_ids is [B, T]");
         let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
+        // Packed sequences on a GPU in 16 bits: FlashAttention over variable lengths instead of a
+        // dense [N, N] block-diagonal mask (no work across sequence boundaries).
+        let varlen = match &attention {
+            Attention::Packed { lengths }
+                if self.device.is_cuda()
+                    && matches!(self.kind, Kind::BFloat16 | Kind::Half)
+                    && kernels::available() =>
+            {
+                let mut offsets = vec![0i32];
+                for &l in lengths.iter() {
+                    offsets.push(offsets[offsets.len() - 1] + l as i32);
+                }
+                let longest = lengths.iter().copied().max().unwrap_or(0);
+                Some((Tensor::from_slice(&offsets).to_device(self.device), longest))
+            }
+            _ => None,
+        };
         let (mask, mut target, causal) = match attention {
             Attention::Causal => (None, KvTarget::None, true),
             Attention::Packed { lengths } => (
-                Some(packed_mask(lengths, self.device)),
+                varlen.is_none().then(|| packed_mask(lengths, self.device)),
                 KvTarget::None,
                 false,
             ),
@@ -660,18 +677,33 @@ impl Decoder {
                 }
                 _ => {
                     let (q, k, v) = self.project_and_store(i, &qkv, &cos, &sin, &mut target, b, t);
-                    match &decode_bias {
-                        Some(bias) => decode_attention(&q, &k, &v, bias, scale),
-                        _ => Tensor::scaled_dot_product_attention(
-                            &q,
-                            &k,
-                            &v,
-                            mask.as_ref(),
-                            0.0,
-                            causal,
+                    if let Some((offsets, longest)) = &varlen {
+                        // [1, heads, T, D] → [T, heads, D] and back.
+                        let tokens = |x: &Tensor| x.squeeze_dim(0).transpose(0, 1);
+                        let out = kernels::flash_attention_varlen(
+                            &tokens(&q),
+                            &tokens(&k),
+                            &tokens(&v),
+                            offsets,
+                            *longest,
                             scale,
-                            c.num_kv_heads != c.num_heads,
-                        ),
+                        )
+                        .expect("invariant: packed 16-bit CUDA rows are valid for flash attention");
+                        out.transpose(0, 1).unsqueeze(0)
+                    } else {
+                        match &decode_bias {
+                            Some(bias) => decode_attention(&q, &k, &v, bias, scale),
+                            _ => Tensor::scaled_dot_product_attention(
+                                &q,
+                                &k,
+                                &v,
+                                mask.as_ref(),
+                                0.0,
+                                causal,
+                                scale,
+                                c.num_kv_heads != c.num_heads,
+                            ),
+                        }
                     }
                 }
             };

@@ -193,4 +193,24 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
   });
 }
 
+// Causal attention over packed variable-length sequences (FlashAttention-2 through ATen, with its
+// autograd backward): q [total, heads, dim], k and v [total, kv_heads, dim] (bf16/fp16),
+// cu_seqlens [sequences + 1] int32 offsets. Returns [total, heads, dim].
+at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k,
+                                        const at::Tensor* v, const at::Tensor* cu_seqlens,
+                                        int64_t max_seqlen, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(q->dim() == 3 && k->dim() == 3 && v->dim() == 3,
+                "q, k, v must be [total, heads, head_dim]");
+    TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->dim() == 1,
+                "cu_seqlens must be int32 [sequences + 1]");
+    auto result = at::_flash_attention_forward(*q, *k, *v, *cu_seqlens, *cu_seqlens, max_seqlen,
+                                               max_seqlen, 0.0, /*is_causal=*/true,
+                                               /*return_debug_mask=*/false, scale);
+    return std::get<0>(result);
+  });
+}
+
 }  // extern "C"

@@ -83,6 +83,14 @@ mod ffi {
         ) -> *mut CTensor;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
         pub fn ooze_sample(logits: *const CTensor, params: *const CTensor) -> *mut CTensor;
+        pub fn ooze_flash_attention_varlen(
+            q: *const CTensor,
+            k: *const CTensor,
+            v: *const CTensor,
+            cu_seqlens: *const CTensor,
+            max_seqlen: i64,
+            scale: f64,
+        ) -> *mut CTensor;
         pub fn ooze_decode_attention(
             q: *const CTensor,
             k_cache: *const CTensor,
@@ -218,6 +226,38 @@ pub fn decode_attention(
             )
         };
         ffi::result("decode_attention", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Causal attention within each of several sequences packed into one: `q [total, heads, head_dim]`,
+/// `k`, `v [total, kv_heads, head_dim]` (bf16 or fp16, CUDA), `cu_seqlens [sequences + 1]` int32
+/// offsets, `max_seqlen` the longest. FlashAttention-2 (ATen's build of it) with its backward, so
+/// training on packed micro-batches does no work across sequence boundaries.
+#[allow(unused_variables)]
+pub fn flash_attention_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens: &Tensor,
+    max_seqlen: i64,
+    scale: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_flash_attention_varlen(
+                q.as_ptr().cast(),
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                cu_seqlens.as_ptr().cast(),
+                max_seqlen,
+                scale,
+            )
+        };
+        ffi::result("flash_attention_varlen", raw)
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

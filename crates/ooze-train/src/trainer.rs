@@ -307,7 +307,10 @@ impl Trainer {
                     .map(|&x| x as f64)
                     .collect())
             };
-            let scores = response_log_probs(&self.policy, chosen, self.config.temperature, true);
+            // Entropy: a loss term or an RL metric; SFT needs neither.
+            let want_entropy = loss_config.policy != PolicyLoss::Sft;
+            let scores =
+                response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy);
             let logp = scores.log_probs;
             let logp_old = match old {
                 Some(old) => gather(old),

@@ -1,5 +1,7 @@
 //! `ooze bench`: throughput measurements. `forward`: the full-sequence scoring pass the trainer
-//! runs (blocks + chunked LM-head log-probs) over a batch of random token ids.
+//! runs (blocks + chunked LM-head log-probs) over a batch of random token ids. `generate`: the
+//! rollout engine. `train`: full training steps (forward, backward, clipping, fused AdamW on fp32
+//! masters) with tokens/s and MFU.
 
 use super::{load_decoder, ComputeArgs};
 use ooze_model::scoring::head_log_probs;
@@ -20,6 +22,27 @@ enum What {
     Forward(ForwardArgs),
     /// The rollout engine: B concurrent requests of I prompt tokens and O output tokens.
     Generate(GenerateArgs),
+    /// Training steps on B sequences of L random tokens (every token trained, one optimizer step
+    /// per batch).
+    Train(TrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct TrainArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Token budget of one micro-batch (default: the whole batch in one).
+    #[arg(long)]
+    micro_batch_tokens: Option<usize>,
+    /// Timed steps (after 2 warm-up steps).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    #[command(flatten)]
+    compute: ComputeArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,6 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.what {
         What::Forward(a) => forward(a),
         What::Generate(a) => generate(a),
+        What::Train(a) => train(a),
     }
 }
 
@@ -206,6 +230,83 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         let max = errors.iter().copied().fold(0.0, f64::max);
         println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
     }
+    Ok(())
+}
+
+/// Dense bf16 tensor-core peak of known GPUs, FLOP/s (for MFU).
+fn bf16_peak(name: &str) -> Option<f64> {
+    [
+        ("H200", 989e12),
+        ("H100", 989e12),
+        ("A100", 312e12),
+        ("L40S", 362e12),
+    ]
+    .iter()
+    .find(|(key, _)| name.contains(key))
+    .map(|&(_, peak)| peak)
+}
+
+fn train(a: TrainArgs) -> anyhow::Result<()> {
+    use ooze_train::{TrainSample, Trainer, TrainerConfig};
+    let decoder = load_decoder(&a.model, &a.compute)?;
+    let device = decoder.device();
+    let vocab = decoder.config.vocab_size as u64;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut token = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab) as u32
+    };
+    let samples: Vec<TrainSample> = (0..a.batch)
+        .map(|i| TrainSample {
+            tokens: (0..a.seq_len).map(|_| token()).collect(),
+            prompt_len: 1,
+            loss_mask: vec![1.0; a.seq_len - 1],
+            rollout_log_probs: None,
+            reward: 0.0,
+            group: i as u64,
+            rollout: i as u64,
+            observation_mask: None,
+        })
+        .collect();
+    let mut config = TrainerConfig::default();
+    config.max_tokens_per_micro_batch = a.micro_batch_tokens.unwrap_or(a.batch * a.seq_len);
+    let mut trainer = Trainer::new(decoder, None, config)?;
+    for _ in 0..2 {
+        trainer.sft_step(&samples)?;
+    }
+    let mut steps = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters {
+        steps.push(trainer.sft_step(&samples)?);
+    }
+    steps.sort_by(|x, y| x.seconds.partial_cmp(&y.seconds).expect("finite times"));
+    let m = &steps[steps.len() / 2];
+    let achieved = m.flops / m.seconds;
+    let gpu = match device {
+        Device::Cuda(i) => ooze_torch::cuda_driver::list_gpus()
+            .ok()
+            .and_then(|g| g.into_iter().nth(i))
+            .map(|g| g.name),
+        Device::Cpu | Device::Mps | Device::Vulkan => None,
+    };
+    let mfu = gpu
+        .as_deref()
+        .and_then(bf16_peak)
+        .map(|peak| format!(", MFU {:.1}%", 100.0 * achieved / peak))
+        .unwrap_or_default();
+    println!(
+        "train step {}x{} {} ({} micro-batches): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}; loss {:.4}, grad norm {:.3}",
+        a.batch,
+        a.seq_len,
+        a.compute.dtype,
+        m.micro_batches,
+        m.seconds * 1e3,
+        m.tokens_per_second,
+        achieved / 1e12,
+        m.loss,
+        m.grad_norm
+    );
     Ok(())
 }
 
