@@ -1,5 +1,5 @@
-//! `ooze`: one binary for RL post-training of LLM agents. This commands: `info`,
-//! `init-model`, `score`, `render`, `generate`, `serve`, `bench`.
+//! `ooze`: one binary for RL post-training of LLM agents. Commands: `info`, `init-model`, `score`,
+//! `render`, `generate`, `serve`, `sft`, `bench`.
 
 mod commands;
 
@@ -30,6 +30,8 @@ enum Command {
     Generate(commands::generate::Args),
     /// Serve the model over SGLang- and OpenAI-compatible HTTP APIs.
     Serve(commands::serve::Args),
+    /// Supervised fine-tuning on chat JSONL (assistant tokens only), with checkpoints and resume.
+    Sft(commands::sft::Args),
     /// Throughput benchmarks.
     Bench(commands::bench::Args),
 }
@@ -43,6 +45,7 @@ fn main() {
         Command::Render(args) => commands::render::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Sft(args) => commands::sft::run(args),
         Command::Bench(args) => commands::bench::run(args),
     };
     if let Err(err) = result {

@@ -7,6 +7,7 @@ pub mod init_model;
 pub mod render;
 pub mod score;
 pub mod serve;
+pub mod sft;
 
 use anyhow::Context;
 use ooze_model::{Decoder, Tokenizer};
