@@ -270,8 +270,10 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
             observation_mask: None,
         })
         .collect();
-    let mut config = TrainerConfig::default();
-    config.max_tokens_per_micro_batch = a.micro_batch_tokens.unwrap_or(a.batch * a.seq_len);
+    let config = TrainerConfig {
+        max_tokens_per_micro_batch: a.micro_batch_tokens.unwrap_or(a.batch * a.seq_len),
+        ..Default::default()
+    };
     let mut trainer = Trainer::new(decoder, None, config)?;
     for _ in 0..2 {
         trainer.sft_step(&samples)?;
