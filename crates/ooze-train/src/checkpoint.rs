@@ -2,7 +2,8 @@
 //!
 //! `RUN/checkpoint-000042/` holds `model/` (a complete HF model directory: config, tokenizer and
 //! safetensors, loadable by transformers), `optimizer/` (fp32 moments, step counters and master
-//! weights as safetensors) and `trainer_state.json` (step, trainer config, and the caller's own
+//! weights as safetensors), with a critic also `critic/` and `critic_optimizer/`, and
+//! `trainer_state.json` (step, trainer config, and the caller's own
 //! state: data position, RNG). It is built under a hidden temporary name and renamed into place;
 //! `RUN/latest` (written atomically) names the newest complete one.
 
@@ -70,6 +71,26 @@ pub fn save(
             ..Default::default()
         },
     )?;
+    if let Some(critic) = trainer.critic() {
+        critic.save(
+            source_model,
+            &tmp.join("critic"),
+            SaveOptions {
+                kind: model_kind,
+                ..Default::default()
+            },
+        )?;
+    }
+    if let Some(state) = trainer.critic_optimizer_state() {
+        ooze_model::checkpoint::save_weights(
+            &tmp.join("critic_optimizer"),
+            &state,
+            SaveOptions {
+                kind: Kind::Float,
+                ..Default::default()
+            },
+        )?;
+    }
     let state = TrainerState {
         step: trainer.step(),
         config: trainer.config.clone(),
@@ -120,6 +141,21 @@ pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, Trai
         device,
         Kind::Float,
     )?)?;
+    if let Some((critic, optimizer)) = trainer.critic_parts_mut() {
+        let critic_dir = dir.join("critic");
+        if !critic_dir.exists() {
+            return Err(TrainError::Checkpoint(format!(
+                "{} has no critic/ but this run trains one",
+                dir.display()
+            )));
+        }
+        critic.update_weights(&critic_dir)?;
+        optimizer.load_state(WeightSet::load(
+            &dir.join("critic_optimizer"),
+            device,
+            Kind::Float,
+        )?)?;
+    }
     trainer.set_step(state.step);
     Ok(state.extra)
 }

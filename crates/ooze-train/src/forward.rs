@@ -13,14 +13,9 @@ pub struct ResponseScores {
     pub entropy: Option<Tensor>,
 }
 
-/// `log_softmax(logits / temperature)` at each response token (gradients flow when enabled); fp32,
-/// or fp64 for an fp64 model.
-pub fn response_log_probs(
-    decoder: &Decoder,
-    samples: &[TrainSample],
-    temperature: f64,
-    entropy: bool,
-) -> ResponseScores {
+/// The final hidden states `[N_response, hidden]` at the positions that predict each sample's
+/// response tokens, and those tokens `[N_response]`.
+pub fn response_hidden(decoder: &Decoder, samples: &[TrainSample]) -> (Tensor, Tensor) {
     let device = decoder.device();
     let total: usize = samples.iter().map(|s| s.tokens.len()).sum();
     let (mut ids, mut positions) = (Vec::with_capacity(total), Vec::with_capacity(total));
@@ -46,16 +41,23 @@ pub fn response_log_probs(
     let hidden = hidden
         .view([-1, decoder.config.hidden_size])
         .index_select(0, &Tensor::from_slice(&select).to_device(device));
+    (hidden, Tensor::from_slice(&targets).to_device(device))
+}
+
+/// `log_softmax(logits / temperature)` at each response token (gradients flow when enabled); fp32,
+/// or fp64 for an fp64 model.
+pub fn response_log_probs(
+    decoder: &Decoder,
+    samples: &[TrainSample],
+    temperature: f64,
+    entropy: bool,
+) -> ResponseScores {
+    let (hidden, targets) = response_hidden(decoder, samples);
     let options = ScoreOptions {
         temperature,
         entropy,
         ..Default::default()
     };
-    let (log_probs, entropy) = head_log_probs(
-        decoder,
-        &hidden,
-        &Tensor::from_slice(&targets).to_device(device),
-        &options,
-    );
+    let (log_probs, entropy) = head_log_probs(decoder, &hidden, &targets, &options);
     ResponseScores { log_probs, entropy }
 }

@@ -6,11 +6,13 @@
 //!   global-norm clipping.
 //! - [`schedule`]: learning-rate schedules (warmup; constant, linear or cosine decay).
 //! - [`trainer`]: RL and SFT steps, with step metrics.
+//! - [`critic`]: the PPO critic (decoder body + value head).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
 
 pub mod batch;
 pub mod checkpoint;
+pub mod critic;
 pub mod forward;
 pub mod optimizer;
 pub mod schedule;

@@ -9,14 +9,15 @@
 //! not depend on the micro-batch split.
 
 use crate::batch::{pack, TrainSample};
+use crate::critic::Critic;
 use crate::forward::response_log_probs;
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
 use crate::TrainError;
 use ooze_algo::loss::loss;
 use ooze_algo::{
-    compute_advantages, token_weights, AdvantageConfig, Aggregation, LossConfig, LossInputs,
-    PolicyLoss, SampleInput, StepSample,
+    compute_advantages, token_weights, AdvantageConfig, Aggregation, Estimator, LossConfig,
+    LossInputs, PolicyLoss, SampleInput, StepSample,
 };
 use ooze_model::Decoder;
 use ooze_torch::tch::{self, Device, Kind, Tensor};
@@ -61,6 +62,9 @@ pub struct StepMetrics {
     pub kl: Option<f64>,
     pub entropy: f64,
     pub observation_loss: Option<f64>,
+    /// The critic's clipped value loss (ppo).
+    pub value_loss: Option<f64>,
+    pub critic_grad_norm: Option<f64>,
     pub clipfrac: f64,
     pub approx_kl: f64,
     pub importance_weight: Option<f64>,
@@ -84,6 +88,8 @@ pub struct Trainer {
     pub policy: Decoder,
     reference: Option<Decoder>,
     optimizer: Optimizer,
+    /// The PPO critic and its own optimizer (same schedule and settings).
+    critic: Option<(Critic, Optimizer)>,
     pub config: TrainerConfig,
     step: u64,
 }
@@ -126,9 +132,29 @@ impl Trainer {
             policy,
             reference,
             optimizer,
+            critic: None,
             config,
             step: 0,
         })
+    }
+
+    /// Adds a critic (needed by ppo); it trains on the value loss with its own AdamW state.
+    pub fn set_critic(&mut self, critic: Critic) {
+        let optimizer =
+            Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
+        self.critic = Some((critic, optimizer));
+    }
+
+    pub fn critic(&self) -> Option<&Critic> {
+        self.critic.as_ref().map(|(c, _)| c)
+    }
+
+    pub(crate) fn critic_optimizer_state(&self) -> Option<Vec<(String, Tensor)>> {
+        self.critic.as_ref().map(|(_, o)| o.state())
+    }
+
+    pub(crate) fn critic_parts_mut(&mut self) -> Option<(&mut Critic, &mut Optimizer)> {
+        self.critic.as_mut().map(|(c, o)| (c, o))
     }
 
     /// Optimizer steps taken.
@@ -163,13 +189,22 @@ impl Trainer {
 
     /// Log-probs of every sample's response under `decoder`, without gradients.
     fn score(&self, decoder: &Decoder, samples: &[TrainSample]) -> Vec<Vec<f64>> {
+        self.per_sample(samples, |chosen| {
+            response_log_probs(decoder, chosen, self.config.temperature, false).log_probs
+        })
+    }
+
+    /// `f` over each micro-batch without gradients, split back into per-sample host vectors.
+    fn per_sample(
+        &self,
+        samples: &[TrainSample],
+        f: impl Fn(&[TrainSample]) -> Tensor,
+    ) -> Vec<Vec<f64>> {
         let _guard = tch::no_grad_guard();
         let mut out = Vec::with_capacity(samples.len());
         for range in pack(samples, self.config.max_tokens_per_micro_batch) {
             let chosen = &samples[range];
-            let flat = to_host(
-                &response_log_probs(decoder, chosen, self.config.temperature, false).log_probs,
-            );
+            let flat = to_host(&f(chosen));
             let mut offset = 0;
             for s in chosen {
                 out.push(flat[offset..offset + s.response_len()].to_vec());
@@ -213,6 +248,7 @@ impl Trainer {
             &zeros,
             None,
             None,
+            None,
             &loss_config,
             Aggregation::GlobalTokenMean,
         )
@@ -221,8 +257,17 @@ impl Trainer {
     /// One RL step (see the module docs).
     pub fn rl_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
         self.check(samples)?;
+        if self.config.advantage.estimator == Estimator::Ppo && self.critic.is_none() {
+            return Err(TrainError::Config(
+                "the ppo estimator needs a critic (Trainer::set_critic)".into(),
+            ));
+        }
         let old = self.score(&self.policy, samples);
         let reference = self.reference.as_ref().map(|r| self.score(r, samples));
+        let old_values = self
+            .critic
+            .as_ref()
+            .map(|(c, _)| self.per_sample(samples, |chosen| c.values(chosen)));
         let inputs: Vec<SampleInput<'_>> = samples
             .iter()
             .enumerate()
@@ -233,11 +278,19 @@ impl Trainer {
                 mask: &s.loss_mask,
                 logp_old: Some(&old[i]),
                 logp_ref: reference.as_ref().map(|r| r[i].as_slice()),
-                values: None,
+                values: old_values.as_ref().map(|v| v[i].as_slice()),
                 logp_teacher: None,
             })
             .collect();
         let advantages = compute_advantages(&inputs, &self.config.advantage, None)?;
+        // The critic fits the returns (ppo) or, for the other estimators, the advantages.
+        let targets = old_values.as_ref().map(|v| {
+            let returns = advantages
+                .returns
+                .clone()
+                .unwrap_or_else(|| advantages.advantages.clone());
+            (v.clone(), returns)
+        });
         let loss_config = self.config.loss.clone();
         let aggregation = self.config.aggregation;
         self.run_step(
@@ -245,6 +298,7 @@ impl Trainer {
             &advantages.advantages,
             Some(&old),
             reference.as_ref(),
+            targets.as_ref(),
             &loss_config,
             aggregation,
         )
@@ -257,6 +311,7 @@ impl Trainer {
         advantages: &[Vec<f64>],
         old: Option<&Vec<Vec<f64>>>,
         reference: Option<&Vec<Vec<f64>>>,
+        critic_targets: Option<&(Vec<Vec<f64>>, Vec<Vec<f64>>)>,
         loss_config: &LossConfig,
         aggregation: Aggregation,
     ) -> Result<StepMetrics, TrainError> {
@@ -292,11 +347,15 @@ impl Trainer {
             samples: samples.len(),
             ..Default::default()
         };
-        let (mut kl, mut obs, mut iw) = (None::<f64>, None::<f64>, None::<f64>);
+        let (mut kl, mut obs, mut iw, mut value) =
+            (None::<f64>, None::<f64>, None::<f64>, None::<f64>);
         let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
         metrics.micro_batches = ranges.len();
         let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
         self.optimizer.zero_grad();
+        if let Some((_, o)) = self.critic.as_mut() {
+            o.zero_grad();
+        }
         for range in ranges {
             let chosen = &samples[range.clone()];
             let gather = |all: &[Vec<f64>]| t(all[range.clone()].concat());
@@ -344,6 +403,12 @@ impl Trainer {
             let reference_t = reference.map(|r| gather(r));
             let observation_t = observation_weights.as_ref().map(|o| gather32(o));
             let sample_index = Tensor::from_slice(&index).to_device(device);
+            let critic_inputs = match (&self.critic, critic_targets) {
+                (Some((critic, _)), Some((old_values, returns))) => {
+                    Some((critic.values(chosen), gather(old_values), gather(returns)))
+                }
+                _ => None,
+            };
             let terms = loss(
                 &LossInputs {
                     logp: &logp,
@@ -356,7 +421,7 @@ impl Trainer {
                     logp_roll: rollout.as_ref(),
                     logp_ref: reference_t.as_ref(),
                     entropy: scores.entropy.as_ref(),
-                    values: None,
+                    values: critic_inputs.as_ref().map(|(v, o, r)| (v, o, r)),
                     observation_weights: observation_t.as_ref(),
                 },
                 loss_config,
@@ -378,6 +443,7 @@ impl Trainer {
             add(&mut kl, &terms.kl);
             add(&mut obs, &terms.observation);
             add(&mut iw, &terms.importance_weight);
+            add(&mut value, &terms.value);
             if let Some(roll) = &rollout {
                 let diff = (&logp_old - roll).abs() * &mask;
                 let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
@@ -399,8 +465,13 @@ impl Trainer {
             metrics.observation_loss,
             metrics.importance_weight,
         ) = (kl, obs, iw);
+        metrics.value_loss = value;
         metrics.grad_norm = self.optimizer.step(metrics.lr)?;
         self.optimizer.zero_grad();
+        if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), critic_targets) {
+            metrics.critic_grad_norm = Some(optimizer.step(metrics.lr)?);
+            optimizer.zero_grad();
+        }
         self.step += 1;
         if device.is_cuda() {
             if let Device::Cuda(i) = device {

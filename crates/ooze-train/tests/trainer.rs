@@ -369,3 +369,54 @@ fn rl_steps_report_and_refuse_bad_samples() {
         "sample 1: loss_mask has 3 entries for 2 response tokens"
     );
 }
+
+#[test]
+fn ppo_trains_a_critic_and_resumes_it() {
+    use ooze_algo::Estimator;
+    use ooze_train::critic::Critic;
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), Family::Qwen2, 10);
+    let mut config = TrainerConfig::default();
+    config.schedule.lr = 3e-3;
+    config.advantage.estimator = Estimator::Ppo;
+    config.advantage.lambda = 0.95;
+    let trainer = |config: &TrainerConfig| {
+        Trainer::new(
+            Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap(),
+            None,
+            config.clone(),
+        )
+        .unwrap()
+    };
+    let mut without = trainer(&config);
+    let err = without.rl_step(&rl_samples()).unwrap_err();
+    assert!(err.to_string().contains("needs a critic"), "{err}");
+
+    let with_critic = |config: &TrainerConfig| {
+        let mut t = trainer(config);
+        t.set_critic(Critic::load(dir.path(), Device::Cpu, Kind::Float).unwrap());
+        t
+    };
+    let mut t = with_critic(&config);
+    let losses: Vec<f64> = (0..8)
+        .map(|_| {
+            let m = t.rl_step(&rl_samples()).unwrap();
+            assert!(m.critic_grad_norm.unwrap() > 0.0);
+            m.value_loss.unwrap()
+        })
+        .collect();
+    assert!(
+        losses[7] < losses[0] * 0.5,
+        "the critic does not fit the returns: {losses:?}"
+    );
+
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    checkpoint::save(&run, dir.path(), &t, serde_json::json!({})).unwrap();
+    let next = t.rl_step(&rl_samples()).unwrap();
+    let mut resumed = with_critic(&config);
+    checkpoint::load(&checkpoint::latest(&run).unwrap().unwrap(), &mut resumed).unwrap();
+    let again = resumed.rl_step(&rl_samples()).unwrap();
+    assert_eq!((again.loss, again.value_loss), (next.loss, next.value_loss));
+    assert!(run.join("checkpoint-000008/critic/config.json").exists());
+}
