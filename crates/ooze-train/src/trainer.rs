@@ -84,6 +84,9 @@ pub struct StepMetrics {
     pub rollout_logp_diff_max: Option<f64>,
 }
 
+/// Per-sample values before the update and the targets the critic fits.
+type CriticTargets = (Vec<Vec<f64>>, Vec<Vec<f64>>);
+
 pub struct Trainer {
     pub policy: Decoder,
     reference: Option<Decoder>,
@@ -311,7 +314,7 @@ impl Trainer {
         advantages: &[Vec<f64>],
         old: Option<&Vec<Vec<f64>>>,
         reference: Option<&Vec<Vec<f64>>>,
-        critic_targets: Option<&(Vec<Vec<f64>>, Vec<Vec<f64>>)>,
+        critic_targets: Option<&CriticTargets>,
         loss_config: &LossConfig,
         aggregation: Aggregation,
     ) -> Result<StepMetrics, TrainError> {
