@@ -497,9 +497,6 @@ impl Decoder {
         Ok(())
     }
 
-    // Residual adds stay out of place (`x = x + …`): an in-place add would overwrite a tensor that
-    // autograd saved for the backward pass of the norm before it.
-    #[allow(clippy::assign_op_pattern)]
     /// Runs the blocks and the final norm: token ids `[B, T]` (int64) and positions `[B, T]` →
     /// hidden states `[B, T, hidden]`.
     pub fn hidden_states(
@@ -508,9 +505,40 @@ impl Decoder {
         positions: &Tensor,
         attention: Attention<'_>,
     ) -> Tensor {
+        let x = self.embed(input_ids);
+        let x = self.run_layers(x, 0..self.layers.len(), positions, attention);
+        self.final_norm(&x)
+    }
+
+    /// The token embeddings `[B, T, hidden]` of `input_ids [B, T]`.
+    pub fn embed(&self, input_ids: &Tensor) -> Tensor {
+        Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false)
+    }
+
+    /// The final RMSNorm (after the last block).
+    pub fn final_norm(&self, x: &Tensor) -> Tensor {
+        rms_norm(x, &self.norm, self.config.rms_norm_eps)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    // Residual adds stay out of place (`x = x + …`): an in-place add would overwrite a tensor that
+    // autograd saved for the backward pass of the norm before it.
+    #[allow(clippy::assign_op_pattern)]
+    /// Runs blocks `layers` on the residual stream `x [B, T, hidden]` (the embeddings, or the
+    /// output of the blocks before): what activation recomputation replays one block at a time.
+    pub fn run_layers(
+        &self,
+        mut x: Tensor,
+        layers: std::ops::Range<usize>,
+        positions: &Tensor,
+        attention: Attention<'_>,
+    ) -> Tensor {
         let c = &self.config;
-        let (b, t) = input_ids.size2().expect("invariant: input_ids is [B, T]");
-        let mut x = Tensor::embedding(&self.embed_tokens, input_ids, -1, false, false);
+        let size = x.size();
+        let (b, t) = (size[0], size[1]);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
         // Packed sequences on a GPU in 16 bits: FlashAttention over variable lengths instead of a
         // dense [N, N] block-diagonal mask (no work across sequence boundaries).
@@ -621,7 +649,13 @@ impl Decoder {
             }
             _ => None,
         };
-        for (i, l) in self.layers.iter().enumerate() {
+        for (i, l) in self
+            .layers
+            .iter()
+            .enumerate()
+            .take(layers.end)
+            .skip(layers.start)
+        {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
             let attn = match &mut target {
@@ -716,10 +750,10 @@ impl Decoder {
             let gated = silu_mul(&gate_up, c.intermediate_size);
             x = add_linear(x, &gated, &l.down.0, l.down.1.as_ref());
         }
-        if let KvTarget::Contiguous(cache) = target {
+        if let (KvTarget::Contiguous(cache), true) = (target, layers.end == self.layers.len()) {
             cache.len += t;
         }
-        rms_norm(&x, &self.norm, c.rms_norm_eps)
+        x
     }
 
     /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to)

@@ -13,9 +13,17 @@ pub struct ResponseScores {
     pub entropy: Option<Tensor>,
 }
 
-/// The final hidden states `[N_response, hidden]` at the positions that predict each sample's
-/// response tokens, and those tokens `[N_response]`.
-pub fn response_hidden(decoder: &Decoder, samples: &[TrainSample]) -> (Tensor, Tensor) {
+/// A micro-batch packed into one row: token ids and positions `[1, total]`, sequence lengths, the
+/// flat positions that predict response tokens and those tokens.
+struct Packed {
+    ids: Tensor,
+    positions: Tensor,
+    lengths: Vec<i64>,
+    select: Tensor,
+    targets: Tensor,
+}
+
+fn pack_tokens(decoder: &Decoder, samples: &[TrainSample]) -> Packed {
     let device = decoder.device();
     let total: usize = samples.iter().map(|s| s.tokens.len()).sum();
     let (mut ids, mut positions) = (Vec::with_capacity(total), Vec::with_capacity(total));
@@ -33,15 +41,117 @@ pub fn response_hidden(decoder: &Decoder, samples: &[TrainSample]) -> (Tensor, T
         }
         lengths.push(s.tokens.len() as i64);
     }
-    let ids = Tensor::from_slice(&ids).unsqueeze(0).to_device(device);
-    let positions = Tensor::from_slice(&positions)
-        .unsqueeze(0)
-        .to_device(device);
-    let hidden = decoder.hidden_states(&ids, &positions, Attention::Packed { lengths: &lengths });
+    Packed {
+        ids: Tensor::from_slice(&ids).unsqueeze(0).to_device(device),
+        positions: Tensor::from_slice(&positions)
+            .unsqueeze(0)
+            .to_device(device),
+        lengths,
+        select: Tensor::from_slice(&select).to_device(device),
+        targets: Tensor::from_slice(&targets).to_device(device),
+    }
+}
+
+/// The final hidden states `[N_response, hidden]` at the positions that predict each sample's
+/// response tokens, and those tokens `[N_response]`.
+pub fn response_hidden(decoder: &Decoder, samples: &[TrainSample]) -> (Tensor, Tensor) {
+    let p = pack_tokens(decoder, samples);
+    let hidden = decoder.hidden_states(
+        &p.ids,
+        &p.positions,
+        Attention::Packed {
+            lengths: &p.lengths,
+        },
+    );
     let hidden = hidden
         .view([-1, decoder.config.hidden_size])
-        .index_select(0, &Tensor::from_slice(&select).to_device(device));
-    (hidden, Tensor::from_slice(&targets).to_device(device))
+        .index_select(0, &p.select);
+    (hidden, p.targets)
+}
+
+/// Activation recomputation: the blocks ran without gradients, keeping only each block's input;
+/// [`Recomputed::backward`] replays them one at a time with gradients, after the loss's backward
+/// pass has reached the last block's output. Memory: one block's activations instead of all.
+pub struct Recomputed {
+    packed: Packed,
+    /// Input of every block (detached).
+    inputs: Vec<Tensor>,
+    /// The last block's output: a leaf whose gradient the loss's backward pass fills.
+    last: Tensor,
+}
+
+impl Recomputed {
+    /// Carries the gradient from the last block's output down through every block (recomputed
+    /// with gradients, in reverse) into the embeddings; parameter gradients accumulate.
+    pub fn backward(self, decoder: &Decoder) {
+        let mut grad = self.last.grad();
+        assert!(
+            grad.defined(),
+            "invariant: the loss's backward pass reached the last block"
+        );
+        let lengths = &self.packed.lengths;
+        for (i, input) in self.inputs.iter().enumerate().rev() {
+            let x = input.detach().set_requires_grad(true);
+            let y = decoder.run_layers(
+                x.shallow_clone(),
+                i..i + 1,
+                &self.packed.positions,
+                Attention::Packed { lengths },
+            );
+            (y * &grad).sum(grad.kind()).backward();
+            grad = x.grad();
+        }
+        let embedded = decoder.embed(&self.packed.ids);
+        (embedded * &grad).sum(grad.kind()).backward();
+    }
+}
+
+/// [`response_log_probs`] with activation recomputation: call [`Recomputed::backward`] after the
+/// loss's own `backward()`.
+pub fn response_log_probs_recomputed(
+    decoder: &Decoder,
+    samples: &[TrainSample],
+    temperature: f64,
+    entropy: bool,
+) -> (ResponseScores, Recomputed) {
+    let packed = pack_tokens(decoder, samples);
+    let mut inputs = Vec::with_capacity(decoder.num_layers());
+    let last = {
+        let _guard = ooze_torch::tch::no_grad_guard();
+        let mut x = decoder.embed(&packed.ids);
+        for i in 0..decoder.num_layers() {
+            // A copy: without autograd the blocks add their residuals into `x` in place.
+            inputs.push(x.copy());
+            x = decoder.run_layers(
+                x,
+                i..i + 1,
+                &packed.positions,
+                Attention::Packed {
+                    lengths: &packed.lengths,
+                },
+            );
+        }
+        x
+    };
+    let last = last.detach().set_requires_grad(true);
+    let hidden = decoder
+        .final_norm(&last)
+        .view([-1, decoder.config.hidden_size])
+        .index_select(0, &packed.select);
+    let options = ScoreOptions {
+        temperature,
+        entropy,
+        ..Default::default()
+    };
+    let (log_probs, entropy) = head_log_probs(decoder, &hidden, &packed.targets, &options);
+    (
+        ResponseScores { log_probs, entropy },
+        Recomputed {
+            packed,
+            inputs,
+            last,
+        },
+    )
 }
 
 /// `log_softmax(logits / temperature)` at each response token (gradients flow when enabled); fp32,

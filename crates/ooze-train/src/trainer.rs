@@ -10,7 +10,7 @@
 
 use crate::batch::{pack, TrainSample};
 use crate::critic::Critic;
-use crate::forward::response_log_probs;
+use crate::forward::{response_log_probs, response_log_probs_recomputed};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
 use crate::TrainError;
@@ -36,6 +36,9 @@ pub struct TrainerConfig {
     pub advantage: AdvantageConfig,
     pub loss: LossConfig,
     pub aggregation: Aggregation,
+    /// Keep only each block's input during the forward pass and recompute the blocks in the
+    /// backward pass (less memory, one more forward).
+    pub recompute_activations: bool,
 }
 
 impl Default for TrainerConfig {
@@ -48,6 +51,7 @@ impl Default for TrainerConfig {
             advantage: AdvantageConfig::default(),
             loss: LossConfig::default(),
             aggregation: Aggregation::default(),
+            recompute_activations: false,
         }
     }
 }
@@ -371,8 +375,20 @@ impl Trainer {
             };
             // Entropy: a loss term or an RL metric; SFT needs neither.
             let want_entropy = loss_config.policy != PolicyLoss::Sft;
-            let scores =
-                response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy);
+            let (scores, recomputed) = if self.config.recompute_activations {
+                let (scores, r) = response_log_probs_recomputed(
+                    &self.policy,
+                    chosen,
+                    self.config.temperature,
+                    want_entropy,
+                );
+                (scores, Some(r))
+            } else {
+                (
+                    response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy),
+                    None,
+                )
+            };
             let logp = scores.log_probs;
             let logp_old = match old {
                 Some(old) => gather(old),
@@ -430,6 +446,9 @@ impl Trainer {
                 loss_config,
             );
             terms.total.backward();
+            if let Some(r) = recomputed {
+                r.backward(&self.policy);
+            }
             let v = |t: &Tensor| t.double_value(&[]);
             metrics.loss += v(&terms.total.detach());
             metrics.policy_loss += v(&terms.policy);
@@ -483,6 +502,7 @@ impl Trainer {
         }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
         metrics.response_tokens = samples.iter().map(|s| s.response_len()).sum();
+        // Activation recomputation is not counted (model FLOPs, not hardware FLOPs).
         let forwards = 1.0 + old.is_some() as u8 as f64 + reference.is_some() as u8 as f64;
         metrics.flops = self.flops(samples, forwards);
         metrics.seconds = started.elapsed().as_secs_f64();

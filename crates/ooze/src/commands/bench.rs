@@ -41,6 +41,9 @@ struct TrainArgs {
     /// Timed steps (after 2 warm-up steps).
     #[arg(long, default_value_t = 5)]
     iters: usize,
+    /// Activation recomputation (blocks replayed in the backward pass).
+    #[arg(long)]
+    recompute: bool,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -272,6 +275,7 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         .collect();
     let config = TrainerConfig {
         max_tokens_per_micro_batch: a.micro_batch_tokens.unwrap_or(a.batch * a.seq_len),
+        recompute_activations: a.recompute,
         ..Default::default()
     };
     let mut trainer = Trainer::new(decoder, None, config)?;
@@ -298,11 +302,12 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         .map(|peak| format!(", MFU {:.1}%", 100.0 * achieved / peak))
         .unwrap_or_default();
     println!(
-        "train step {}x{} {} ({} micro-batches): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}; loss {:.4}, grad norm {:.3}",
+        "train step {}x{} {} ({} micro-batches{}): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}; loss {:.4}, grad norm {:.3}",
         a.batch,
         a.seq_len,
         a.compute.dtype,
         m.micro_batches,
+        if a.recompute { ", recomputed" } else { "" },
         m.seconds * 1e3,
         m.tokens_per_second,
         achieved / 1e12,
