@@ -72,17 +72,20 @@ fn add_linear(x: Tensor, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>)
 }
 
 /// Whether ooze's CUDA kernels can stand in for libtorch operations on `x`: a CUDA tensor of a
-/// dtype they take, outside autograd (they have no backward).
-fn kernels_apply(x: &Tensor) -> bool {
-    kernels::available()
-        && x.device().is_cuda()
-        && matches!(x.kind(), Kind::Float | Kind::BFloat16)
-        && !x.requires_grad()
+/// dtype they take.
+fn kernels_fit(x: &Tensor) -> bool {
+    kernels::available() && x.device().is_cuda() && matches!(x.kind(), Kind::Float | Kind::BFloat16)
 }
 
-/// `silu(gate) · up` of the fused gate/up projection output `[.., 2 · width]`.
+/// [`kernels_fit`] for the decode-only kernels, which have no backward.
+fn kernels_apply(x: &Tensor) -> bool {
+    kernels_fit(x) && !x.requires_grad()
+}
+
+/// `silu(gate) · up` of the fused gate/up projection output `[.., 2 · width]` (the kernel has a
+/// backward, so training uses it too).
 fn silu_mul(gate_up: &Tensor, width: i64) -> Tensor {
-    if kernels_apply(gate_up) && gate_up.is_contiguous() {
+    if kernels_fit(gate_up) && gate_up.is_contiguous() {
         let mut shape = gate_up.size();
         let last = shape.len() - 1;
         shape[last] = width;
@@ -777,7 +780,9 @@ impl Decoder {
             let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
             let v = heads(&qkv.narrow(-1, q_dim + kv_dim, kv_dim), c.num_kv_heads).transpose(1, 2);
             // q and k are adjacent in the fused projection: rotate them in one go.
-            let qk = match (&l.q_norm, &l.k_norm) {
+            // The q and k heads, and the same as rows `[B·T, ≥ (heads + kv)·head_dim]` for the
+            // rotary kernel.
+            let (qk, rows) = match (&l.q_norm, &l.k_norm) {
                 (Some(qn), Some(kn)) => {
                     let q = rms_norm(
                         &heads(&qkv.narrow(-1, 0, q_dim), c.num_heads),
@@ -789,14 +794,28 @@ impl Decoder {
                         kn,
                         c.rms_norm_eps,
                     );
-                    Tensor::cat(&[q, k], 2)
+                    let qk = Tensor::cat(&[q, k], 2);
+                    let rows = qk.view([b * t, -1]);
+                    (qk, rows)
                 }
-                _ => heads(
-                    &qkv.narrow(-1, 0, q_dim + kv_dim),
-                    c.num_heads + c.num_kv_heads,
+                _ => (
+                    heads(
+                        &qkv.narrow(-1, 0, q_dim + kv_dim),
+                        c.num_heads + c.num_kv_heads,
+                    ),
+                    qkv.view([b * t, -1]),
                 ),
             };
-            let qk = rope::apply(&qk.transpose(1, 2), cos, sin);
+            let qk = if kernels_fit(&rows) && c.head_dim % 2 == 0 {
+                let n = c.num_heads + c.num_kv_heads;
+                let flat = |x: &Tensor| x.view([b * t, c.head_dim]);
+                kernels::rope(&rows, &flat(cos), &flat(sin), n, c.head_dim)
+                    .expect("invariant: projection rows and rotary tables are valid for rope")
+                    .view([b, t, n, c.head_dim])
+                    .transpose(1, 2)
+            } else {
+                rope::apply(&qk.transpose(1, 2), cos, sin)
+            };
             let q = qk.narrow(1, 0, c.num_heads);
             let k = qk.narrow(1, c.num_heads, c.num_kv_heads);
             let (k, v) = match target {

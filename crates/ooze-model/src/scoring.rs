@@ -17,6 +17,9 @@ pub struct ScoreOptions {
     pub chunk_tokens: i64,
     /// Also compute the entropy of each position's distribution.
     pub entropy: bool,
+    /// The entropy must carry gradients (an entropy bonus in the loss): the head runs as libtorch
+    /// operations instead of ooze's fused log-prob kernel, whose entropy is a plain value.
+    pub entropy_gradient: bool,
 }
 
 impl Default for ScoreOptions {
@@ -25,6 +28,7 @@ impl Default for ScoreOptions {
             temperature: 1.0,
             chunk_tokens: 1024,
             entropy: false,
+            entropy_gradient: false,
         }
     }
 }
@@ -45,9 +49,30 @@ pub fn head_log_probs(
     let mut log_probs = Vec::new();
     let mut entropies = Vec::new();
     let mut start = 0;
+    // On a GPU: ooze's fused kernel (fp32 logits from the matmul, one pass per row, a backward
+    // that recomputes the logits), the same arithmetic with and without gradients.
+    let fused = hidden.device().is_cuda()
+        && ooze_torch::kernels::available()
+        && matches!(decoder.kind(), Kind::BFloat16 | Kind::Float)
+        && !options.entropy_gradient;
     while start < n {
         let len = options.chunk_tokens.min(n - start);
         let rows = hidden.narrow(0, start, len);
+        if fused {
+            let (lp, h) = ooze_torch::kernels::linear_log_prob(
+                &rows,
+                decoder.head_weight(),
+                &targets.narrow(0, start, len),
+                options.temperature,
+            )
+            .expect("invariant: hidden rows, head and targets on one GPU are valid");
+            log_probs.push(lp);
+            if options.entropy {
+                entropies.push(h);
+            }
+            start += len;
+            continue;
+        }
         let tgt = targets.narrow(0, start, len).unsqueeze(1);
         let logits = decoder.logits_f32(&rows);
         let logits = if options.temperature == 1.0 {

@@ -111,7 +111,196 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ o
   }
 }
 
+// Two adjacent elements as float2 (loads and stores of bf16 pairs or float pairs).
+template <typename T>
+struct Pair;
+template <>
+struct Pair<__nv_bfloat16> {
+  static __device__ __forceinline__ float2 load(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+  }
+  static __device__ __forceinline__ void store(__nv_bfloat16* p, float2 v) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __float22bfloat162_rn(v);
+  }
+};
+template <>
+struct Pair<float> {
+  static __device__ __forceinline__ float2 load(const float* p) {
+    return *reinterpret_cast<const float2*>(p);
+  }
+  static __device__ __forceinline__ void store(float* p, float2 v) {
+    *reinterpret_cast<float2*>(p) = v;
+  }
+};
+
+// silu_mul for even widths: one row per blockIdx.y, two columns per thread.
+template <typename T>
+__global__ void silu_mul_pairs_kernel(const T* __restrict__ gate_up, T* __restrict__ out,
+                                      int64_t width) {
+  const int64_t row = blockIdx.y;
+  const int64_t col = 2 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (col >= width) return;
+  const T* in = gate_up + row * 2 * width;
+  const float2 g = Pair<T>::load(in + col), u = Pair<T>::load(in + width + col);
+  const float a = stored<T>(g.x / (1.f + expf(-g.x))), b = stored<T>(g.y / (1.f + expf(-g.y)));
+  Pair<T>::store(out + row * width + col, make_float2(a * u.x, b * u.y));
+}
+
+template <typename T>
+__global__ void silu_mul_backward_pairs_kernel(const T* __restrict__ gate_up,
+                                               const T* __restrict__ grad, T* __restrict__ out,
+                                               int64_t width) {
+  const int64_t row = blockIdx.y;
+  const int64_t col = 2 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (col >= width) return;
+  const T* in = gate_up + row * 2 * width;
+  const float2 x = Pair<T>::load(in + col), u = Pair<T>::load(in + width + col);
+  const float2 g = Pair<T>::load(grad + row * width + col);
+  const float s0 = 1.f / (1.f + expf(-x.x)), s1 = 1.f / (1.f + expf(-x.y));
+  T* o = out + row * 2 * width;
+  Pair<T>::store(o + col, make_float2(g.x * u.x * s0 * (1.f + x.x * (1.f - s0)),
+                                      g.y * u.y * s1 * (1.f + x.y * (1.f - s1))));
+  Pair<T>::store(o + width + col, make_float2(g.x * x.x * s0, g.y * x.y * s1));
+}
+
+// Backward of silu(gate)·up: d_gate = g·up·σ(x)(1 + x(1 − σ(x))), d_up = g·silu(x), written into
+// one [rows, 2·width] gradient (gate half, then up half).
+template <typename T>
+__global__ void silu_mul_backward_kernel(const T* __restrict__ gate_up, const T* __restrict__ grad,
+                                         T* __restrict__ out, int64_t rows, int64_t width) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, col = i % width;
+    const float x = to_float(gate_up[row * 2 * width + col]);
+    const float u = to_float(gate_up[row * 2 * width + width + col]);
+    const float g = to_float(grad[i]);
+    const float sig = 1.f / (1.f + expf(-x));
+    out[row * 2 * width + col] = from_float<T>(g * u * sig * (1.f + x * (1.f - sig)));
+    out[row * 2 * width + width + col] = from_float<T>(g * x * sig);
+  }
+}
+
+// Rotary embedding (rotate-half layout) of `heads` heads of each token, out of place, for training:
+// x [tokens, stride] with the heads at the start of each row, cos/sin [tokens, dim] (the sine with
+// its first half negated, as ooze's rope::cos_sin makes it); out [tokens, heads, dim]. `sign` −1
+// rotates backwards (the gradient of the rotation).
+template <typename T>
+__global__ void rope_kernel(const T* __restrict__ x, int64_t stride, const T* __restrict__ cos,
+                            const T* __restrict__ signed_sin, T* __restrict__ out, int64_t tokens,
+                            int heads, int dim, float sign) {
+  const int half = dim / 2;
+  const int64_t total = tokens * heads * half;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t token = i / (heads * half);
+    const int rest = static_cast<int>(i % (heads * half));
+    const int head = rest / half, j = rest % half;
+    const T* src = x + token * stride + head * dim;
+    const float x1 = to_float(src[j]), x2 = to_float(src[j + half]);
+    const float c1 = to_float(cos[token * dim + j]), c2 = to_float(cos[token * dim + j + half]);
+    // signed_sin = [−sin, sin]
+    const float s1 = sign * to_float(signed_sin[token * dim + j]);
+    const float s2 = sign * to_float(signed_sin[token * dim + j + half]);
+    T* dst = out + (token * heads + head) * dim;
+    dst[j] = from_float<T>(x1 * c1 + x2 * s1);
+    dst[j + half] = from_float<T>(x2 * c2 + x1 * s2);
+  }
+}
+
 constexpr int SAMPLE_THREADS = 1024;
+
+struct Moments {
+  float max, sum, weighted;  // running max m, Σ e^{x−m}, Σ e^{x−m}·x
+};
+
+__device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.f, 0.f};
+  const float ea = expf(a.max - m), eb = expf(b.max - m);
+  return {m, a.sum * ea + b.sum * eb, a.weighted * ea + b.weighted * eb};
+}
+
+// Per row of fp32 logits [rows, vocab] (x = logits · inv_temp): the log-prob of the target,
+// logsumexp and entropy (lse − E[x]), one block per row, no full-vocabulary output.
+__global__ void log_prob_forward_kernel(const float* __restrict__ logits, int vocab,
+                                        const int64_t* __restrict__ targets, float inv_temp,
+                                        float* __restrict__ log_prob, float* __restrict__ lse_out,
+                                        float* __restrict__ entropy) {
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const float* x = logits + static_cast<int64_t>(row) * vocab;
+  Moments acc{-INFINITY, 0.f, 0.f};
+  if (vocab % 4 == 0) {
+    // Four at a time: one local max, then one merge.
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
+      const float4 q = x4[i];
+      const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp, d = q.w * inv_temp;
+      const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
+      const float ea = expf(a - m), eb = expf(b - m), ec = expf(c - m), ed = expf(d - m);
+      acc = merge_moments(acc, Moments{m, ea + eb + ec + ed, ea * a + eb * b + ec * c + ed * d});
+    }
+  } else {
+    for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+      const float v = x[i] * inv_temp;
+      acc = merge_moments(acc, Moments{v, 1.f, v});
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    acc = merge_moments(acc, Moments{__shfl_xor_sync(0xffffffffu, acc.max, offset),
+                                     __shfl_xor_sync(0xffffffffu, acc.sum, offset),
+                                     __shfl_xor_sync(0xffffffffu, acc.weighted, offset)});
+  }
+  __shared__ Moments s_part[32];
+  const int warp = tid >> 5, lane = tid & 31;
+  if (lane == 0) s_part[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = s_part[lane];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      acc = merge_moments(acc, Moments{__shfl_xor_sync(0xffffffffu, acc.max, offset),
+                                       __shfl_xor_sync(0xffffffffu, acc.sum, offset),
+                                       __shfl_xor_sync(0xffffffffu, acc.weighted, offset)});
+    }
+    if (lane == 0) {
+      const float lse = acc.max + logf(acc.sum);
+      lse_out[row] = lse;
+      log_prob[row] = x[targets[row]] * inv_temp - lse;
+      entropy[row] = lse - acc.weighted / acc.sum;
+    }
+  }
+}
+
+// d logits = g · inv_temp · (onehot(target) − softmax(x)), written in T (the matmul's dtype).
+template <typename T>
+__global__ void log_prob_backward_kernel(const float* __restrict__ logits, int vocab,
+                                         const int64_t* __restrict__ targets,
+                                         const float* __restrict__ lse,
+                                         const float* __restrict__ grad, float inv_temp,
+                                         T* __restrict__ out) {
+  const int row = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(row) * vocab;
+  const float g = grad[row] * inv_temp, l = lse[row];
+  const int64_t target = targets[row];
+  if (vocab % 4 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(logits + base);
+    for (int i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const float4 q = x4[i];
+      const int j = 4 * i;
+      const float d0 = g * ((j == target ? 1.f : 0.f) - expf(q.x * inv_temp - l));
+      const float d1 = g * ((j + 1 == target ? 1.f : 0.f) - expf(q.y * inv_temp - l));
+      const float d2 = g * ((j + 2 == target ? 1.f : 0.f) - expf(q.z * inv_temp - l));
+      const float d3 = g * ((j + 3 == target ? 1.f : 0.f) - expf(q.w * inv_temp - l));
+      Pair<T>::store(out + base + j, make_float2(d0, d1));
+      Pair<T>::store(out + base + j + 2, make_float2(d2, d3));
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float p = expf(logits[base + i] * inv_temp - l);
+    out[base + i] = from_float<T>(g * ((i == target ? 1.f : 0.f) - p));
+  }
+}
 
 struct MaxSum {
   float max, sum;
@@ -449,6 +638,18 @@ int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const 
 
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream) {
+  if (width % 2 == 0 && rows <= 65535) {
+    const dim3 grid(static_cast<unsigned>((width / 2 + 255) / 256), static_cast<unsigned>(rows));
+    if (bf16) {
+      using T = __nv_bfloat16;
+      silu_mul_pairs_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(gate_up),
+                                                         static_cast<T*>(out), width);
+    } else {
+      silu_mul_pairs_kernel<float><<<grid, 256, 0, stream>>>(static_cast<const float*>(gate_up),
+                                                             static_cast<float*>(out), width);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
   const int threads = 256;
   const int64_t wanted = (rows * width + threads - 1) / threads;
   const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
@@ -458,6 +659,77 @@ int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows,
   } else {
     silu_mul_kernel<float><<<blocks, threads, 0, stream>>>(static_cast<const float*>(gate_up),
                                                            static_cast<float*>(out), rows, width);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_silu_mul_backward(int bf16, const void* gate_up, const void* grad, void* out,
+                                  int64_t rows, int64_t width, cudaStream_t stream) {
+  if (width % 2 == 0 && rows <= 65535) {
+    const dim3 grid(static_cast<unsigned>((width / 2 + 255) / 256), static_cast<unsigned>(rows));
+    if (bf16) {
+      using T = __nv_bfloat16;
+      silu_mul_backward_pairs_kernel<T><<<grid, 256, 0, stream>>>(
+          static_cast<const T*>(gate_up), static_cast<const T*>(grad), static_cast<T*>(out), width);
+    } else {
+      silu_mul_backward_pairs_kernel<float><<<grid, 256, 0, stream>>>(
+          static_cast<const float*>(gate_up), static_cast<const float*>(grad),
+          static_cast<float*>(out), width);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
+  const int threads = 256;
+  const int64_t wanted = (rows * width + threads - 1) / threads;
+  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  if (bf16) {
+    using T = __nv_bfloat16;
+    silu_mul_backward_kernel<T><<<blocks, threads, 0, stream>>>(
+        static_cast<const T*>(gate_up), static_cast<const T*>(grad), static_cast<T*>(out), rows,
+        width);
+  } else {
+    silu_mul_backward_kernel<float><<<blocks, threads, 0, stream>>>(
+        static_cast<const float*>(gate_up), static_cast<const float*>(grad),
+        static_cast<float*>(out), rows, width);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
+                     const void* signed_sin, void* out, int64_t tokens, int heads, int dim,
+                     float sign, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t wanted = (tokens * heads * (dim / 2) + threads - 1) / threads;
+  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  if (bf16) {
+    using T = __nv_bfloat16;
+    rope_kernel<T><<<blocks, threads, 0, stream>>>(
+        static_cast<const T*>(x), stride, static_cast<const T*>(cos),
+        static_cast<const T*>(signed_sin), static_cast<T*>(out), tokens, heads, dim, sign);
+  } else {
+    rope_kernel<float><<<blocks, threads, 0, stream>>>(
+        static_cast<const float*>(x), stride, static_cast<const float*>(cos),
+        static_cast<const float*>(signed_sin), static_cast<float*>(out), tokens, heads, dim, sign);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
+                                 const int64_t* targets, float inv_temp, float* log_prob,
+                                 float* lse, float* entropy, cudaStream_t stream) {
+  log_prob_forward_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(logits, vocab, targets, inv_temp,
+                                                               log_prob, lse, entropy);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_log_prob_backward(int bf16, const float* logits, int rows, int vocab,
+                                  const int64_t* targets, const float* lse, const float* grad,
+                                  float inv_temp, void* out, cudaStream_t stream) {
+  if (bf16) {
+    log_prob_backward_kernel<__nv_bfloat16><<<rows, 1024, 0, stream>>>(
+        logits, vocab, targets, lse, grad, inv_temp, static_cast<__nv_bfloat16*>(out));
+  } else {
+    log_prob_backward_kernel<float><<<rows, 1024, 0, stream>>>(
+        logits, vocab, targets, lse, grad, inv_temp, static_cast<float*>(out));
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <exception>
 #include <string>
@@ -19,6 +20,17 @@ int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows,
                          cudaStream_t stream);
 int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,
                        int rows, double* out, cudaStream_t stream);
+int ooze_launch_silu_mul_backward(int bf16, const void* gate_up, const void* grad, void* out,
+                                  int64_t rows, int64_t width, cudaStream_t stream);
+int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
+                     const void* signed_sin, void* out, int64_t tokens, int heads, int dim,
+                     float sign, cudaStream_t stream);
+int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
+                                 const int64_t* targets, float inv_temp, float* log_prob,
+                                 float* lse, float* entropy, cudaStream_t stream);
+int ooze_launch_log_prob_backward(int bf16, const float* logits, int rows, int vocab,
+                                  const int64_t* targets, const float* lse, const float* grad,
+                                  float inv_temp, void* out, cudaStream_t stream);
 int ooze_attention_splits(int read_len);
 int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                  const int64_t* slots, const int64_t* positions, int rows,
@@ -55,6 +67,130 @@ void check_launch(int code) {
 void check_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be on a CUDA device");
 }
+
+cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+at::Tensor silu_mul_forward(const at::Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, gate_up.options());
+  if (rows > 0) {
+    check_launch(ooze_launch_silu_mul(is_bf16(gate_up), gate_up.data_ptr(), out.data_ptr(), rows,
+                                      width, stream()));
+  }
+  return out;
+}
+
+// silu(gate)·up with its backward, so training uses the fused kernels too.
+struct SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    return silu_mul_forward(gate_up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    const at::Tensor grad = grads[0].contiguous();
+    at::Tensor out = at::empty_like(gate_up);
+    const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+    if (rows > 0) {
+      check_launch(ooze_launch_silu_mul_backward(is_bf16(gate_up), gate_up.data_ptr(),
+                                                 grad.data_ptr(), out.data_ptr(), rows, width,
+                                                 stream()));
+    }
+    return {out};
+  }
+};
+
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      int64_t heads, int64_t dim, float sign) {
+  const int64_t tokens = x.size(0);
+  at::Tensor out = at::empty({tokens, heads, dim}, x.options());
+  if (tokens > 0) {
+    check_launch(ooze_launch_rope(is_bf16(x), x.data_ptr(), x.stride(0), cos.data_ptr(),
+                                  sin.data_ptr(), out.data_ptr(), tokens, static_cast<int>(heads),
+                                  static_cast<int>(dim), sign, stream()));
+  }
+  return out;
+}
+
+// The rotary embedding of the first `heads` heads of each row of x, with its backward (the
+// inverse rotation of the gradient, zero for the columns past those heads).
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                            int64_t dim) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["columns"] = x.size(1);
+    return rope_apply(x, cos, sin, heads, dim, 1.f);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const int64_t columns = ctx->saved_data["columns"].toInt();
+    const at::Tensor grad = grads[0].contiguous();
+    const int64_t tokens = grad.size(0);
+    at::Tensor dx = rope_apply(grad.view({tokens, heads * dim}), saved[0], saved[1], heads, dim,
+                               -1.f)
+                        .view({tokens, heads * dim});
+    if (columns != heads * dim) {
+      dx = at::constant_pad_nd(dx, {0, columns - heads * dim}, 0);
+    }
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// fp32 logits of hidden [rows, h] under weight [vocab, h] (the matmul writes fp32 itself).
+at::Tensor fp32_logits(const at::Tensor& hidden, const at::Tensor& weight) {
+  if (hidden.scalar_type() == at::kFloat) return at::mm(hidden, weight.t());
+  return at::mm(hidden, weight.t(), at::kFloat);
+}
+
+// log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated) and a backward
+// that recomputes the logits instead of keeping [rows, vocab] fp32 tensors alive.
+struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& hidden,
+                                                const at::Tensor& weight,
+                                                const at::Tensor& targets, double inv_temp) {
+    const int64_t rows = hidden.size(0), vocab = weight.size(0);
+    auto f32 = hidden.options().dtype(at::kFloat);
+    at::Tensor log_prob = at::empty({rows}, f32), lse = at::empty({rows}, f32),
+               entropy = at::empty({rows}, f32);
+    if (rows > 0) {
+      const at::Tensor logits = fp32_logits(hidden, weight);
+      check_launch(ooze_launch_log_prob_forward(
+          logits.data_ptr<float>(), static_cast<int>(rows), static_cast<int>(vocab),
+          targets.data_ptr<int64_t>(), static_cast<float>(inv_temp), log_prob.data_ptr<float>(),
+          lse.data_ptr<float>(), entropy.data_ptr<float>(), stream()));
+    }
+    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->saved_data["inv_temp"] = inv_temp;
+    ctx->mark_non_differentiable({entropy});
+    return {log_prob, entropy};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
+    const double inv_temp = ctx->saved_data["inv_temp"].toDouble();
+    const int64_t rows = hidden.size(0), vocab = weight.size(0);
+    at::Tensor grad = grads[0].defined() ? grads[0].to(at::kFloat).contiguous()
+                                         : at::zeros({rows}, hidden.options().dtype(at::kFloat));
+    const at::Tensor logits = fp32_logits(hidden, weight);
+    at::Tensor d_logits = at::empty({rows, vocab}, hidden.options());
+    if (rows > 0) {
+      check_launch(ooze_launch_log_prob_backward(
+          hidden.scalar_type() == at::kBFloat16, logits.data_ptr<float>(), static_cast<int>(rows),
+          static_cast<int>(vocab), targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
+          grad.data_ptr<float>(), static_cast<float>(inv_temp), d_logits.data_ptr(), stream()));
+    }
+    return {at::mm(d_logits, weight), at::mm(d_logits.t(), hidden), at::Tensor(), at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -115,13 +251,8 @@ at::Tensor* ooze_silu_mul(const at::Tensor* gate_up) {
     const bool bf16 = is_bf16(*gate_up);
     TORCH_CHECK(gate_up->dim() == 2 && gate_up->is_contiguous() && gate_up->size(1) % 2 == 0,
                 "gate_up must be contiguous [rows, 2 * width]");
-    const int64_t rows = gate_up->size(0), width = gate_up->size(1) / 2;
-    at::Tensor out = at::empty({rows, width}, gate_up->options());
-    if (rows > 0) {
-      check_launch(ooze_launch_silu_mul(bf16, gate_up->data_ptr(), out.data_ptr(), rows, width,
-                                        at::cuda::getCurrentCUDAStream().stream()));
-    }
-    return out;
+    (void)bf16;
+    return SiluMulFunction::apply(*gate_up);
   });
 }
 
@@ -211,6 +342,53 @@ at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k
                                                /*return_debug_mask=*/false, scale);
     return std::get<0>(result);
   });
+}
+
+// Rotary embedding (rotate-half layout, ooze's signed sine) of the first `heads` heads of each row
+// of x [tokens, columns ≥ heads·dim] (unit last stride); cos, sin [tokens, dim] contiguous, x's
+// dtype. Returns [tokens, heads, dim]; differentiable in x.
+at::Tensor* ooze_rope(const at::Tensor* x, const at::Tensor* cos, const at::Tensor* sin,
+                      int64_t heads, int64_t dim) {
+  return guarded([&] {
+    check_cuda(*x, "x");
+    c10::cuda::CUDAGuard guard(x->device());
+    is_bf16(*x);
+    TORCH_CHECK(x->dim() == 2 && x->stride(1) == 1 && x->size(1) >= heads * dim && dim % 2 == 0,
+                "x must be [tokens, ≥ heads * head_dim] with unit last stride");
+    for (const at::Tensor* t : {cos, sin}) {
+      TORCH_CHECK(t->is_contiguous() && t->dim() == 2 && t->size(0) == x->size(0) &&
+                      t->size(1) == dim && t->scalar_type() == x->scalar_type(),
+                  "cos and sin must be contiguous [tokens, head_dim] of x's dtype");
+    }
+    return RopeFunction::apply(*x, *cos, *sin, heads, dim);
+  });
+}
+
+// log_softmax(hidden·Wᵀ · inv_temp) at `targets`, and the entropy of that distribution:
+// hidden [rows, h], weight [vocab, h] (bf16 or fp32, contiguous), targets int64 [rows]. Writes the
+// two [rows] fp32 results through `log_prob` and `entropy`; returns 0 or 1 (error recorded).
+int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
+                         const at::Tensor* targets, double inv_temp, at::Tensor** log_prob,
+                         at::Tensor** entropy) {
+  try {
+    check_cuda(*hidden, "hidden");
+    c10::cuda::CUDAGuard guard(hidden->device());
+    is_bf16(*hidden);
+    TORCH_CHECK(hidden->dim() == 2 && weight->dim() == 2 && hidden->size(1) == weight->size(1),
+                "hidden [rows, h] and weight [vocab, h] must agree");
+    TORCH_CHECK(hidden->scalar_type() == weight->scalar_type(),
+                "hidden and weight must share a dtype");
+    TORCH_CHECK(targets->scalar_type() == at::kLong && targets->numel() == hidden->size(0),
+                "targets must be int64 [rows]");
+    auto out = LinearLogProbFunction::apply(hidden->contiguous(), *weight,
+                                            targets->contiguous(), inv_temp);
+    *log_prob = new at::Tensor(out[0]);
+    *entropy = new at::Tensor(out[1]);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
 }
 
 }  // extern "C"

@@ -27,14 +27,42 @@ const char* ooze_optim_last_error() { return last_error.c_str(); }
 // per-parameter step counters (float32 scalars, already incremented for this step: the kernel
 // reads them for the bias correction). Returns 0, or 1 with
 // the error in ooze_optim_last_error.
+//
+// `grad_scale` (may be null): a float32 scalar the kernel divides every gradient by (gradient
+// clipping without rewriting the gradients).
 int ooze_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs,
                      at::Tensor** exp_avg_sqs, at::Tensor** steps, int64_t n, double lr,
-                     double beta1, double beta2, double weight_decay, double eps) {
+                     double beta1, double beta2, double weight_decay, double eps,
+                     const at::Tensor* grad_scale) {
   try {
     auto p = list(params, n), g = list(grads, n), m = list(exp_avgs, n),
          v = list(exp_avg_sqs, n), s = list(steps, n);
+    std::optional<at::Tensor> scale;
+    if (grad_scale) scale = *grad_scale;
     at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
-                      /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                      /*amsgrad=*/false, /*maximize=*/false, scale, std::nullopt);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+// The L2 norms of n tensors as one float32 tensor [n] (one multi-tensor kernel on a GPU).
+at::Tensor* ooze_foreach_norm(at::Tensor** tensors, int64_t n) {
+  try {
+    return new at::Tensor(at::stack(at::_foreach_norm(list(tensors, n), 2)));
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+// dst[i] ← src[i] for n pairs (dtype conversion included), one multi-tensor kernel on a GPU.
+int ooze_foreach_copy(at::Tensor** dst, at::Tensor** src, int64_t n) {
+  try {
+    auto d = list(dst, n);
+    at::_foreach_copy_(d, list(src, n), false);
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

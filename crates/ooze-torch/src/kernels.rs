@@ -82,6 +82,21 @@ mod ffi {
             dim: i64,
         ) -> *mut CTensor;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
+        pub fn ooze_linear_log_prob(
+            hidden: *const CTensor,
+            weight: *const CTensor,
+            targets: *const CTensor,
+            inv_temp: f64,
+            log_prob: *mut *mut CTensor,
+            entropy: *mut *mut CTensor,
+        ) -> i32;
+        pub fn ooze_rope(
+            x: *const CTensor,
+            cos: *const CTensor,
+            sin: *const CTensor,
+            heads: i64,
+            dim: i64,
+        ) -> *mut CTensor;
         pub fn ooze_sample(logits: *const CTensor, params: *const CTensor) -> *mut CTensor;
         pub fn ooze_flash_attention_varlen(
             q: *const CTensor,
@@ -159,7 +174,7 @@ pub fn rope_store(
 }
 
 /// `silu(gate_up[:, :w]) · gate_up[:, w:]` for a contiguous `[rows, 2w]` tensor, rounded as
-/// PyTorch rounds the two operations.
+/// PyTorch rounds the two operations; differentiable (a fused backward kernel).
 #[allow(unused_variables)]
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
@@ -258,6 +273,75 @@ pub fn flash_attention_varlen(
             )
         };
         ffi::result("flash_attention_varlen", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// The rotary embedding (rotate-half layout; `signed_sin` as `rope::cos_sin` makes it) of the first
+/// `heads` heads of each row of `x [tokens, ≥ heads·head_dim]` (unit last stride), with `cos`,
+/// `signed_sin [tokens, head_dim]`. Returns `[tokens, heads, head_dim]`; differentiable in `x`
+/// (the backward rotates the gradient back).
+#[allow(unused_variables)]
+pub fn rope(
+    x: &Tensor,
+    cos: &Tensor,
+    signed_sin: &Tensor,
+    heads: i64,
+    head_dim: i64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_rope(
+                x.as_ptr().cast(),
+                cos.as_ptr().cast(),
+                signed_sin.as_ptr().cast(),
+                heads,
+                head_dim,
+            )
+        };
+        ffi::result("rope", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// `log_softmax(hidden·Wᵀ / temperature)` at `targets [rows]` and the entropy of each row's
+/// distribution, for `hidden [rows, h]` and the LM head `weight [vocab, h]` (bf16 or fp32, CUDA):
+/// the logits are fp32 from the matmul itself and never leave one chunk; the log-probs are
+/// differentiable in `hidden` and `weight` (the backward recomputes the logits), the entropies
+/// are not.
+#[allow(unused_variables)]
+pub fn linear_log_prob(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+) -> Result<(Tensor, Tensor), KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        let (mut log_prob, mut entropy) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: live tensors in; on success the shim hands over two heap-allocated tensors.
+        let code = unsafe {
+            ffi::ooze_linear_log_prob(
+                hidden.as_ptr().cast(),
+                weight.as_ptr().cast(),
+                targets.as_ptr().cast(),
+                1.0 / temperature,
+                &mut log_prob,
+                &mut entropy,
+            )
+        };
+        if code != 0 {
+            return ffi::result("linear_log_prob", std::ptr::null_mut())
+                .map(|t| (t.shallow_clone(), t));
+        }
+        Ok((
+            ffi::result("linear_log_prob", log_prob)?,
+            ffi::result("linear_log_prob", entropy)?,
+        ))
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

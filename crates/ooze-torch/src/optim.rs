@@ -47,14 +47,75 @@ mod ffi {
             beta2: f64,
             weight_decay: f64,
             eps: f64,
+            grad_scale: *const c_void,
         ) -> i32;
+        pub fn ooze_foreach_norm(tensors: *const *mut c_void, n: i64) -> *mut c_void;
+        pub fn ooze_foreach_copy(dst: *const *mut c_void, src: *const *mut c_void, n: i64) -> i32;
+    }
+}
+
+#[cfg(ooze_fused_adamw)]
+fn last_error() -> OptimError {
+    // SAFETY: a thread-local NUL-terminated string set by the failing call.
+    let message = unsafe { std::ffi::CStr::from_ptr(ffi::ooze_optim_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    OptimError::Failed(message)
+}
+
+#[cfg(ooze_fused_adamw)]
+fn handles(ts: &[Tensor]) -> Vec<*mut std::ffi::c_void> {
+    ts.iter().map(|t| t.as_ptr() as *mut _).collect()
+}
+
+/// The L2 norm of every tensor, as one fp32 tensor `[n]` (one multi-tensor kernel on a GPU).
+pub fn foreach_norm(tensors: &[Tensor]) -> Result<Tensor, OptimError> {
+    #[cfg(ooze_fused_adamw)]
+    {
+        let h = handles(tensors);
+        // SAFETY: live tensors; a non-null result is a heap-allocated at::Tensor we now own.
+        let raw = unsafe { ffi::ooze_foreach_norm(h.as_ptr(), h.len() as i64) };
+        if raw.is_null() {
+            return Err(last_error());
+        }
+        // SAFETY: see above.
+        Ok(unsafe { Tensor::from_ptr(raw.cast()) })
+    }
+    #[cfg(not(ooze_fused_adamw))]
+    Ok(Tensor::stack(
+        &tensors
+            .iter()
+            .map(|t| t.norm().to_kind(crate::tch::Kind::Float))
+            .collect::<Vec<_>>(),
+        0,
+    ))
+}
+
+/// `dst[i] ← src[i]` (with dtype conversion), one multi-tensor kernel on a GPU.
+pub fn foreach_copy(dst: &mut [Tensor], src: &[Tensor]) -> Result<(), OptimError> {
+    assert_eq!(dst.len(), src.len(), "invariant: parallel copy lists");
+    #[cfg(ooze_fused_adamw)]
+    {
+        let (d, s) = (handles(dst), handles(src));
+        // SAFETY: live tensors; the shim copies data in place.
+        if unsafe { ffi::ooze_foreach_copy(d.as_ptr(), s.as_ptr(), d.len() as i64) } != 0 {
+            return Err(last_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(ooze_fused_adamw))]
+    {
+        for (d, s) in dst.iter_mut().zip(src) {
+            d.copy_(s);
+        }
+        Ok(())
     }
 }
 
 /// One AdamW step, in place, over parallel lists: parameters (fp32), their gradients, first and
 /// second moments, and per-parameter step counters (fp32 scalars on the parameters' device),
 /// which this increments before the update (as `torch.optim.AdamW` does). All tensors on one
-/// device.
+/// device. `grad_scale` (an fp32 scalar tensor there) divides every gradient inside the kernel.
 #[allow(unused_variables)]
 pub fn fused_adamw(
     params: &mut [Tensor],
@@ -63,6 +124,7 @@ pub fn fused_adamw(
     exp_avg_sqs: &mut [Tensor],
     steps: &mut [Tensor],
     hyper: AdamW,
+    grad_scale: Option<&Tensor>,
 ) -> Result<(), OptimError> {
     let n = params.len();
     assert!(
@@ -74,15 +136,12 @@ pub fn fused_adamw(
         for s in steps.iter_mut() {
             let _ = s.g_add_scalar_(1.0);
         }
-        let ptrs = |ts: &[Tensor]| -> Vec<*mut std::ffi::c_void> {
-            ts.iter().map(|t| t.as_ptr() as *mut _).collect()
-        };
         let (p, g, m, v, s) = (
-            ptrs(params),
-            ptrs(grads),
-            ptrs(exp_avgs),
-            ptrs(exp_avg_sqs),
-            ptrs(steps),
+            handles(params),
+            handles(grads),
+            handles(exp_avgs),
+            handles(exp_avg_sqs),
+            handles(steps),
         );
         // SAFETY: each pointer is a live at::Tensor owned by the slices above, which outlive the
         // call; the shim only reads the handles and updates the tensors' data in place.
@@ -99,14 +158,11 @@ pub fn fused_adamw(
                 hyper.beta2,
                 hyper.weight_decay,
                 hyper.eps,
+                grad_scale.map_or(std::ptr::null(), |t| t.as_ptr().cast()),
             )
         };
         if code != 0 {
-            // SAFETY: a thread-local NUL-terminated string set by the failing call.
-            let message = unsafe { std::ffi::CStr::from_ptr(ffi::ooze_optim_last_error()) }
-                .to_string_lossy()
-                .into_owned();
-            return Err(OptimError::Failed(message));
+            return Err(last_error());
         }
         Ok(())
     }
@@ -147,6 +203,7 @@ mod tests {
                 &mut v,
                 &mut steps,
                 hyper,
+                None,
             )
             .unwrap();
         }

@@ -7,6 +7,16 @@ use ooze_model::scoring::head_log_probs;
 use ooze_model::{Attention, Decoder, ScoreOptions};
 use ooze_torch::tch::Tensor;
 
+/// What the entropy of each position is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntropyUse {
+    None,
+    /// A metric: a plain value.
+    Value,
+    /// A loss term: it carries gradients (the head runs as libtorch operations).
+    Gradient,
+}
+
 /// Per response token, flattened over the micro-batch's samples.
 pub struct ResponseScores {
     pub log_probs: Tensor,
@@ -112,7 +122,7 @@ pub fn response_log_probs_recomputed(
     decoder: &Decoder,
     samples: &[TrainSample],
     temperature: f64,
-    entropy: bool,
+    entropy: EntropyUse,
 ) -> (ResponseScores, Recomputed) {
     let packed = pack_tokens(decoder, samples);
     let mut inputs = Vec::with_capacity(decoder.num_layers());
@@ -140,7 +150,8 @@ pub fn response_log_probs_recomputed(
         .index_select(0, &packed.select);
     let options = ScoreOptions {
         temperature,
-        entropy,
+        entropy: entropy != EntropyUse::None,
+        entropy_gradient: entropy == EntropyUse::Gradient,
         ..Default::default()
     };
     let (log_probs, entropy) = head_log_probs(decoder, &hidden, &packed.targets, &options);
@@ -160,12 +171,13 @@ pub fn response_log_probs(
     decoder: &Decoder,
     samples: &[TrainSample],
     temperature: f64,
-    entropy: bool,
+    entropy: EntropyUse,
 ) -> ResponseScores {
     let (hidden, targets) = response_hidden(decoder, samples);
     let options = ScoreOptions {
         temperature,
-        entropy,
+        entropy: entropy != EntropyUse::None,
+        entropy_gradient: entropy == EntropyUse::Gradient,
         ..Default::default()
     };
     let (log_probs, entropy) = head_log_probs(decoder, &hidden, &targets, &options);

@@ -6,7 +6,7 @@
 //! Weight decay applies to matrices (≥ 2 dimensions); biases and norm weights are not decayed.
 
 use crate::TrainError;
-use ooze_torch::optim::{fused_adamw, fused_adamw_available, AdamW};
+use ooze_torch::optim::{foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, AdamW};
 use ooze_torch::tch::{self, Kind, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -99,30 +99,25 @@ impl Optimizer {
                 g.defined().then(|| g.to_kind(Kind::Float))
             })
             .collect();
-        let squares: Vec<Tensor> = grads
-            .iter()
-            .flatten()
-            .map(|g| g.square().sum(Kind::Float))
-            .collect();
-        let norm = if squares.is_empty() {
-            0.0
+        let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
+        if present.is_empty() {
+            return Ok(0.0);
+        }
+        let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
+        let total = norms.square().sum(Kind::Float).sqrt();
+        // Clipping divides the gradients inside the AdamW kernel: max(norm / clip, 1).
+        let clip = self.config.clip_grad;
+        let divisor = if clip > 0.0 {
+            (&total / clip).clamp_min(1.0)
         } else {
-            Tensor::stack(&squares, 0)
-                .sum(Kind::Float)
-                .sqrt()
-                .double_value(&[])
+            total.ones_like()
         };
+        let norm = total.double_value(&[]);
         if !norm.is_finite() {
             return Err(TrainError::NonFinite(format!(
                 "gradient norm is {norm}; the step was skipped"
             )));
         }
-        let clip = self.config.clip_grad;
-        let scale = if clip > 0.0 && norm > clip {
-            clip / (norm + 1e-6)
-        } else {
-            1.0
-        };
         for decay in [true, false] {
             let mut params = Vec::new();
             let (mut g, mut m, mut v, mut st) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -132,11 +127,7 @@ impl Optimizer {
                     continue;
                 }
                 params.push(s.master.as_ref().unwrap_or(&s.model).shallow_clone());
-                g.push(if scale == 1.0 {
-                    grad.shallow_clone()
-                } else {
-                    grad * scale
-                });
+                g.push(grad.shallow_clone());
                 m.push(s.exp_avg.shallow_clone());
                 v.push(s.exp_avg_sq.shallow_clone());
                 st.push(s.step.shallow_clone());
@@ -152,16 +143,33 @@ impl Optimizer {
                 eps: self.config.eps,
             };
             if fused_adamw_available() {
-                fused_adamw(&mut params, &g, &mut m, &mut v, &mut st, hyper)
-                    .map_err(|e| TrainError::Optimizer(e.to_string()))?;
+                fused_adamw(
+                    &mut params,
+                    &g,
+                    &mut m,
+                    &mut v,
+                    &mut st,
+                    hyper,
+                    Some(&divisor),
+                )
+                .map_err(|e| TrainError::Optimizer(e.to_string()))?;
             } else {
+                let g: Vec<Tensor> = g.iter().map(|g| g / &divisor).collect();
                 adamw_unfused(&mut params, &g, &mut m, &mut v, &mut st, hyper);
             }
         }
-        for s in &mut self.slots {
-            if let Some(master) = &s.master {
-                s.model.copy_(master);
-            }
+        let (mut models, masters): (Vec<Tensor>, Vec<Tensor>) = self
+            .slots
+            .iter()
+            .filter_map(|s| {
+                s.master
+                    .as_ref()
+                    .map(|m| (s.model.shallow_clone(), m.shallow_clone()))
+            })
+            .unzip();
+        if !models.is_empty() {
+            foreach_copy(&mut models, &masters)
+                .map_err(|e| TrainError::Optimizer(e.to_string()))?;
         }
         Ok(norm)
     }

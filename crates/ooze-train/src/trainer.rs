@@ -10,7 +10,7 @@
 
 use crate::batch::{pack, TrainSample};
 use crate::critic::Critic;
-use crate::forward::{response_log_probs, response_log_probs_recomputed};
+use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
 use crate::TrainError;
@@ -197,8 +197,18 @@ impl Trainer {
     /// Log-probs of every sample's response under `decoder`, without gradients.
     fn score(&self, decoder: &Decoder, samples: &[TrainSample]) -> Vec<Vec<f64>> {
         self.per_sample(samples, |chosen| {
-            response_log_probs(decoder, chosen, self.config.temperature, false).log_probs
+            response_log_probs(decoder, chosen, self.config.temperature, self.head_mode()).log_probs
         })
+    }
+
+    /// How scoring passes run the head: the same arithmetic as the training forward (an entropy
+    /// bonus needs the libtorch head), so that ratios start at exactly 1.
+    fn head_mode(&self) -> EntropyUse {
+        if self.config.loss.entropy_coef != 0.0 {
+            EntropyUse::Gradient
+        } else {
+            EntropyUse::None
+        }
     }
 
     /// `f` over each micro-batch without gradients, split back into per-sample host vectors.
@@ -373,8 +383,15 @@ impl Trainer {
                     .map(|&x| x as f64)
                     .collect())
             };
-            // Entropy: a loss term or an RL metric; SFT needs neither.
-            let want_entropy = loss_config.policy != PolicyLoss::Sft;
+            // Entropy: a loss term, an RL metric, or (SFT) nothing.
+            let want_entropy = if loss_config.policy == PolicyLoss::Sft {
+                EntropyUse::None
+            } else if loss_config.entropy_coef != 0.0 {
+                EntropyUse::Gradient
+            } else {
+                EntropyUse::Value
+            };
+            let phase = Phases::start(device);
             let (scores, recomputed) = if self.config.recompute_activations {
                 let (scores, r) = response_log_probs_recomputed(
                     &self.policy,
@@ -445,10 +462,12 @@ impl Trainer {
                 },
                 loss_config,
             );
+            let forward_done = phase.mark();
             terms.total.backward();
             if let Some(r) = recomputed {
                 r.backward(&self.policy);
             }
+            phase.report(forward_done, "micro-batch forward", "backward");
             let v = |t: &Tensor| t.double_value(&[]);
             metrics.loss += v(&terms.total.detach());
             metrics.policy_loss += v(&terms.policy);
@@ -488,7 +507,10 @@ impl Trainer {
             metrics.importance_weight,
         ) = (kl, obs, iw);
         metrics.value_loss = value;
+        let phase = Phases::start(device);
         metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+        let optimizer_done = phase.mark();
+        phase.report(optimizer_done, "optimizer", "-");
         self.optimizer.zero_grad();
         if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), critic_targets) {
             metrics.critic_grad_norm = Some(optimizer.step(metrics.lr)?);
@@ -524,5 +546,50 @@ impl Trainer {
             })
             .sum();
         (2.0 * n * tokens + attention) * (forwards + 2.0)
+    }
+}
+
+/// Per-phase timings of a step on stderr when `OOZE_TRAIN_PROFILE` is set (synchronises the GPU,
+/// so only for looking).
+struct Phases {
+    device: Device,
+    started: Option<Instant>,
+}
+
+impl Phases {
+    fn start(device: Device) -> Phases {
+        let on = std::env::var_os("OOZE_TRAIN_PROFILE").is_some();
+        let p = Phases {
+            device,
+            started: on.then(Instant::now),
+        };
+        if on {
+            p.sync();
+        }
+        p
+    }
+
+    fn sync(&self) {
+        if let Device::Cuda(i) = self.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    }
+
+    fn mark(&self) -> Option<Instant> {
+        self.started.map(|_| {
+            self.sync();
+            Instant::now()
+        })
+    }
+
+    fn report(&self, middle: Option<Instant>, first: &str, second: &str) {
+        if let (Some(start), Some(middle)) = (self.started, middle) {
+            self.sync();
+            eprintln!(
+                "train profile: {first} {:.1} ms, {second} {:.1} ms",
+                (middle - start).as_secs_f64() * 1e3,
+                middle.elapsed().as_secs_f64() * 1e3
+            );
+        }
     }
 }

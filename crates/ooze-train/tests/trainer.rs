@@ -10,7 +10,7 @@ use ooze_algo::{
 use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{Decoder, Family, Tokenizer};
 use ooze_torch::tch::{self, Device, Kind, Tensor};
-use ooze_train::forward::response_log_probs;
+use ooze_train::forward::{response_log_probs, EntropyUse};
 use ooze_train::sft_data::load_chat_jsonl;
 use ooze_train::{checkpoint, Decay, Schedule, TrainSample, Trainer, TrainerConfig};
 use std::path::Path;
@@ -62,7 +62,7 @@ fn full_loss(
     old: &Tensor,
     samples: &[TrainSample],
 ) -> Tensor {
-    let scores = response_log_probs(decoder, samples, 0.8, true);
+    let scores = response_log_probs(decoder, samples, 0.8, EntropyUse::Gradient);
     let steps: Vec<StepSample<'_>> = samples
         .iter()
         .map(|s| StepSample {
@@ -155,7 +155,7 @@ fn gradient_of_the_full_loss_matches_finite_differences() {
     let samples = rl_samples();
     let (reference, old) = {
         let _guard = tch::no_grad_guard();
-        let base = response_log_probs(&decoder, &samples, 0.8, false).log_probs;
+        let base = response_log_probs(&decoder, &samples, 0.8, EntropyUse::None).log_probs;
         let n = base.size()[0];
         let wiggle = |scale: f64| {
             Tensor::from_slice(

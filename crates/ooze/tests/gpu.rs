@@ -464,3 +464,98 @@ fn gpu_packed_flash_attention_matches_padded_and_trains() {
         last.loss
     );
 }
+
+/// The kernels with a backward (silu·mul, rotary) against the libtorch operations they replace:
+/// values and gradients, fp32.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_kernel_gradients_match_libtorch() {
+    require_gpu();
+    use ooze_model::config::Rope;
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let close = |a: &Tensor, b: &Tensor, what: &str| {
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{what}: max |diff| {diff}");
+    };
+    // silu·mul
+    let mut x = Tensor::randn([37, 2 * 80], (Kind::Float, dev)).set_requires_grad(true);
+    let w = Tensor::randn([37, 80], (Kind::Float, dev));
+    let fused = kernels::silu_mul(&x).unwrap();
+    (&fused * &w).sum(Kind::Float).backward();
+    let g_fused = x.grad().copy();
+    x.zero_grad();
+    let plain = x.narrow(1, 0, 80).silu() * x.narrow(1, 80, 80);
+    (&plain * &w).sum(Kind::Float).backward();
+    close(&fused, &plain, "silu_mul value");
+    close(&g_fused, &x.grad(), "silu_mul gradient");
+    // rotary: 6 heads of 64 out of rows of 7 heads (the last one untouched, like v)
+    let (tokens, heads, dim) = (29i64, 6i64, 64i64);
+    let mut rows =
+        Tensor::randn([tokens, (heads + 1) * dim], (Kind::Float, dev)).set_requires_grad(true);
+    let inv = ooze_model::rope::inverse_frequencies(
+        &Rope {
+            theta: 1e6,
+            llama3: None,
+        },
+        dim,
+        dev,
+    );
+    let positions = Tensor::arange(tokens, (Kind::Int64, dev)).unsqueeze(0) * 37;
+    let (cos, sin) = ooze_model::rope::cos_sin(&inv, &positions, Kind::Float);
+    let w = Tensor::randn([tokens, heads, dim], (Kind::Float, dev));
+    let fused = kernels::rope(
+        &rows,
+        &cos.view([tokens, dim]),
+        &sin.view([tokens, dim]),
+        heads,
+        dim,
+    )
+    .unwrap();
+    (&fused * &w).sum(Kind::Float).backward();
+    let g_fused = rows.grad().copy();
+    rows.zero_grad();
+    let x = rows
+        .narrow(1, 0, heads * dim)
+        .view([1, tokens, heads, dim])
+        .transpose(1, 2);
+    let plain = ooze_model::rope::apply(&x, &cos, &sin)
+        .transpose(1, 2)
+        .reshape([tokens, heads, dim]);
+    (&plain * &w).sum(Kind::Float).backward();
+    close(&fused, &plain, "rope value");
+    close(&g_fused, &rows.grad(), "rope gradient");
+}
+
+/// The fused head log-prob kernel against log_softmax written out: values, entropies and the
+/// gradients with respect to the hidden states and the head, fp32, at temperature 0.7.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_linear_log_prob_matches_log_softmax() {
+    require_gpu();
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let mut hidden = Tensor::randn([37, 64], (Kind::Float, dev)).set_requires_grad(true);
+    let mut weight = (Tensor::randn([3001, 64], (Kind::Float, dev)) * 0.3).set_requires_grad(true);
+    let targets = Tensor::randint(3001, [37], (Kind::Int64, dev));
+    let w = Tensor::randn([37], (Kind::Float, dev));
+    let (lp, h) = kernels::linear_log_prob(&hidden, &weight, &targets, 0.7).unwrap();
+    (&lp * &w).sum(Kind::Float).backward();
+    let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
+    hidden.zero_grad();
+    weight.zero_grad();
+    let logp = (hidden.matmul(&weight.tr()) / 0.7).log_softmax(-1, Kind::Float);
+    let plain = logp.gather(1, &targets.unsqueeze(1), false).squeeze_dim(1);
+    let entropy = -(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, Kind::Float);
+    (&plain * &w).sum(Kind::Float).backward();
+    let close = |a: &Tensor, b: &Tensor, what: &str| {
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff < 2e-5, "{what}: max |diff| {diff}");
+    };
+    close(&lp, &plain, "log-prob");
+    close(&h, &entropy.detach(), "entropy");
+    close(&gh, &hidden.grad(), "d/dhidden");
+    close(&gw, &weight.grad(), "d/dweight");
+}
