@@ -20,6 +20,9 @@ pub struct ScoreOptions {
     /// The entropy must carry gradients (an entropy bonus in the loss): the head runs as libtorch
     /// operations instead of ooze's fused log-prob kernel, whose entropy is a plain value.
     pub entropy_gradient: bool,
+    /// With gradients: recompute the logits in the backward pass instead of holding them (2
+    /// bytes per logit) until then (activation recomputation).
+    pub recompute_logits: bool,
 }
 
 impl Default for ScoreOptions {
@@ -29,6 +32,7 @@ impl Default for ScoreOptions {
             chunk_tokens: 1024,
             entropy: false,
             entropy_gradient: false,
+            recompute_logits: false,
         }
     }
 }
@@ -64,6 +68,7 @@ pub fn head_log_probs(
                 decoder.head_weight(),
                 &targets.narrow(0, start, len),
                 options.temperature,
+                rows.requires_grad() && !options.recompute_logits,
             )
             .expect("invariant: hidden rows, head and targets on one GPU are valid");
             log_probs.push(lp);

@@ -226,15 +226,22 @@ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
 __global__ void log_prob_forward_kernel(const float* __restrict__ logits, int vocab,
                                         const int64_t* __restrict__ targets, float inv_temp,
                                         float* __restrict__ log_prob, float* __restrict__ lse_out,
-                                        float* __restrict__ entropy) {
+                                        float* __restrict__ entropy,
+                                        __nv_bfloat16* __restrict__ logits_bf16) {
   const int row = blockIdx.x, tid = threadIdx.x;
   const float* x = logits + static_cast<int64_t>(row) * vocab;
   Moments acc{-INFINITY, 0.f, 0.f};
   if (vocab % 4 == 0) {
     // Four at a time: one local max, then one merge.
     const float4* x4 = reinterpret_cast<const float4*>(x);
+    __nv_bfloat16* keep =
+        logits_bf16 ? logits_bf16 + static_cast<int64_t>(row) * vocab : nullptr;
     for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
       const float4 q = x4[i];
+      if (keep) {
+        Pair<__nv_bfloat16>::store(keep + 4 * i, make_float2(q.x, q.y));
+        Pair<__nv_bfloat16>::store(keep + 4 * i + 2, make_float2(q.z, q.w));
+      }
       const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp, d = q.w * inv_temp;
       const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
       const float ea = expf(a - m), eb = expf(b - m), ec = expf(c - m), ed = expf(d - m);
@@ -242,6 +249,7 @@ __global__ void log_prob_forward_kernel(const float* __restrict__ logits, int vo
     }
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+      if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(x[i]);
       const float v = x[i] * inv_temp;
       acc = merge_moments(acc, Moments{v, 1.f, v});
     }
@@ -272,8 +280,8 @@ __global__ void log_prob_forward_kernel(const float* __restrict__ logits, int vo
 }
 
 // d logits = g · inv_temp · (onehot(target) − softmax(x)), written in T (the matmul's dtype).
-template <typename T>
-__global__ void log_prob_backward_kernel(const float* __restrict__ logits, int vocab,
+template <typename TIn, typename T>
+__global__ void log_prob_backward_kernel(const TIn* __restrict__ logits, int vocab,
                                          const int64_t* __restrict__ targets,
                                          const float* __restrict__ lse,
                                          const float* __restrict__ grad, float inv_temp,
@@ -283,10 +291,10 @@ __global__ void log_prob_backward_kernel(const float* __restrict__ logits, int v
   const float g = grad[row] * inv_temp, l = lse[row];
   const int64_t target = targets[row];
   if (vocab % 4 == 0) {
-    const float4* x4 = reinterpret_cast<const float4*>(logits + base);
     for (int i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
-      const float4 q = x4[i];
       const int j = 4 * i;
+      const float2 lo = Pair<TIn>::load(logits + base + j), hi = Pair<TIn>::load(logits + base + j + 2);
+      const float4 q = make_float4(lo.x, lo.y, hi.x, hi.y);
       const float d0 = g * ((j == target ? 1.f : 0.f) - expf(q.x * inv_temp - l));
       const float d1 = g * ((j + 1 == target ? 1.f : 0.f) - expf(q.y * inv_temp - l));
       const float d2 = g * ((j + 2 == target ? 1.f : 0.f) - expf(q.z * inv_temp - l));
@@ -297,7 +305,7 @@ __global__ void log_prob_backward_kernel(const float* __restrict__ logits, int v
     return;
   }
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float p = expf(logits[base + i] * inv_temp - l);
+    const float p = expf(to_float(logits[base + i]) * inv_temp - l);
     out[base + i] = from_float<T>(g * ((i == target ? 1.f : 0.f) - p));
   }
 }
@@ -715,21 +723,30 @@ int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
 
 int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
                                  const int64_t* targets, float inv_temp, float* log_prob,
-                                 float* lse, float* entropy, cudaStream_t stream) {
-  log_prob_forward_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(logits, vocab, targets, inv_temp,
-                                                               log_prob, lse, entropy);
+                                 float* lse, float* entropy, void* logits_bf16,
+                                 cudaStream_t stream) {
+  log_prob_forward_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(
+      logits, vocab, targets, inv_temp, log_prob, lse, entropy,
+      static_cast<__nv_bfloat16*>(logits_bf16));
   return static_cast<int>(cudaGetLastError());
 }
 
-int ooze_launch_log_prob_backward(int bf16, const float* logits, int rows, int vocab,
-                                  const int64_t* targets, const float* lse, const float* grad,
-                                  float inv_temp, void* out, cudaStream_t stream) {
-  if (bf16) {
-    log_prob_backward_kernel<__nv_bfloat16><<<rows, 1024, 0, stream>>>(
-        logits, vocab, targets, lse, grad, inv_temp, static_cast<__nv_bfloat16*>(out));
+int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16, int rows,
+                                  int vocab, const int64_t* targets, const float* lse,
+                                  const float* grad, float inv_temp, void* out,
+                                  cudaStream_t stream) {
+  using B = __nv_bfloat16;
+  if (logits_bf16) {
+    log_prob_backward_kernel<B, B><<<rows, 1024, 0, stream>>>(
+        static_cast<const B*>(logits), vocab, targets, lse, grad, inv_temp, static_cast<B*>(out));
+  } else if (bf16) {
+    log_prob_backward_kernel<float, B><<<rows, 1024, 0, stream>>>(
+        static_cast<const float*>(logits), vocab, targets, lse, grad, inv_temp,
+        static_cast<B*>(out));
   } else {
-    log_prob_backward_kernel<float><<<rows, 1024, 0, stream>>>(
-        logits, vocab, targets, lse, grad, inv_temp, static_cast<float*>(out));
+    log_prob_backward_kernel<float, float><<<rows, 1024, 0, stream>>>(
+        static_cast<const float*>(logits), vocab, targets, lse, grad, inv_temp,
+        static_cast<float*>(out));
   }
   return static_cast<int>(cudaGetLastError());
 }

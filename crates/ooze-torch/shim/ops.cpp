@@ -27,10 +27,12 @@ int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
                      float sign, cudaStream_t stream);
 int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
                                  const int64_t* targets, float inv_temp, float* log_prob,
-                                 float* lse, float* entropy, cudaStream_t stream);
-int ooze_launch_log_prob_backward(int bf16, const float* logits, int rows, int vocab,
-                                  const int64_t* targets, const float* lse, const float* grad,
-                                  float inv_temp, void* out, cudaStream_t stream);
+                                 float* lse, float* entropy, void* logits_bf16,
+                                 cudaStream_t stream);
+int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16, int rows,
+                                  int vocab, const int64_t* targets, const float* lse,
+                                  const float* grad, float inv_temp, void* out,
+                                  cudaStream_t stream);
 int ooze_attention_splits(int read_len);
 int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                  const int64_t* slots, const int64_t* positions, int rows,
@@ -149,25 +151,32 @@ at::Tensor fp32_logits(const at::Tensor& hidden, const at::Tensor& weight) {
   return at::mm(hidden, weight.t(), at::kFloat);
 }
 
-// log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated) and a backward
-// that recomputes the logits instead of keeping [rows, vocab] fp32 tensors alive.
+// log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated). The backward
+// either reads the logits kept in bf16 by the forward kernel (`keep_logits`: the rounding autocast
+// PyTorch trains with, 2 bytes per logit held until the backward) or recomputes them in fp32.
 struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& hidden,
                                                 const at::Tensor& weight,
-                                                const at::Tensor& targets, double inv_temp) {
+                                                const at::Tensor& targets, double inv_temp,
+                                                bool keep_logits) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
     at::Tensor log_prob = at::empty({rows}, f32), lse = at::empty({rows}, f32),
                entropy = at::empty({rows}, f32);
+    at::Tensor kept;
+    if (keep_logits && hidden.scalar_type() == at::kBFloat16) {
+      kept = at::empty({rows, vocab}, hidden.options());
+    }
     if (rows > 0) {
       const at::Tensor logits = fp32_logits(hidden, weight);
       check_launch(ooze_launch_log_prob_forward(
           logits.data_ptr<float>(), static_cast<int>(rows), static_cast<int>(vocab),
           targets.data_ptr<int64_t>(), static_cast<float>(inv_temp), log_prob.data_ptr<float>(),
-          lse.data_ptr<float>(), entropy.data_ptr<float>(), stream()));
+          lse.data_ptr<float>(), entropy.data_ptr<float>(),
+          kept.defined() ? kept.data_ptr() : nullptr, stream()));
     }
-    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->save_for_backward({hidden, weight, targets, lse, kept});
     ctx->saved_data["inv_temp"] = inv_temp;
     ctx->mark_non_differentiable({entropy});
     return {log_prob, entropy};
@@ -175,20 +184,23 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3],
+                     &kept = saved[4];
     const double inv_temp = ctx->saved_data["inv_temp"].toDouble();
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
     at::Tensor grad = grads[0].defined() ? grads[0].to(at::kFloat).contiguous()
                                          : at::zeros({rows}, hidden.options().dtype(at::kFloat));
-    const at::Tensor logits = fp32_logits(hidden, weight);
+    const at::Tensor logits = kept.defined() ? kept : fp32_logits(hidden, weight);
     at::Tensor d_logits = at::empty({rows, vocab}, hidden.options());
     if (rows > 0) {
       check_launch(ooze_launch_log_prob_backward(
-          hidden.scalar_type() == at::kBFloat16, logits.data_ptr<float>(), static_cast<int>(rows),
-          static_cast<int>(vocab), targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
-          grad.data_ptr<float>(), static_cast<float>(inv_temp), d_logits.data_ptr(), stream()));
+          hidden.scalar_type() == at::kBFloat16, logits.data_ptr(), kept.defined() ? 1 : 0,
+          static_cast<int>(rows), static_cast<int>(vocab), targets.data_ptr<int64_t>(),
+          lse.data_ptr<float>(), grad.data_ptr<float>(), static_cast<float>(inv_temp),
+          d_logits.data_ptr(), stream()));
     }
-    return {at::mm(d_logits, weight), at::mm(d_logits.t(), hidden), at::Tensor(), at::Tensor()};
+    return {at::mm(d_logits, weight), at::mm(d_logits.t(), hidden), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -368,8 +380,8 @@ at::Tensor* ooze_rope(const at::Tensor* x, const at::Tensor* cos, const at::Tens
 // hidden [rows, h], weight [vocab, h] (bf16 or fp32, contiguous), targets int64 [rows]. Writes the
 // two [rows] fp32 results through `log_prob` and `entropy`; returns 0 or 1 (error recorded).
 int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
-                         const at::Tensor* targets, double inv_temp, at::Tensor** log_prob,
-                         at::Tensor** entropy) {
+                         const at::Tensor* targets, double inv_temp, int keep_logits,
+                         at::Tensor** log_prob, at::Tensor** entropy) {
   try {
     check_cuda(*hidden, "hidden");
     c10::cuda::CUDAGuard guard(hidden->device());
@@ -381,7 +393,7 @@ int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
     TORCH_CHECK(targets->scalar_type() == at::kLong && targets->numel() == hidden->size(0),
                 "targets must be int64 [rows]");
     auto out = LinearLogProbFunction::apply(hidden->contiguous(), *weight,
-                                            targets->contiguous(), inv_temp);
+                                            targets->contiguous(), inv_temp, keep_logits != 0);
     *log_prob = new at::Tensor(out[0]);
     *entropy = new at::Tensor(out[1]);
     return 0;

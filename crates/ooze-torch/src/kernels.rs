@@ -87,6 +87,7 @@ mod ffi {
             weight: *const CTensor,
             targets: *const CTensor,
             inv_temp: f64,
+            keep_logits: i32,
             log_prob: *mut *mut CTensor,
             entropy: *mut *mut CTensor,
         ) -> i32;
@@ -310,15 +311,17 @@ pub fn rope(
 
 /// `log_softmax(hidden·Wᵀ / temperature)` at `targets [rows]` and the entropy of each row's
 /// distribution, for `hidden [rows, h]` and the LM head `weight [vocab, h]` (bf16 or fp32, CUDA):
-/// the logits are fp32 from the matmul itself and never leave one chunk; the log-probs are
-/// differentiable in `hidden` and `weight` (the backward recomputes the logits), the entropies
-/// are not.
+/// the logits are fp32 from the matmul itself; the log-probs are differentiable in `hidden` and
+/// `weight`, the entropies are not. For the backward, `keep_logits` holds the logits in bf16 (2
+/// bytes each until the backward; the rounding autocast PyTorch trains with), otherwise the
+/// backward recomputes them in fp32.
 #[allow(unused_variables)]
 pub fn linear_log_prob(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
     temperature: f64,
+    keep_logits: bool,
 ) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
@@ -330,6 +333,7 @@ pub fn linear_log_prob(
                 weight.as_ptr().cast(),
                 targets.as_ptr().cast(),
                 1.0 / temperature,
+                keep_logits as i32,
                 &mut log_prob,
                 &mut entropy,
             )

@@ -152,6 +152,7 @@ pub fn response_log_probs_recomputed(
         temperature,
         entropy: entropy != EntropyUse::None,
         entropy_gradient: entropy == EntropyUse::Gradient,
+        recompute_logits: true,
         ..Default::default()
     };
     let (log_probs, entropy) = head_log_probs(decoder, &hidden, &packed.targets, &options);

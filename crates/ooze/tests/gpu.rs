@@ -541,7 +541,7 @@ fn gpu_linear_log_prob_matches_log_softmax() {
     let mut weight = (Tensor::randn([3001, 64], (Kind::Float, dev)) * 0.3).set_requires_grad(true);
     let targets = Tensor::randint(3001, [37], (Kind::Int64, dev));
     let w = Tensor::randn([37], (Kind::Float, dev));
-    let (lp, h) = kernels::linear_log_prob(&hidden, &weight, &targets, 0.7).unwrap();
+    let (lp, h) = kernels::linear_log_prob(&hidden, &weight, &targets, 0.7, false).unwrap();
     (&lp * &w).sum(Kind::Float).backward();
     let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
     hidden.zero_grad();
@@ -558,4 +558,25 @@ fn gpu_linear_log_prob_matches_log_softmax() {
     close(&h, &entropy.detach(), "entropy");
     close(&gh, &hidden.grad(), "d/dhidden");
     close(&gw, &weight.grad(), "d/dweight");
+
+    // bf16: the backward from logits kept in bf16 against the one that recomputes them in fp32.
+    let grads = |keep: bool| {
+        let mut h16 = hidden
+            .detach()
+            .to_kind(Kind::BFloat16)
+            .set_requires_grad(true);
+        let w16 = weight.detach().to_kind(Kind::BFloat16);
+        let (lp, _) = kernels::linear_log_prob(&h16, &w16, &targets, 0.7, keep).unwrap();
+        (&lp * &w).sum(Kind::Float).backward();
+        let g = h16.grad().to_kind(Kind::Float);
+        h16.zero_grad();
+        (lp.detach(), g)
+    };
+    let ((lp_keep, g_keep), (lp_re, g_re)) = (grads(true), grads(false));
+    assert!(
+        lp_keep.equal(&lp_re),
+        "the forward does not depend on keeping the logits"
+    );
+    let rel = (&g_keep - &g_re).abs().max().double_value(&[]) / g_re.abs().max().double_value(&[]);
+    assert!(rel < 2e-2, "kept-logits gradient off by {rel} (relative)");
 }
