@@ -120,3 +120,25 @@ pub fn list_gpus() -> Result<Vec<GpuInfo>, DriverError> {
         Ok(gpus)
     }
 }
+
+/// Dense bf16 tensor-core peak of a GPU model, FLOP/s (for MFU), when ooze knows it.
+pub fn bf16_peak_flops(name: &str) -> Option<f64> {
+    [
+        ("H200", 989e12),
+        ("H100", 989e12),
+        ("A100", 312e12),
+        ("L40S", 362e12),
+    ]
+    .iter()
+    .find(|(key, _)| name.contains(key))
+    .map(|&(_, peak)| peak)
+}
+
+/// The bf16 peak of CUDA device `index`, when its name is known.
+pub fn device_bf16_peak(index: usize) -> Option<f64> {
+    list_gpus()
+        .ok()?
+        .into_iter()
+        .nth(index)
+        .and_then(|g| bf16_peak_flops(&g.name))
+}

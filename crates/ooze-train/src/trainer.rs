@@ -83,10 +83,16 @@ pub struct StepMetrics {
     /// Model FLOPs of the step (forward 2N, backward 4N per token, attention included; the
     /// recomputation passes counted as forwards).
     pub flops: f64,
+    /// Model FLOPs per second over the GPU's dense bf16 peak, on GPUs ooze knows.
+    pub mfu: Option<f64>,
     /// |trainer − rollout engine| log-prob over trained tokens (RL steps with rollout log-probs).
     pub rollout_logp_diff_mean: Option<f64>,
     pub rollout_logp_diff_max: Option<f64>,
 }
+
+/// A reward post-processing function: the step's samples and their raw rewards in, the rewards
+/// the estimator uses out.
+pub type RewardHookFn = dyn Fn(&[SampleInput<'_>], &mut [f64]) + Send;
 
 /// Per-sample values before the update and the targets the critic fits.
 type CriticTargets = (Vec<Vec<f64>>, Vec<Vec<f64>>);
@@ -97,6 +103,12 @@ pub struct Trainer {
     optimizer: Optimizer,
     /// The PPO critic and its own optimizer (same schedule and settings).
     critic: Option<(Critic, Optimizer)>,
+    /// A teacher for on-policy distillation (`advantage.opd_coef`).
+    teacher: Option<Decoder>,
+    /// Replaces the built-in group normalisation of the rewards.
+    reward_hook: Option<Box<RewardHookFn>>,
+    /// The GPU's bf16 peak, for MFU.
+    peak_flops: Option<f64>,
     pub config: TrainerConfig,
     step: u64,
 }
@@ -135,11 +147,18 @@ impl Trainer {
             ));
         }
         let optimizer = Optimizer::new(policy.trainable_parameters(), config.optimizer.clone());
+        let peak_flops = match policy.device() {
+            Device::Cuda(i) => ooze_torch::cuda_driver::device_bf16_peak(i),
+            _ => None,
+        };
         Ok(Trainer {
             policy,
             reference,
             optimizer,
             critic: None,
+            teacher: None,
+            reward_hook: None,
+            peak_flops,
             config,
             step: 0,
         })
@@ -150,6 +169,18 @@ impl Trainer {
         let optimizer =
             Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
         self.critic = Some((critic, optimizer));
+    }
+
+    /// Adds a frozen teacher: its log-probs of the responses enter the advantages as
+    /// `−opd_coef·(logp_old − logp_teacher)` (on-policy distillation).
+    pub fn set_teacher(&mut self, teacher: Decoder) {
+        self.teacher = Some(teacher);
+    }
+
+    /// Replaces the built-in group normalisation of rewards with `hook` (slime's custom reward
+    /// post-processing).
+    pub fn set_reward_hook(&mut self, hook: Box<RewardHookFn>) {
+        self.reward_hook = Some(hook);
     }
 
     pub fn critic(&self) -> Option<&Critic> {
@@ -281,6 +312,7 @@ impl Trainer {
         }
         let old = self.score(&self.policy, samples);
         let reference = self.reference.as_ref().map(|r| self.score(r, samples));
+        let teacher = self.teacher.as_ref().map(|t| self.score(t, samples));
         let old_values = self
             .critic
             .as_ref()
@@ -296,10 +328,14 @@ impl Trainer {
                 logp_old: Some(&old[i]),
                 logp_ref: reference.as_ref().map(|r| r[i].as_slice()),
                 values: old_values.as_ref().map(|v| v[i].as_slice()),
-                logp_teacher: None,
+                logp_teacher: teacher.as_ref().map(|t| t[i].as_slice()),
             })
             .collect();
-        let advantages = compute_advantages(&inputs, &self.config.advantage, None)?;
+        let hook = self
+            .reward_hook
+            .as_deref()
+            .map(|h| h as &dyn Fn(&[SampleInput<'_>], &mut [f64]));
+        let advantages = compute_advantages(&inputs, &self.config.advantage, hook)?;
         // The critic fits the returns (ppo) or, for the other estimators, the advantages.
         let targets = old_values.as_ref().map(|v| {
             let returns = advantages
@@ -529,6 +565,9 @@ impl Trainer {
         metrics.flops = self.flops(samples, forwards);
         metrics.seconds = started.elapsed().as_secs_f64();
         metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
+        metrics.mfu = self
+            .peak_flops
+            .map(|peak| metrics.flops / metrics.seconds / peak);
         Ok(metrics)
     }
 

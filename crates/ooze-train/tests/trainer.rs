@@ -453,3 +453,36 @@ fn activation_recomputation_takes_the_same_steps() {
         );
     }
 }
+
+#[test]
+fn teacher_and_reward_hook_reach_the_advantages() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path(), Family::Qwen2, 15);
+    let teacher_dir = tempfile::tempdir().unwrap();
+    tiny_model(teacher_dir.path(), Family::Qwen2, 16);
+    let load = |d: &Path| Decoder::load(d, Device::Cpu, Kind::Float).unwrap();
+    let mut config = TrainerConfig::default();
+    config.schedule.lr = 1e-3;
+
+    // A hook that gives every sample the same reward: grpo advantages vanish.
+    let mut flat = Trainer::new(load(dir.path()), None, config.clone()).unwrap();
+    flat.set_reward_hook(Box::new(|_, rewards| {
+        rewards.iter_mut().for_each(|r| *r = 0.0)
+    }));
+    assert_eq!(flat.rl_step(&rl_samples()).unwrap().policy_loss, 0.0);
+
+    config.advantage.opd_coef = 0.5;
+    let mut missing = Trainer::new(load(dir.path()), None, config.clone()).unwrap();
+    let err = missing.rl_step(&rl_samples()).unwrap_err();
+    assert!(err.to_string().contains("logp_teacher"), "{err}");
+    let mut distilled = Trainer::new(load(dir.path()), None, config).unwrap();
+    distilled.set_teacher(load(teacher_dir.path()));
+    distilled.set_reward_hook(Box::new(|_, rewards| {
+        rewards.iter_mut().for_each(|r| *r = 0.0)
+    }));
+    let m = distilled.rl_step(&rl_samples()).unwrap();
+    assert!(
+        m.policy_loss != 0.0,
+        "the teacher's log-probs moved the advantages"
+    );
+}

@@ -236,23 +236,9 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Dense bf16 tensor-core peak of known GPUs, FLOP/s (for MFU).
-fn bf16_peak(name: &str) -> Option<f64> {
-    [
-        ("H200", 989e12),
-        ("H100", 989e12),
-        ("A100", 312e12),
-        ("L40S", 362e12),
-    ]
-    .iter()
-    .find(|(key, _)| name.contains(key))
-    .map(|&(_, peak)| peak)
-}
-
 fn train(a: TrainArgs) -> anyhow::Result<()> {
     use ooze_train::{TrainSample, Trainer, TrainerConfig};
     let decoder = load_decoder(&a.model, &a.compute)?;
-    let device = decoder.device();
     let vocab = decoder.config.vocab_size as u64;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut token = || {
@@ -289,17 +275,9 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
     steps.sort_by(|x, y| x.seconds.partial_cmp(&y.seconds).expect("finite times"));
     let m = &steps[steps.len() / 2];
     let achieved = m.flops / m.seconds;
-    let gpu = match device {
-        Device::Cuda(i) => ooze_torch::cuda_driver::list_gpus()
-            .ok()
-            .and_then(|g| g.into_iter().nth(i))
-            .map(|g| g.name),
-        Device::Cpu | Device::Mps | Device::Vulkan => None,
-    };
-    let mfu = gpu
-        .as_deref()
-        .and_then(bf16_peak)
-        .map(|peak| format!(", MFU {:.1}%", 100.0 * achieved / peak))
+    let mfu = m
+        .mfu
+        .map(|u| format!(", MFU {:.1}%", 100.0 * u))
         .unwrap_or_default();
     println!(
         "train step {}x{} {} ({} micro-batches{}): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}; loss {:.4}, grad norm {:.3}",
