@@ -397,45 +397,19 @@ impl Decoder {
 
     /// All parameters with their transformers state-dict names, in checkpoint order.
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = vec![(
-            "model.embed_tokens.weight".to_owned(),
-            self.embed_tokens.shallow_clone(),
-        )];
-        let mut push = |name: String, t: &Tensor| out.push((name, t.shallow_clone()));
-        for (i, l) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            push(format!("{p}.input_layernorm.weight"), &l.input_norm);
-            for (name, (weight, bias)) in [
-                ("self_attn.q_proj", &l.q),
-                ("self_attn.k_proj", &l.k),
-                ("self_attn.v_proj", &l.v),
-                ("self_attn.o_proj", &l.o),
-                ("mlp.gate_proj", &l.gate),
-                ("mlp.up_proj", &l.up),
-                ("mlp.down_proj", &l.down),
-            ] {
-                push(format!("{p}.{name}.weight"), weight);
-                if let Some(b) = bias {
-                    push(format!("{p}.{name}.bias"), b);
-                }
-            }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                push(format!("{p}.self_attn.q_norm.weight"), qn);
-                push(format!("{p}.self_attn.k_norm.weight"), kn);
-            }
-            push(format!("{p}.post_attention_layernorm.weight"), &l.post_norm);
-        }
-        push("model.norm.weight".into(), &self.norm);
-        if let Some(head) = &self.lm_head {
-            push("lm_head.weight".into(), head);
-        }
-        out
+        self.parameters(false)
     }
 
     /// The tensors an optimizer updates (each exactly once): the fused q/k/v and gate/up matrices
     /// themselves — named `…self_attn.qkv_proj.weight` / `…mlp.gate_up_proj.weight` — instead of
     /// the per-projection views that [`Decoder::named_parameters`] lists for checkpoints.
     pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
+        self.parameters(true)
+    }
+
+    /// The parameters in checkpoint order, with the projections as the fused matrices or as the
+    /// per-projection views.
+    fn parameters(&self, fused: bool) -> Vec<(String, Tensor)> {
         let mut out = vec![(
             "model.embed_tokens.weight".to_owned(),
             self.embed_tokens.shallow_clone(),
@@ -444,12 +418,25 @@ impl Decoder {
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             push(format!("{p}.input_layernorm.weight"), &l.input_norm);
-            for (name, (weight, bias)) in [
-                ("self_attn.qkv_proj", &l.qkv),
-                ("self_attn.o_proj", &l.o),
-                ("mlp.gate_up_proj", &l.gate_up),
-                ("mlp.down_proj", &l.down),
-            ] {
+            let projections: Vec<(&str, &Projection)> = if fused {
+                vec![
+                    ("self_attn.qkv_proj", &l.qkv),
+                    ("self_attn.o_proj", &l.o),
+                    ("mlp.gate_up_proj", &l.gate_up),
+                    ("mlp.down_proj", &l.down),
+                ]
+            } else {
+                vec![
+                    ("self_attn.q_proj", &l.q),
+                    ("self_attn.k_proj", &l.k),
+                    ("self_attn.v_proj", &l.v),
+                    ("self_attn.o_proj", &l.o),
+                    ("mlp.gate_proj", &l.gate),
+                    ("mlp.up_proj", &l.up),
+                    ("mlp.down_proj", &l.down),
+                ]
+            };
+            for (name, (weight, bias)) in projections {
                 push(format!("{p}.{name}.weight"), weight);
                 if let Some(b) = bias {
                     push(format!("{p}.{name}.bias"), b);
