@@ -7,10 +7,18 @@
 //! context lives in a [`KvCache`] that the caller owns, so the same weights serve training (full
 //! sequences, autograd) and decoding.
 //!
-//! Attention layouts ([`Attention`]): right-padded batches use the causal kernel directly (padding
-//! sits after every real token, so causality already hides it); packed batches use a block-diagonal
-//! causal mask; incremental decoding attends to the cache plus the new tokens.
+//! Attention layouts ([`Attention`], in [`crate::attention`]): right-padded batches use the causal
+//! kernel directly (padding sits after every real token, so causality already hides it); packed
+//! batches use FlashAttention over variable lengths on a GPU and a block-diagonal causal mask
+//! elsewhere; incremental decoding attends to the cache plus the new tokens; slot decoding runs
+//! ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
+//! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
+use crate::attention::{
+    decode_attention, decode_bias, offset_causal_mask, packed_mask, read_slots, round_up, KvTarget,
+    SlotRead,
+};
+pub use crate::attention::{Attention, KvCache, SlotCache, KEY_ALIGN};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -96,15 +104,6 @@ fn silu_mul(gate_up: &Tensor, width: i64) -> Tensor {
     gate_up.narrow(-1, 0, width).silu() * gate_up.narrow(-1, width, width)
 }
 
-/// Positions `[.., 0..read_len]` of the slots `read` selects, as `[B, kv_heads, read_len, head_dim]`.
-fn read_slots(layer: &Tensor, read: &SlotRead, read_len: i64) -> Tensor {
-    let rows = match read {
-        SlotRead::Range { start, count } => layer.narrow(0, *start, *count),
-        SlotRead::Gather(index) => layer.index_select(0, index),
-    };
-    rows.narrow(1, 0, read_len).transpose(1, 2)
-}
-
 struct Layer {
     input_norm: Tensor,
     /// q, k and v projections in one matrix (rows q, then k, then v): one matmul per layer.
@@ -122,141 +121,6 @@ struct Layer {
     gate: Projection,
     up: Projection,
     down: Projection,
-}
-
-/// Key/value tensors of one layer for a batch of sequences that all have `len` cached tokens.
-pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
-    len: i64,
-}
-
-impl KvCache {
-    pub fn new(num_layers: usize) -> KvCache {
-        KvCache {
-            layers: (0..num_layers).map(|_| None).collect(),
-            len: 0,
-        }
-    }
-    /// Tokens cached so far (per sequence).
-    pub fn len(&self) -> i64 {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-/// Key/value memory in fixed slots, one sequence per slot: per layer `[slots, max_len, kv_heads,
-/// head_dim]` for keys and for values. The engine owns it and decides which slot a request uses;
-/// a row of a batch names its slot and how many tokens the slot already holds.
-pub struct SlotCache {
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
-    slots: i64,
-    max_len: i64,
-}
-
-impl SlotCache {
-    /// Allocates `slots × max_len` tokens of KV memory for `config` on `device` in `kind`.
-    pub fn new(
-        config: &ModelConfig,
-        slots: i64,
-        max_len: i64,
-        device: Device,
-        kind: Kind,
-    ) -> SlotCache {
-        let shape = [slots, max_len, config.num_kv_heads, config.head_dim];
-        let layer = || Tensor::zeros(shape, (kind, device));
-        SlotCache {
-            k: (0..config.num_layers).map(|_| layer()).collect(),
-            v: (0..config.num_layers).map(|_| layer()).collect(),
-            slots,
-            max_len,
-        }
-    }
-
-    /// Bytes one cached token takes across all layers.
-    pub fn bytes_per_token(config: &ModelConfig, kind: Kind) -> i64 {
-        2 * config.num_layers
-            * config.num_kv_heads
-            * config.head_dim
-            * kind.elt_size_in_bytes() as i64
-    }
-
-    pub fn slots(&self) -> i64 {
-        self.slots
-    }
-
-    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt prefix).
-    pub fn copy_prefix(&mut self, from: i64, to: i64, len: i64) {
-        for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let src = layer.narrow(0, from, 1).narrow(1, 0, len);
-            layer.narrow(0, to, 1).narrow(1, 0, len).copy_(&src);
-        }
-    }
-
-    pub fn max_len(&self) -> i64 {
-        self.max_len
-    }
-}
-
-/// Keys read from slots are padded to a multiple of this many positions: the fused attention
-/// kernels want an aligned bias, and fewer distinct shapes means fewer kernel plans.
-pub const KEY_ALIGN: i64 = 16;
-
-fn round_up(n: i64, to: i64) -> i64 {
-    (n + to - 1) / to * to
-}
-
-/// How the tokens of a batch may attend to each other.
-pub enum Attention<'a> {
-    /// `[B, T]` right-padded sequences; position `t` sees positions `≤ t` of its own row.
-    Causal,
-    /// `[1, N]` packed sequences: token `i` sees token `j ≤ i` only when both belong to the same
-    /// sequence. The lengths must sum to `N`.
-    Packed { lengths: &'a [i64] },
-    /// New tokens `[B, T]` appended to the cache; they see the whole cache and causally each other.
-    Cached(&'a mut KvCache),
-    /// New tokens `[B, T]`, row `b` appended to slot `slots[b]` after its `past[b]` cached tokens;
-    /// they see their own slot's history and causally each other.
-    Slots {
-        cache: &'a mut SlotCache,
-        slots: &'a [i64],
-        past: &'a [i64],
-    },
-    /// One new token per row (`[B, 1]`), everything on the device: row `b` is appended to slot
-    /// `slots[b]` after `past[b]` tokens and attends over the slot's first `read_len` positions.
-    /// Nothing here synchronises with the host, so a step can be captured in a CUDA graph.
-    SlotDecode {
-        cache: &'a mut SlotCache,
-        slots: &'a Tensor,
-        past: &'a Tensor,
-        read_len: i64,
-        /// Row `b` reads slot `b` (the batch occupies slots `0..B` in order): a view, no gather.
-        /// Writes still go to `slots`.
-        rows_are_slots: bool,
-    },
-}
-
-/// Where a layer's new keys and values go, and what they are read back with.
-enum KvTarget<'a> {
-    None,
-    Contiguous(&'a mut KvCache),
-    Slots {
-        cache: &'a mut SlotCache,
-        /// `[B, T]` slot and position of every new token (where to write).
-        write_slot: Tensor,
-        write_pos: Tensor,
-        /// Which slots to read, and how many positions of them.
-        read: SlotRead,
-        read_len: i64,
-    },
-}
-
-/// The slots a batch reads: a run of consecutive slots is a view; anything else is gathered.
-enum SlotRead {
-    Range { start: i64, count: i64 },
-    Gather(Tensor),
 }
 
 /// A loaded decoder.
@@ -888,75 +752,5 @@ impl Decoder {
             .expand([b, t], false);
         let hidden = self.hidden_states(tokens, &positions, Attention::Cached(cache));
         self.logits(&hidden.select(1, t - 1)).to_kind(Kind::Float)
-    }
-}
-
-/// `[B, KV, H/KV, L]` additive bias (0 where attending, −∞ elsewhere) from a `[B, 1, 1, L]` mask.
-fn decode_bias(mask: &Tensor, kv: i64, group: i64, kind: Kind) -> Tensor {
-    let size = mask.size();
-    let (b, len) = (size[0], size[3]);
-    Tensor::zeros([b, 1, 1, len], (kind, mask.device()))
-        .masked_fill(&mask.logical_not(), f64::NEG_INFINITY)
-        .expand([b, kv, group, len], false)
-}
-
-/// Attention of one new token per row (`q [B, H, 1, D]`) over its own keys (`k, v [B, KV, L, D]`)
-/// on a GPU. The `H / KV` query heads that share a key head are laid out as that head's queries
-/// (`[B, KV, H/KV, D]`), so grouped-query attention needs no copies of the keys, and the
-/// memory-efficient kernel is called directly (the dispatcher would pick cuDNN, which builds a new
-/// plan — tens of milliseconds — for every new key length).
-fn decode_attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> Tensor {
-    let (b, h, _, d) = q.size4().expect("invariant: q is [B, H, 1, D]");
-    let kv = k.size()[1];
-    let grouped = q.reshape([b, kv, h / kv, d]);
-    let (out, _, _, _) = Tensor::internal_scaled_dot_product_efficient_attention(
-        &grouped,
-        k,
-        v,
-        Some(bias),
-        false,
-        0.0,
-        false,
-        scale,
-    );
-    out.reshape([b, h, 1, d])
-}
-
-/// `[1, 1, N, N]` boolean mask: true where query `i` may attend key `j`.
-fn packed_mask(lengths: &[i64], device: Device) -> Tensor {
-    let segments: Vec<i64> = lengths
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &n)| std::iter::repeat_n(i as i64, n as usize))
-        .collect();
-    let seg = Tensor::from_slice(&segments).to_device(device);
-    let n = segments.len() as i64;
-    let same = seg.unsqueeze(1).eq_tensor(&seg.unsqueeze(0));
-    let causal = Tensor::ones([n, n], (Kind::Bool, device)).tril(0);
-    same.logical_and(&causal).view([1, 1, n, n])
-}
-
-/// `[1, 1, T, past + T]` mask for `T` new tokens after `past` cached ones.
-fn offset_causal_mask(past: i64, t: i64, device: Device) -> Tensor {
-    Tensor::ones([t, past + t], (Kind::Bool, device))
-        .tril(past)
-        .view([1, 1, t, past + t])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masks() {
-        let m = packed_mask(&[2, 1], Device::Cpu).view([3, 3]);
-        let expect =
-            Tensor::from_slice(&[true, false, false, true, true, false, false, false, true])
-                .view([3, 3]);
-        assert!(m.equal(&expect));
-        let m = offset_causal_mask(2, 2, Device::Cpu).view([2, 4]);
-        let expect =
-            Tensor::from_slice(&[true, true, true, false, true, true, true, true]).view([2, 4]);
-        assert!(m.equal(&expect));
     }
 }

@@ -3,10 +3,12 @@
 //! - [`config`]: `config.json` → [`ModelConfig`] (Qwen2/2.5, Qwen3, Llama 3.x as data).
 //! - [`checkpoint`]: safetensors weights, single-file or sharded with an index, in and out.
 //! - [`decoder`]: the one decoder implementation; full-sequence and incremental forward.
+//! - [`attention`]: KV memory (per batch and in engine slots), attention layouts and masks.
 //! - [`scoring`]: per-token log-probs and entropies without materialising full-vocab fp32 logits.
 //! - [`tokenizer`], [`chat_template`]: HF tokenizers and transformers-identical chat templates.
 //! - [`init`], [`corpus`]: new random-weight models with trained tokenizers, for tests and demos.
 
+pub mod attention;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;

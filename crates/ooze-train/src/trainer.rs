@@ -553,10 +553,8 @@ impl Trainer {
             optimizer.zero_grad();
         }
         self.step += 1;
-        if device.is_cuda() {
-            if let Device::Cuda(i) = device {
-                tch::Cuda::synchronize(i as i64);
-            }
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
         }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
         metrics.response_tokens = samples.iter().map(|s| s.response_len()).sum();
