@@ -1,0 +1,12 @@
+//! ooze-rollout: the rollout side of an RL run. So far the reward functions; data sources, the
+//! rollout manager and the agent API follow (issues 5 and 6).
+//!
+//! - [`reward`]: built-in rewards chosen by name in a recipe.
+//! - [`math_answer`]: final-answer extraction, normalisation and equivalence for math tasks.
+//! - [`qa`]: SQuAD-normalised exact match and F1.
+
+pub mod math_answer;
+pub mod qa;
+pub mod reward;
+
+pub use reward::{Reward, RewardError, RewardSpec};
