@@ -149,7 +149,7 @@ pub fn equivalent(answer: &str, label: &str) -> bool {
     if vars != vb {
         return false;
     }
-    const POINTS: [f64; 4] = [0.37, 1.91, -2.53, 3.14];
+    const POINTS: [f64; 4] = [0.37, 1.91, -2.53, 3.27];
     (0..if vars.is_empty() { 1 } else { POINTS.len() }).all(|k| {
         let at = |v: char| {
             let i = vars.iter().position(|&x| x == v).unwrap_or(0);
