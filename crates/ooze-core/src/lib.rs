@@ -5,7 +5,9 @@
 //! tensors or async runtimes, so data tools, servers and the trainer can all depend on it.
 
 pub mod ids;
+pub mod rng;
 pub mod sample;
 
 pub use ids::{GroupIndex, RolloutId, SampleIndex, SessionId};
+pub use rng::SplitMix64;
 pub use sample::{FinishReason, Prompt, Reward, Sample, SampleError, Status, StopMatch};

@@ -4,9 +4,13 @@
 //! - [`reward`]: built-in rewards chosen by name in a recipe.
 //! - [`math_answer`]: final-answer extraction, normalisation and equivalence for math tasks.
 //! - [`qa`]: SQuAD-normalised exact match and F1.
+//! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
+//!   generators and verifiers.
 
 pub mod math_answer;
 pub mod qa;
 pub mod reward;
+pub mod tasks;
 
 pub use reward::{Reward, RewardError, RewardSpec};
+pub use tasks::{Task, TaskItem};

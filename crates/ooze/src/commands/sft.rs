@@ -87,20 +87,11 @@ fn parse_decay(s: &str) -> Result<Decay, String> {
     }
 }
 
-/// A permutation of `0..n` from (seed, epoch): Fisher–Yates with SplitMix64.
+/// A permutation of `0..n` from (seed, epoch).
 fn shuffled(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut state = seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
     let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        order.swap(i, (next() % (i as u64 + 1)) as usize);
-    }
+    ooze_core::SplitMix64::new(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .shuffle(&mut order);
     order
 }
 
