@@ -1,0 +1,377 @@
+//! Prompt datasets: JSONL files of prompts with labels, read into [`PromptRow`]s and served in a
+//! seeded, resumable order.
+//!
+//! - The path may end in `@[a:b]` (Python slice bounds, either may be omitted or negative) to use a
+//!   slice of the rows.
+//! - Keys are configurable: the input (a string, or a list of chat messages), the label, metadata
+//!   and tools.
+//! - A row without the input key is an error naming the file and line, or is skipped and counted
+//!   when the recipe says so.
+//! - [`PromptOrder`] shuffles each epoch with the seed; its position is two numbers that
+//!   checkpoints save and restore.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// Where the prompts come from and how a row is read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// A JSONL file, optionally with a row slice: `train.jsonl@[100:-100]`.
+    pub path: String,
+    pub input_key: String,
+    pub label_key: String,
+    pub metadata_key: Option<String>,
+    pub tools_key: Option<String>,
+    /// Skip (and count) rows without the input key instead of failing.
+    pub skip_bad_rows: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            path: String::new(),
+            input_key: "prompt".into(),
+            label_key: "label".into(),
+            metadata_key: None,
+            tools_key: None,
+            skip_bad_rows: false,
+        }
+    }
+}
+
+/// The input of a row: a plain prompt or chat messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Messages(Vec<Value>),
+}
+
+/// One dataset row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptRow {
+    /// 1-based line in the file.
+    pub line: usize,
+    pub input: PromptInput,
+    /// The label as text (a JSON string's content, or other JSON as written).
+    pub label: String,
+    pub metadata: Value,
+    pub tools: Option<Vec<Value>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Row {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("data.path `{0}`: {1}")]
+    Path(String, String),
+}
+
+/// What loading found.
+#[derive(Debug)]
+pub struct Dataset {
+    pub rows: Vec<PromptRow>,
+    /// Rows skipped for lacking the input key (with `skip_bad_rows`).
+    pub skipped: usize,
+}
+
+/// Splits `file@[a:b]` into the file and the slice bounds.
+pub fn parse_path(spec: &str) -> Result<(PathBuf, Option<i64>, Option<i64>), DataError> {
+    let Some((file, slice)) = spec.rsplit_once('@') else {
+        return Ok((PathBuf::from(spec), None, None));
+    };
+    let bad = |why: &str| DataError::Path(spec.to_owned(), why.to_owned());
+    let inner = slice
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .ok_or_else(|| bad("a slice is written @[start:end]"))?;
+    let (a, b) = inner
+        .split_once(':')
+        .ok_or_else(|| bad("a slice is written @[start:end]"))?;
+    let bound = |s: &str| -> Result<Option<i64>, DataError> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(None);
+        }
+        s.parse()
+            .map(Some)
+            .map_err(|_| bad("slice bounds must be integers"))
+    };
+    Ok((PathBuf::from(file), bound(a)?, bound(b)?))
+}
+
+/// Python slice semantics for `len` items.
+fn resolve(bound: Option<i64>, len: usize, default: usize) -> usize {
+    match bound {
+        None => default,
+        Some(b) if b < 0 => len.saturating_sub(b.unsigned_abs() as usize),
+        Some(b) => (b as usize).min(len),
+    }
+}
+
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Loads the rows `config` names.
+pub fn load(config: &DataConfig) -> Result<Dataset, DataError> {
+    let (path, start, end) = parse_path(&config.path)?;
+    let text = std::fs::read_to_string(&path).map_err(|source| DataError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let mut rows = Vec::new();
+    let mut skipped = 0;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fail = |message: String| DataError::Row {
+            path: path.clone(),
+            line: i + 1,
+            message,
+        };
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| fail(format!("not valid JSON: {e}")))?;
+        let Some(object) = value.as_object() else {
+            return Err(fail("expected a JSON object".into()));
+        };
+        let input = match object.get(&config.input_key) {
+            Some(Value::String(s)) => PromptInput::Text(s.clone()),
+            Some(Value::Array(m)) => PromptInput::Messages(m.clone()),
+            Some(_) => {
+                return Err(fail(format!(
+                    "`{}` must be a string or a list of chat messages",
+                    config.input_key
+                )))
+            }
+            None if config.skip_bad_rows => {
+                skipped += 1;
+                continue;
+            }
+            None => {
+                return Err(fail(format!(
+                    "no `{}` (the input key; set data.input_key, or data.skip_bad_rows = true)",
+                    config.input_key
+                )))
+            }
+        };
+        let tools = match config.tools_key.as_ref().and_then(|k| object.get(k)) {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(t)) => Some(t.clone()),
+            Some(_) => return Err(fail("tools must be a list of tool schemas".into())),
+        };
+        rows.push(PromptRow {
+            line: i + 1,
+            input,
+            label: object
+                .get(&config.label_key)
+                .map(text_of)
+                .unwrap_or_default(),
+            metadata: config
+                .metadata_key
+                .as_ref()
+                .and_then(|k| object.get(k).cloned())
+                .unwrap_or(Value::Null),
+            tools,
+        });
+    }
+    let len = rows.len();
+    let (a, b) = (resolve(start, len, 0), resolve(end, len, len));
+    let rows = if a < b {
+        rows.drain(a..b).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Dataset { rows, skipped })
+}
+
+/// Where a run is in its prompts: the epoch and how many of its prompts were taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Position {
+    pub epoch: u64,
+    pub offset: usize,
+}
+
+/// A seeded order over `len` prompts, epoch after epoch, that resumes from a [`Position`].
+#[derive(Debug, Clone)]
+pub struct PromptOrder {
+    len: usize,
+    seed: u64,
+    shuffle: bool,
+    position: Position,
+    order: Vec<usize>,
+}
+
+impl PromptOrder {
+    pub fn new(len: usize, seed: u64, shuffle: bool, position: Position) -> PromptOrder {
+        let mut p = PromptOrder {
+            len,
+            seed,
+            shuffle,
+            position,
+            order: Vec::new(),
+        };
+        p.order = p.epoch_order(position.epoch);
+        p
+    }
+
+    fn epoch_order(&self, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len).collect();
+        if self.shuffle {
+            ooze_core::SplitMix64::new(self.seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .shuffle(&mut order);
+        }
+        order
+    }
+
+    /// The next `n` row indices (crossing into later epochs as needed).
+    pub fn take(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n && self.len > 0 {
+            if self.position.offset == self.len {
+                self.position = Position {
+                    epoch: self.position.epoch + 1,
+                    offset: 0,
+                };
+                self.order = self.epoch_order(self.position.epoch);
+            }
+            out.push(self.order[self.position.offset]);
+            self.position.offset += 1;
+        }
+        out
+    }
+
+    pub fn position(&self) -> Position {
+        self.position
+    }
+}
+
+/// Rows whose prompt is longer than `max_tokens` (by `count_tokens`) removed; returns how many.
+pub fn drop_long_prompts(
+    rows: &mut Vec<PromptRow>,
+    max_tokens: usize,
+    count_tokens: impl Fn(&PromptRow) -> usize,
+) -> usize {
+    let before = rows.len();
+    rows.retain(|r| count_tokens(r) <= max_tokens);
+    before - rows.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(lines: &[&str]) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), lines.join("\n")).unwrap();
+        f
+    }
+
+    #[test]
+    fn rows_keys_and_slices() {
+        let f = write(&[
+            r#"{"question": "1+1?", "answer": 2, "meta": {"id": 1}}"#,
+            r#"{"question": [{"role": "user", "content": "hi"}], "answer": "x"}"#,
+            r#"{"question": "3?", "answer": "3"}"#,
+        ]);
+        let path = f.path().to_string_lossy().into_owned();
+        let config = DataConfig {
+            path: path.clone(),
+            input_key: "question".into(),
+            label_key: "answer".into(),
+            metadata_key: Some("meta".into()),
+            ..Default::default()
+        };
+        let d = load(&config).unwrap();
+        assert_eq!(d.rows.len(), 3);
+        assert_eq!(d.rows[0].label, "2");
+        assert_eq!(d.rows[0].metadata["id"], 1);
+        assert!(matches!(d.rows[1].input, PromptInput::Messages(_)));
+        for (slice, lines) in [
+            ("@[1:]", vec![2, 3]),
+            ("@[:-1]", vec![1, 2]),
+            ("@[-1:]", vec![3]),
+        ] {
+            let d = load(&DataConfig {
+                path: format!("{path}{slice}"),
+                ..config.clone()
+            })
+            .unwrap();
+            assert_eq!(
+                d.rows.iter().map(|r| r.line).collect::<Vec<_>>(),
+                lines,
+                "{slice}"
+            );
+        }
+        assert!(parse_path("x.jsonl@[a:2]").is_err());
+    }
+
+    #[test]
+    fn a_row_without_the_input_is_named_or_skipped() {
+        let f = write(&[r#"{"prompt": "a"}"#, r#"{"text": "b"}"#]);
+        let mut config = DataConfig {
+            path: f.path().to_string_lossy().into_owned(),
+            ..Default::default()
+        };
+        let err = load(&config).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                ":2: no `prompt` (the input key; set data.input_key, or data.skip_bad_rows = true)"
+            ),
+            "{err}"
+        );
+        config.skip_bad_rows = true;
+        let d = load(&config).unwrap();
+        assert_eq!((d.rows.len(), d.skipped), (1, 1));
+    }
+
+    #[test]
+    fn order_is_seeded_per_epoch_and_resumes() {
+        let mut a = PromptOrder::new(5, 9, true, Position::default());
+        let first = a.take(7);
+        let mut sorted = first[..5].to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4], "an epoch is a permutation");
+        assert_eq!(
+            a.position(),
+            Position {
+                epoch: 1,
+                offset: 2
+            }
+        );
+        let mut resumed = PromptOrder::new(5, 9, true, a.position());
+        let mut straight = PromptOrder::new(5, 9, true, Position::default());
+        straight.take(7);
+        assert_eq!(resumed.take(6), straight.take(6));
+        let mut rows: Vec<PromptRow> = (0..4)
+            .map(|i| PromptRow {
+                line: i + 1,
+                input: PromptInput::Text("x".repeat(i * 10)),
+                label: String::new(),
+                metadata: Value::Null,
+                tools: None,
+            })
+            .collect();
+        let dropped = drop_long_prompts(&mut rows, 15, |r| match &r.input {
+            PromptInput::Text(t) => t.len(),
+            PromptInput::Messages(_) => 0,
+        });
+        assert_eq!((dropped, rows.len()), (2, 2));
+    }
+}
