@@ -72,10 +72,7 @@ impl DecodeGraphs {
         let mut rows = 1;
         while rows <= self.max_batch {
             let key = (rows, len, false);
-            if !self.graphs.contains_key(&key) {
-                let captured = self.capture(decoder, cache, key)?;
-                self.graphs.insert(key, captured);
-            }
+            self.ensure(decoder, cache, key)?;
             rows *= 2;
         }
         Ok(())
@@ -108,10 +105,7 @@ impl DecodeGraphs {
             && rows <= cache.slots()
             && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
         let key = (rows, len, in_order);
-        if !self.graphs.contains_key(&key) {
-            let captured = self.capture(decoder, cache, key)?;
-            self.graphs.insert(key, captured);
-        }
+        self.ensure(decoder, cache, key)?;
         let g = &self.graphs[&key];
         let rows = key.0 as usize;
         let mut host = Vec::with_capacity(3 * rows);
@@ -124,6 +118,20 @@ impl DecodeGraphs {
             .copy_(&Tensor::from_slice(&host).view([3, key.0]));
         g.graph.replay()?;
         Ok(g.logits.narrow(0, 0, b))
+    }
+
+    /// Captures the graph for `key` unless it exists.
+    fn ensure(
+        &mut self,
+        decoder: &Decoder,
+        cache: &mut SlotCache,
+        key: (i64, i64, bool),
+    ) -> Result<(), GraphError> {
+        if !self.graphs.contains_key(&key) {
+            let captured = self.capture(decoder, cache, key)?;
+            self.graphs.insert(key, captured);
+        }
+        Ok(())
     }
 
     fn capture(

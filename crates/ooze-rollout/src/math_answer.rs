@@ -11,6 +11,7 @@
 //!    fixed points.
 
 use regex::Regex;
+use std::sync::OnceLock;
 
 /// The content of the last `\boxed{…}` / `\fbox{…}` in `text` (nested braces matched).
 pub fn last_boxed(text: &str) -> Option<&str> {
@@ -118,7 +119,10 @@ pub fn normalize(answer: &str) -> String {
         s.pop();
     }
     // Thousands separators: 1,234,567 → 1234567 (only where every group has three digits).
-    let thousands = Regex::new(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$").expect("invariant: valid regex");
+    static THOUSANDS: OnceLock<Regex> = OnceLock::new();
+    let thousands = THOUSANDS.get_or_init(|| {
+        Regex::new(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$").expect("invariant: valid regex")
+    });
     if thousands.is_match(&s) {
         s = s.replace(',', "");
     }

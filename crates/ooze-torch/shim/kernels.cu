@@ -596,6 +596,12 @@ int launch_decode_attention(const void* q, const void* k_cache, const void* v_ca
   return static_cast<int>(cudaGetLastError());
 }
 
+// Blocks for a grid-stride loop over `total` items: enough to cover them, at most 65536.
+int grid_stride_blocks(int64_t total, int threads) {
+  const int64_t wanted = (total + threads - 1) / threads;
+  return static_cast<int>(wanted < 65536 ? (wanted > 0 ? wanted : 1) : 65536);
+}
+
 }  // namespace
 
 extern "C" {
@@ -659,8 +665,7 @@ int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows,
     return static_cast<int>(cudaGetLastError());
   }
   const int threads = 256;
-  const int64_t wanted = (rows * width + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  const int blocks = grid_stride_blocks(rows * width, threads);
   if (bf16) {
     silu_mul_kernel<__nv_bfloat16><<<blocks, threads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), rows, width);
@@ -687,8 +692,7 @@ int ooze_launch_silu_mul_backward(int bf16, const void* gate_up, const void* gra
     return static_cast<int>(cudaGetLastError());
   }
   const int threads = 256;
-  const int64_t wanted = (rows * width + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  const int blocks = grid_stride_blocks(rows * width, threads);
   if (bf16) {
     using T = __nv_bfloat16;
     silu_mul_backward_kernel<T><<<blocks, threads, 0, stream>>>(
@@ -706,8 +710,7 @@ int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
                      const void* signed_sin, void* out, int64_t tokens, int heads, int dim,
                      float sign, cudaStream_t stream) {
   const int threads = 256;
-  const int64_t wanted = (tokens * heads * (dim / 2) + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+  const int blocks = grid_stride_blocks(tokens * heads * (dim / 2), threads);
   if (bf16) {
     using T = __nv_bfloat16;
     rope_kernel<T><<<blocks, threads, 0, stream>>>(

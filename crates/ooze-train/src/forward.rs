@@ -17,6 +17,16 @@ pub enum EntropyUse {
     Gradient,
 }
 
+fn head_options(temperature: f64, entropy: EntropyUse, recompute_logits: bool) -> ScoreOptions {
+    ScoreOptions {
+        temperature,
+        entropy: entropy != EntropyUse::None,
+        entropy_gradient: entropy == EntropyUse::Gradient,
+        recompute_logits,
+        ..Default::default()
+    }
+}
+
 /// Per response token, flattened over the micro-batch's samples.
 pub struct ResponseScores {
     pub log_probs: Tensor,
@@ -148,13 +158,7 @@ pub fn response_log_probs_recomputed(
         .final_norm(&last)
         .view([-1, decoder.config.hidden_size])
         .index_select(0, &packed.select);
-    let options = ScoreOptions {
-        temperature,
-        entropy: entropy != EntropyUse::None,
-        entropy_gradient: entropy == EntropyUse::Gradient,
-        recompute_logits: true,
-        ..Default::default()
-    };
+    let options = head_options(temperature, entropy, true);
     let (log_probs, entropy) = head_log_probs(decoder, &hidden, &packed.targets, &options);
     (
         ResponseScores { log_probs, entropy },
@@ -175,12 +179,11 @@ pub fn response_log_probs(
     entropy: EntropyUse,
 ) -> ResponseScores {
     let (hidden, targets) = response_hidden(decoder, samples);
-    let options = ScoreOptions {
-        temperature,
-        entropy: entropy != EntropyUse::None,
-        entropy_gradient: entropy == EntropyUse::Gradient,
-        ..Default::default()
-    };
-    let (log_probs, entropy) = head_log_probs(decoder, &hidden, &targets, &options);
+    let (log_probs, entropy) = head_log_probs(
+        decoder,
+        &hidden,
+        &targets,
+        &head_options(temperature, entropy, false),
+    );
     ResponseScores { log_probs, entropy }
 }

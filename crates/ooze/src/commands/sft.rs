@@ -9,6 +9,7 @@
 
 use super::{load_decoder, load_tokenizer, ComputeArgs};
 use anyhow::{bail, Context};
+use ooze_rollout::data::{Position, PromptOrder};
 use ooze_train::sft_data::load_chat_jsonl;
 use ooze_train::{
     checkpoint, Decay, OptimizerConfig, Schedule, TrainSample, Trainer, TrainerConfig,
@@ -87,23 +88,19 @@ fn parse_decay(s: &str) -> Result<Decay, String> {
     }
 }
 
-/// A permutation of `0..n` from (seed, epoch).
-fn shuffled(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    ooze_core::SplitMix64::new(seed ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .shuffle(&mut order);
-    order
-}
-
-/// The conversations of step `step`: items `step·B .. (step+1)·B` of the epoch-by-epoch order.
+/// The conversations of step `step`: items `step·B .. (step+1)·B` of the epoch-by-epoch seeded
+/// order (the same order a resumed run continues).
 fn batch_of(train: &[TrainSample], step: u64, batch: usize, seed: u64) -> Vec<TrainSample> {
     let n = train.len();
-    (0..batch)
-        .map(|i| {
-            let k = step as usize * batch + i;
-            let (epoch, at) = (k / n, k % n);
-            train[shuffled(n, seed, epoch as u64)[at]].clone()
-        })
+    let k = step as usize * batch;
+    let position = Position {
+        epoch: (k / n) as u64,
+        offset: k % n,
+    };
+    PromptOrder::new(n, seed, true, position)
+        .take(batch)
+        .into_iter()
+        .map(|i| train[i].clone())
         .collect()
 }
 
@@ -160,7 +157,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             held.samples
         }
         None => {
-            let order = shuffled(train.len(), args.seed ^ 0x5eed, 0);
+            let mut order: Vec<usize> = (0..train.len()).collect();
+            ooze_core::SplitMix64::new(args.seed ^ 0x5eed).shuffle(&mut order);
             let n_eval = (train.len() as f64 * args.eval_fraction).round() as usize;
             let eval_set: std::collections::HashSet<usize> =
                 order[..n_eval].iter().copied().collect();
