@@ -299,16 +299,18 @@ impl EngineLoop {
             Command::UpdateWeights { source, reply } => {
                 let device = self.decoder.device();
                 let kind = self.decoder.kind();
-                let weights = match source {
+                let result = match source {
                     WeightSource::Dir(dir) => {
                         ooze_model::checkpoint::WeightSet::load(&dir, device, kind)
+                            .and_then(|w| self.decoder.update_weights(w))
                     }
                     WeightSource::Tensors(tensors) => {
                         ooze_model::checkpoint::WeightSet::from_tensors(tensors, device, kind)
+                            .and_then(|w| self.decoder.update_weights(w))
                     }
+                    WeightSource::InPlace => Ok(()),
                 };
-                let result = weights
-                    .and_then(|w| self.decoder.update_weights(w))
+                let result = result
                     .map(|()| {
                         self.flush_prefixes();
                         self.weight_version += 1;

@@ -246,6 +246,23 @@ impl EngineHandle {
             .map_err(EngineError::WeightUpdate)
     }
 
+    /// Tells the engine that its parameters were changed in place by a colocated trainer sharing
+    /// them ([`ooze_model::Decoder::share`]): no copy; kept prefixes are dropped (their KV belongs to
+    /// the old weights) and the weight version advances, which it returns. Call it between
+    /// rollouts, while no request runs.
+    pub async fn weights_updated_in_place(&self) -> Result<u64, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::UpdateWeights {
+                source: WeightSource::InPlace,
+                reply,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::WeightUpdate)
+    }
+
     /// Frees the KV memory so that a trainer in the same process can use it. Running requests are
     /// preempted first (as by [`PauseMode::Retract`]) and recomputed when they run again; returns
     /// how many were. The memory is allocated again when a request next needs it, so pause the
@@ -306,4 +323,7 @@ impl EngineHandle {
 pub(crate) enum WeightSource {
     Dir(PathBuf),
     Tensors(Vec<(String, Tensor)>),
+    /// The engine's parameters were written in place by their other owner (a colocated trainer
+    /// holding a [`ooze_model::Decoder::share`] of them): nothing to copy.
+    InPlace,
 }

@@ -247,6 +247,42 @@ impl Decoder {
         })
     }
 
+    /// A second decoder over the same parameter storage (no copy): a colocated rollout engine and
+    /// trainer each hold one, so an optimizer step that writes the parameters in place is the
+    /// weight update of the engine too.
+    pub fn share(&self) -> Decoder {
+        let p = |(w, b): &Projection| (w.shallow_clone(), b.as_ref().map(Tensor::shallow_clone));
+        let o = |t: &Option<Tensor>| t.as_ref().map(Tensor::shallow_clone);
+        Decoder {
+            config: self.config.clone(),
+            embed_tokens: self.embed_tokens.shallow_clone(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    input_norm: l.input_norm.shallow_clone(),
+                    qkv: p(&l.qkv),
+                    gate_up: p(&l.gate_up),
+                    q: p(&l.q),
+                    k: p(&l.k),
+                    v: p(&l.v),
+                    o: p(&l.o),
+                    q_norm: o(&l.q_norm),
+                    k_norm: o(&l.k_norm),
+                    post_norm: l.post_norm.shallow_clone(),
+                    gate: p(&l.gate),
+                    up: p(&l.up),
+                    down: p(&l.down),
+                })
+                .collect(),
+            norm: self.norm.shallow_clone(),
+            lm_head: o(&self.lm_head),
+            inv_freq: self.inv_freq.shallow_clone(),
+            device: self.device,
+            kind: self.kind,
+        }
+    }
+
     pub fn device(&self) -> Device {
         self.device
     }

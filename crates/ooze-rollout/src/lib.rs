@@ -1,18 +1,25 @@
-//! ooze-rollout: the rollout side of an RL run. So far the reward functions; data sources, the
-//! rollout manager and the agent API follow (issues 5 and 6).
+//! ooze-rollout: the rollout side of an RL run: prompts, rewards and the rollout manager (the agent
+//! API follows in issue 6).
 //!
 //! - [`data`]: JSONL prompt datasets (keys, `@[a:b]` slices, bad rows named or skipped) and a
 //!   seeded, resumable prompt order.
 //! - [`reward`]: built-in rewards chosen by name in a recipe.
 //! - [`math_answer`]: final-answer extraction, normalisation and equivalence for math tasks.
 //! - [`qa`]: SQuAD-normalised exact match and F1.
+//! - [`prompts`]: rows → prompt token ids, with the chat template and a system prompt.
+//! - [`scorer`]: the recipe's reward: built-in, task verifiers, registered Rust functions (per
+//!   sample or per group), a remote reward model over HTTP.
+//! - [`manager`]: prompts × samples through the engine, rewards, dynamic-sampling batches.
 //! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
 //!   generators and verifiers.
 
 pub mod data;
+pub mod manager;
 pub mod math_answer;
+pub mod prompts;
 pub mod qa;
 pub mod reward;
+pub mod scorer;
 pub mod tasks;
 
 pub use reward::{Reward, RewardError, RewardSpec};

@@ -2,6 +2,8 @@
 //! Every item is a user prompt, a label and the verifier's reward for a response; generation is
 //! deterministic for a seed.
 //!
+//! - `addition`: the sum of two numbers below 100; the answer must be in `\boxed{}` (small enough
+//!   for a tiny model trained on a laptop CPU).
 //! - `arithmetic`: a multi-step integer expression; the answer must be in `\boxed{}`.
 //! - `countdown`: reach a target from given numbers with `+ − × ÷`, each number at most once; the
 //!   expression goes in `<answer>…</answer>` and is evaluated exactly (rationals).
@@ -15,6 +17,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
+    Addition,
     Arithmetic,
     Countdown,
     String,
@@ -25,6 +28,8 @@ pub enum Task {
 pub struct TaskItem {
     pub prompt: String,
     pub label: String,
+    /// A correct response (worked steps where the task has them), for SFT demonstrations.
+    pub solution: String,
 }
 
 const WORDS: &[&str] = &[
@@ -41,10 +46,19 @@ impl Task {
 
     fn one(self, rng: &mut SplitMix64) -> TaskItem {
         match self {
+            Task::Addition => {
+                let (a, b) = (rng.range(0, 99), rng.range(0, 99));
+                TaskItem {
+                    prompt: format!("What is {a} + {b}? Answer with \\boxed{{...}}."),
+                    label: (a + b).to_string(),
+                    solution: format!("{a} + {b} = \\boxed{{{}}}", a + b),
+                }
+            }
             Task::Arithmetic => {
                 let steps = rng.range(2, 4);
                 let mut expr = rng.range(1, 20).to_string();
                 let mut value = expr.parse::<i64>().expect("a number");
+                let mut work = Vec::new();
                 for _ in 0..steps {
                     let b = rng.range(1, 12);
                     let (op, next) = match rng.below(3) {
@@ -52,6 +66,7 @@ impl Task {
                         1 => ('-', value - b),
                         _ => ('*', value * b),
                     };
+                    work.push(format!("{value} {op} {b} = {next}."));
                     expr = format!("({expr} {op} {b})");
                     value = next;
                 }
@@ -61,19 +76,23 @@ impl Task {
                         "Compute {expr}. Show your steps, then give the final answer as \\boxed{{...}}."
                     ),
                     label: value.to_string(),
+                    solution: format!("{} \\boxed{{{value}}}", work.join(" ")),
                 }
             }
             Task::Countdown => {
                 // Build a reachable target from a random expression over the numbers.
                 let numbers: Vec<i64> = (0..4).map(|_| rng.range(1, 25)).collect();
                 let mut value = Rational::from(numbers[0]);
+                let mut expression = numbers[0].to_string();
                 for &n in &numbers[1..] {
                     let x = Rational::from(n);
-                    value = match rng.below(3) {
-                        0 => value.add(x),
-                        1 => value.sub(x),
-                        _ => value.mul(x),
+                    let op;
+                    (value, op) = match rng.below(3) {
+                        0 => (value.add(x), '+'),
+                        1 => (value.sub(x), '-'),
+                        _ => (value.mul(x), '*'),
                     };
+                    expression = format!("({expression}) {op} {n}");
                 }
                 let list = numbers
                     .iter()
@@ -87,6 +106,7 @@ impl Task {
                         value.num
                     ),
                     label: format!("{}|{list}", value.num),
+                    solution: format!("<answer>{expression}</answer>"),
                 }
             }
             Task::String => {
@@ -104,8 +124,49 @@ impl Task {
                     prompt: format!(
                         "{what} the word \"{word}\". Put only the result in <answer></answer>."
                     ),
+                    solution: format!("<answer>{result}</answer>"),
                     label: result,
                 }
+            }
+        }
+    }
+
+    /// A demonstration for `item`: its solution, or with probability `error_rate` a wrong one
+    /// (the final answer changed), so that a model imitating it has something for RL to fix.
+    pub fn demonstration(self, item: &TaskItem, rng: &mut SplitMix64, error_rate: f64) -> String {
+        if (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 >= error_rate {
+            return item.solution.clone();
+        }
+        let delta = *rng.pick(&[-2i64, -1, 1, 2]);
+        match self {
+            Task::Addition | Task::Arithmetic => {
+                let wrong = item
+                    .label
+                    .parse::<i64>()
+                    .map(|v| v + delta)
+                    .unwrap_or(delta);
+                let cut = item
+                    .solution
+                    .rfind("\\boxed{")
+                    .unwrap_or(item.solution.len());
+                format!("{}\\boxed{{{wrong}}}", &item.solution[..cut])
+            }
+            Task::Countdown => {
+                let target = item.label.split('|').next().unwrap_or("0");
+                let wrong = target.parse::<i64>().map(|v| v + delta).unwrap_or(delta);
+                // A bare (wrong) number: it uses none of the given numbers' arithmetic.
+                format!("<answer>{wrong}</answer>")
+            }
+            Task::String => {
+                let mut chars: Vec<char> = item.label.chars().collect();
+                if chars.len() > 1 {
+                    let i = rng.below(chars.len() as u64 - 1) as usize;
+                    chars.swap(i, i + 1);
+                    if chars.iter().collect::<String>() == item.label {
+                        chars.pop();
+                    }
+                }
+                format!("<answer>{}</answer>", chars.into_iter().collect::<String>())
             }
         }
     }
@@ -113,7 +174,7 @@ impl Task {
     /// The reward of `response` for an item labelled `label`: 1 or 0.
     pub fn verify(self, response: &str, label: &str) -> f64 {
         let ok = match self {
-            Task::Arithmetic => {
+            Task::Addition | Task::Arithmetic => {
                 math_answer::last_boxed(response).is_some_and(|a| math_answer::equivalent(a, label))
             }
             Task::Countdown => answer_tag(response).is_some_and(|a| countdown_ok(a, label)),
@@ -286,22 +347,22 @@ mod tests {
 
     #[test]
     fn generation_is_seeded_and_labels_verify() {
-        for task in [Task::Arithmetic, Task::Countdown, Task::String] {
+        for task in [
+            Task::Addition,
+            Task::Arithmetic,
+            Task::Countdown,
+            Task::String,
+        ] {
             let items = task.generate(50, 3);
             assert_eq!(items, task.generate(50, 3));
             assert_ne!(items, task.generate(50, 4));
+            let mut rng = SplitMix64::new(9);
             for item in &items {
-                let good = match task {
-                    Task::Arithmetic => format!("steps... \\boxed{{{}}}", item.label),
-                    Task::String => format!("<answer>{}</answer>", item.label),
-                    Task::Countdown => {
-                        // The generator's own expression is not kept; a correct answer is checked
-                        // below on fixed cases.
-                        continue;
-                    }
-                };
-                assert_eq!(task.verify(&good, &item.label), 1.0, "{item:?}");
+                assert_eq!(task.verify(&item.solution, &item.label), 1.0, "{item:?}");
                 assert_eq!(task.verify("I don't know", &item.label), 0.0);
+                assert_eq!(task.demonstration(item, &mut rng, 0.0), item.solution);
+                let wrong = task.demonstration(item, &mut rng, 1.0);
+                assert_eq!(task.verify(&wrong, &item.label), 0.0, "{item:?}: {wrong}");
             }
         }
     }

@@ -95,7 +95,7 @@ pub struct StepMetrics {
 pub type RewardHookFn = dyn Fn(&[SampleInput<'_>], &mut [f64]) + Send;
 
 /// Per-sample values before the update and the targets the critic fits.
-type CriticTargets = (Vec<Vec<f64>>, Vec<Vec<f64>>);
+type CriticTargets<'a> = (&'a [Vec<f64>], &'a [Vec<f64>]);
 
 pub struct Trainer {
     pub policy: Decoder,
@@ -302,9 +302,28 @@ impl Trainer {
         )
     }
 
-    /// One RL step (see the module docs).
+    /// One RL step over all of `samples` (see the module docs).
     pub fn rl_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
+        let mut steps = self.rl_steps(samples, samples.len().max(1))?;
+        Ok(steps.pop().expect("invariant: one chunk gives one step"))
+    }
+
+    /// The optimizer steps of one rollout: `samples` in consecutive chunks of `step_samples` (the
+    /// global batch; the caller keeps a prompt's samples in one chunk), one step each. The
+    /// log-probs before the update (`logp_old`), the reference's and the advantages are computed
+    /// once for the whole rollout, under the weights that generated it, so later chunks are
+    /// importance-weighted against the rollout policy rather than the already-updated one.
+    pub fn rl_steps(
+        &mut self,
+        samples: &[TrainSample],
+        step_samples: usize,
+    ) -> Result<Vec<StepMetrics>, TrainError> {
         self.check(samples)?;
+        if step_samples == 0 {
+            return Err(TrainError::Config(
+                "a step needs at least one sample (global batch size 0)".into(),
+            ));
+        }
         if self.config.advantage.estimator == Estimator::Ppo && self.critic.is_none() {
             return Err(TrainError::Config(
                 "the ppo estimator needs a critic (Trainer::set_critic)".into(),
@@ -337,24 +356,30 @@ impl Trainer {
             .map(|h| h as &dyn Fn(&[SampleInput<'_>], &mut [f64]));
         let advantages = compute_advantages(&inputs, &self.config.advantage, hook)?;
         // The critic fits the returns (ppo) or, for the other estimators, the advantages.
-        let targets = old_values.as_ref().map(|v| {
-            let returns = advantages
-                .returns
-                .clone()
-                .unwrap_or_else(|| advantages.advantages.clone());
-            (v.clone(), returns)
-        });
+        let returns = advantages
+            .returns
+            .as_ref()
+            .unwrap_or(&advantages.advantages);
         let loss_config = self.config.loss.clone();
         let aggregation = self.config.aggregation;
-        self.run_step(
-            samples,
-            &advantages.advantages,
-            Some(&old),
-            reference.as_ref(),
-            targets.as_ref(),
-            &loss_config,
-            aggregation,
-        )
+        let mut steps = Vec::new();
+        for start in (0..samples.len()).step_by(step_samples) {
+            let r = start..(start + step_samples).min(samples.len());
+            steps.push(
+                self.run_step(
+                    &samples[r.clone()],
+                    &advantages.advantages[r.clone()],
+                    Some(&old[r.clone()]),
+                    reference.as_ref().map(|x| &x[r.clone()]),
+                    old_values
+                        .as_ref()
+                        .map(|v| (&v[r.clone()], &returns[r.clone()])),
+                    &loss_config,
+                    aggregation,
+                )?,
+            );
+        }
+        Ok(steps)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -362,9 +387,9 @@ impl Trainer {
         &mut self,
         samples: &[TrainSample],
         advantages: &[Vec<f64>],
-        old: Option<&Vec<Vec<f64>>>,
-        reference: Option<&Vec<Vec<f64>>>,
-        critic_targets: Option<&CriticTargets>,
+        old: Option<&[Vec<f64>]>,
+        reference: Option<&[Vec<f64>]>,
+        critic_targets: Option<CriticTargets<'_>>,
         loss_config: &LossConfig,
         aggregation: Aggregation,
     ) -> Result<StepMetrics, TrainError> {
@@ -472,7 +497,7 @@ impl Trainer {
                         .collect())
                 });
             let (advantages, weights_t) = (gather(advantages), gather32(&weights));
-            let reference_t = reference.map(|r| gather(r));
+            let reference_t = reference.map(&gather);
             let observation_t = observation_weights.as_ref().map(|o| gather32(o));
             let sample_index = Tensor::from_slice(&index).to_device(device);
             let critic_inputs = match (&self.critic, critic_targets) {

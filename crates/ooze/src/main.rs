@@ -1,5 +1,5 @@
 //! `ooze`: one binary for RL post-training of LLM agents. Commands: `info`, `init-model`, `score`,
-//! `render`, `generate`, `serve`, `sft`, `bench`.
+//! `render`, `generate`, `serve`, `task`, `sft`, `train`, `report`, `bench`.
 
 mod commands;
 
@@ -30,8 +30,14 @@ enum Command {
     Generate(commands::generate::Args),
     /// Serve the model over SGLang- and OpenAI-compatible HTTP APIs.
     Serve(commands::serve::Args),
+    /// Write a built-in synthetic task as prompts or SFT demonstrations (JSONL).
+    Task(commands::task::Args),
     /// Supervised fine-tuning on chat JSONL (assistant tokens only), with checkpoints and resume.
     Sft(commands::sft::Args),
+    /// Run an RL recipe (TOML): rollouts, rewards, training, eval, logs, checkpoints.
+    Train(commands::train::Args),
+    /// Write a run's HTML report with plots.
+    Report(commands::report::Args),
     /// Throughput benchmarks.
     Bench(commands::bench::Args),
 }
@@ -45,7 +51,10 @@ fn main() {
         Command::Render(args) => commands::render::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Task(args) => commands::task::run(args),
         Command::Sft(args) => commands::sft::run(args),
+        Command::Train(args) => commands::train::run(args),
+        Command::Report(args) => commands::report::run(args),
         Command::Bench(args) => commands::bench::run(args),
     };
     if let Err(err) = result {

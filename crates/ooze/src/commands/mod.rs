@@ -5,9 +5,12 @@ pub mod generate;
 pub mod info;
 pub mod init_model;
 pub mod render;
+pub mod report;
 pub mod score;
 pub mod serve;
 pub mod sft;
+pub mod task;
+pub mod train;
 
 use anyhow::Context;
 use ooze_model::{Decoder, Tokenizer};

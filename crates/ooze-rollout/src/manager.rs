@@ -1,0 +1,298 @@
+//! The rollout manager: runs prompts × `n_samples_per_prompt` through the engine with bounded
+//! concurrency, scores each prompt's group, and fills a batch of groups, over-sampling past the
+//! groups the filters drop (dynamic sampling: groups whose rewards have zero spread carry no GRPO
+//! signal).
+//!
+//! Every sample's sampling seed is a function of the run seed, its group's number and its index in
+//! the group, and the engine's draws depend only on (seed, position): a rollout is reproducible,
+//! whatever else the engine runs beside it.
+
+use crate::prompts::PromptItem;
+use crate::scorer::{RewardFailure, RewardInput, Scorer};
+use ooze_core::{FinishReason, SplitMix64};
+use ooze_engine::{EngineError, EngineHandle, Request, Sampling};
+use ooze_model::Tokenizer;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// How a batch is generated.
+#[derive(Debug, Clone)]
+pub struct RolloutSettings {
+    pub n_samples_per_prompt: usize,
+    /// Sampling of every request (the seed is set per sample).
+    pub sampling: Sampling,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    pub seed: u64,
+    /// Drop groups whose rewards are all equal.
+    pub dynamic_sampling: bool,
+    /// Drop groups with a response cut at `max_new_tokens`.
+    pub drop_truncated_groups: bool,
+    /// Keep truncated responses but train none of their tokens.
+    pub mask_truncated: bool,
+    /// Prompts generated per round while filling a batch (at least the batch size).
+    pub over_sampling_batch_size: usize,
+    /// Rounds before giving up on filling the batch (the batch is then smaller).
+    pub max_rounds: usize,
+}
+
+/// One generated response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutSample {
+    /// Index within the group.
+    pub index: usize,
+    pub response_ids: Vec<u32>,
+    pub log_probs: Vec<f32>,
+    pub response: String,
+    pub finish: FinishReason,
+    pub reward: f64,
+    /// Whether the trainer learns from its tokens (false for masked truncated responses).
+    pub trained: bool,
+    pub seed: u64,
+    pub weight_version: u64,
+}
+
+/// A prompt and its samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// The run-wide number of this prompt draw (unique, increasing).
+    pub group: u64,
+    pub prompt: PromptItem,
+    pub samples: Vec<RolloutSample>,
+}
+
+impl Group {
+    pub fn rewards(&self) -> Vec<f64> {
+        self.samples.iter().map(|s| s.reward).collect()
+    }
+}
+
+/// A batch and what it cost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub groups: Vec<Group>,
+    /// Groups generated, kept or not.
+    pub generated_groups: usize,
+    pub rounds: usize,
+    /// Dropped groups by reason (`zero_std`, `truncated`), and over-sampled groups left unused
+    /// (`surplus`).
+    pub dropped: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("reward of prompt line {line}: {failure}")]
+    Reward { line: usize, failure: RewardFailure },
+    #[error("decoding a response: {0}")]
+    Decode(String),
+}
+
+/// The sampling seed of sample `index` of group `group`.
+pub fn sample_seed(run_seed: u64, group: u64, index: usize) -> u64 {
+    SplitMix64::new(
+        run_seed
+            ^ group.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (index as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f),
+    )
+    .next_u64()
+}
+
+/// Generates and scores `prompts` (each with its group number), `n` samples each.
+pub async fn generate_groups(
+    engine: &EngineHandle,
+    tokenizer: &Arc<Tokenizer>,
+    scorer: &Scorer,
+    prompts: Vec<(u64, PromptItem)>,
+    n: usize,
+    settings: &RolloutSettings,
+    on_sample: &(dyn Fn() + Sync),
+) -> Result<Vec<Group>, RolloutError> {
+    let limit = Arc::new(Semaphore::new(settings.concurrency.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (p, (group, prompt)) in prompts.iter().enumerate() {
+        for index in 0..n {
+            let mut sampling = settings.sampling.clone();
+            let seed = sample_seed(settings.seed, *group, index);
+            sampling.seed = Some(seed);
+            let request = Request {
+                input_ids: prompt.input_ids.clone(),
+                sampling,
+            };
+            let engine = engine.clone();
+            let limit = limit.clone();
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await.expect("never closed");
+                (p, index, engine.generate(request).await)
+            });
+        }
+    }
+    let mut outputs: Vec<Vec<Option<ooze_engine::Output>>> = vec![vec![None; n]; prompts.len()];
+    while let Some(joined) = tasks.join_next().await {
+        let (p, index, output) = joined.expect("invariant: generation tasks do not panic");
+        outputs[p][index] = Some(output?);
+        on_sample();
+    }
+    let mut groups = Vec::with_capacity(prompts.len());
+    for ((group, prompt), outs) in prompts.into_iter().zip(outputs) {
+        let mut samples = Vec::with_capacity(n);
+        for (index, out) in outs.into_iter().enumerate() {
+            let out = out.expect("invariant: every sample finished");
+            let response = tokenizer
+                .decode(&out.tokens, true)
+                .map_err(|e| RolloutError::Decode(e.to_string()))?;
+            let truncated = out.finish == FinishReason::Length;
+            samples.push(RolloutSample {
+                index,
+                response_ids: out.tokens,
+                log_probs: out.log_probs,
+                response,
+                finish: out.finish,
+                reward: 0.0,
+                trained: !(truncated && settings.mask_truncated),
+                seed: out.seed,
+                weight_version: out.weight_version,
+            });
+        }
+        groups.push(Group {
+            group,
+            prompt,
+            samples,
+        });
+    }
+    score(scorer, &mut groups).await?;
+    Ok(groups)
+}
+
+/// Fills in the rewards (remote scorers run on blocking threads, groups in parallel).
+async fn score(scorer: &Scorer, groups: &mut [Group]) -> Result<(), RolloutError> {
+    let rewards_of = |scorer: &Scorer, g: &Group| -> Result<Vec<f64>, RolloutError> {
+        let inputs: Vec<RewardInput<'_>> = g
+            .samples
+            .iter()
+            .map(|s| RewardInput {
+                prompt: &g.prompt.text,
+                response: &s.response,
+                label: &g.prompt.label,
+                metadata: &g.prompt.metadata,
+            })
+            .collect();
+        scorer
+            .score_group(&inputs)
+            .map_err(|failure| RolloutError::Reward {
+                line: g.prompt.source_line,
+                failure,
+            })
+    };
+    let all: Vec<Vec<f64>> = if scorer.is_remote() {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, g) in groups.iter().enumerate() {
+            let (scorer, g) = (scorer.clone(), g.clone());
+            tasks.spawn_blocking(move || (i, rewards_of(&scorer, &g)));
+        }
+        let mut out = vec![Vec::new(); groups.len()];
+        while let Some(joined) = tasks.join_next().await {
+            let (i, r) = joined.expect("invariant: reward tasks do not panic");
+            out[i] = r?;
+        }
+        out
+    } else {
+        groups
+            .iter()
+            .map(|g| rewards_of(scorer, g))
+            .collect::<Result<_, _>>()?
+    };
+    for (g, rewards) in groups.iter_mut().zip(all) {
+        for (s, r) in g.samples.iter_mut().zip(rewards) {
+            s.reward = r;
+        }
+    }
+    Ok(())
+}
+
+/// Why the filters drop a group, if they do.
+pub fn drop_reason(group: &Group, settings: &RolloutSettings) -> Option<&'static str> {
+    if settings.drop_truncated_groups
+        && group
+            .samples
+            .iter()
+            .any(|s| s.finish == FinishReason::Length)
+    {
+        return Some("truncated");
+    }
+    if settings.dynamic_sampling {
+        let r = group.rewards();
+        if r.iter().all(|&x| x == r[0]) {
+            return Some("zero_std");
+        }
+    }
+    None
+}
+
+/// Fills a batch of `batch_size` groups: takes prompts from `next_prompts` (each call returns the
+/// next `k` prompts with their group numbers), generates them, drops what the filters reject, and
+/// repeats until the batch is full or `max_rounds` rounds were run. Over-sampled groups beyond the
+/// batch are counted as `surplus` and not used.
+pub async fn fill_batch(
+    engine: &EngineHandle,
+    tokenizer: &Arc<Tokenizer>,
+    scorer: &Scorer,
+    batch_size: usize,
+    settings: &RolloutSettings,
+    next_prompts: &mut (dyn FnMut(usize) -> Vec<(u64, PromptItem)> + Send),
+    on_sample: &(dyn Fn() + Sync),
+) -> Result<Batch, RolloutError> {
+    let mut batch = Batch::default();
+    let filtering = settings.dynamic_sampling || settings.drop_truncated_groups;
+    while batch.groups.len() < batch_size && batch.rounds < settings.max_rounds.max(1) {
+        let missing = batch_size - batch.groups.len();
+        let take = if filtering {
+            settings.over_sampling_batch_size.max(missing)
+        } else {
+            missing
+        };
+        let prompts = next_prompts(take);
+        if prompts.is_empty() {
+            break;
+        }
+        batch.rounds += 1;
+        batch.generated_groups += prompts.len();
+        let groups = generate_groups(
+            engine,
+            tokenizer,
+            scorer,
+            prompts,
+            settings.n_samples_per_prompt,
+            settings,
+            on_sample,
+        )
+        .await?;
+        for g in groups {
+            if let Some(reason) = drop_reason(&g, settings) {
+                *batch.dropped.entry(reason.to_owned()).or_default() += 1;
+            } else if batch.groups.len() < batch_size {
+                batch.groups.push(g);
+            } else {
+                *batch.dropped.entry("surplus".to_owned()).or_default() += 1;
+            }
+        }
+    }
+    Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_differ_per_sample_and_repeat() {
+        let a = sample_seed(1, 5, 0);
+        assert_eq!(a, sample_seed(1, 5, 0));
+        assert_ne!(a, sample_seed(1, 5, 1));
+        assert_ne!(a, sample_seed(1, 6, 0));
+        assert_ne!(a, sample_seed(2, 5, 0));
+    }
+}

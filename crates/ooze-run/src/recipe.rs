@@ -1,0 +1,554 @@
+//! Recipes: the TOML file `ooze train` runs. Sections `model`, `data`, `rollout`, `reward`,
+//! `algorithm`, `trainer`, `eval`, `logging`; every key has a default (documented here and in
+//! `docs/recipes/README.md`) except `model.path` and the data source; unknown keys and values are
+//! errors that name the key and what is allowed. `--set section.key=value` overrides a key (the
+//! value is TOML: `--set rollout.temperature=0.7`, `--set data.task='"countdown"'` or a bare word).
+//! The resolved recipe, defaults filled in, is written to the run directory as `recipe.toml`.
+
+use ooze_algo::{AdvantageConfig, Aggregation, LossConfig};
+use ooze_rollout::scorer::RewardConfig;
+use ooze_rollout::Task;
+use ooze_train::{Decay, OptimizerConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Recipe {
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub rollout: RolloutSection,
+    pub reward: RewardConfig,
+    pub algorithm: AlgorithmSection,
+    pub trainer: TrainerSection,
+    pub eval: EvalSection,
+    pub logging: LoggingSection,
+}
+
+/// `[model]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// The policy to train: a Hugging Face model directory (required).
+    pub path: PathBuf,
+    /// `auto` (the first GPU if there is one), `cpu`, `cuda`, `cuda:N`.
+    pub device: String,
+    /// `auto` (bf16 on a GPU, fp32 on the CPU), `fp32` or `bf16`.
+    pub dtype: String,
+    /// The frozen reference for KL terms (default: the policy's starting weights; loaded only when
+    /// a KL coefficient is set).
+    pub reference: Option<PathBuf>,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            path: PathBuf::new(),
+            device: "auto".into(),
+            dtype: "auto".into(),
+            reference: None,
+        }
+    }
+}
+
+/// `[data]`: the training prompts — a built-in task (`task`) or a JSONL file (`path`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// A built-in synthetic task: `addition`, `arithmetic`, `countdown`, `string`.
+    pub task: Option<Task>,
+    /// Items generated for the task.
+    pub task_size: usize,
+    pub task_seed: u64,
+    /// A JSONL prompt file, optionally sliced: `train.jsonl@[0:1000]`.
+    pub path: Option<String>,
+    pub input_key: String,
+    pub label_key: String,
+    pub metadata_key: Option<String>,
+    pub tools_key: Option<String>,
+    /// Skip (and count) rows without the input key instead of stopping.
+    pub skip_bad_rows: bool,
+    /// Render prompts with the model's chat template (with the generation prompt).
+    pub apply_chat_template: bool,
+    pub system_prompt: Option<String>,
+    /// Longer prompts are left out (and counted).
+    pub max_prompt_tokens: usize,
+    pub shuffle: bool,
+    /// Seed of the per-epoch shuffle.
+    pub seed: u64,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        DataSection {
+            task: None,
+            task_size: 10_000,
+            task_seed: 0,
+            path: None,
+            input_key: "prompt".into(),
+            label_key: "label".into(),
+            metadata_key: None,
+            tools_key: None,
+            skip_bad_rows: false,
+            apply_chat_template: true,
+            system_prompt: None,
+            max_prompt_tokens: 1024,
+            shuffle: true,
+            seed: 42,
+        }
+    }
+}
+
+/// `[rollout]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Rollouts (generate, then train) in the run.
+    pub num_rollouts: u64,
+    /// Prompts per rollout.
+    pub batch_size: usize,
+    pub n_samples_per_prompt: usize,
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0 = off.
+    pub top_k: i64,
+    pub stop: Vec<String>,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Sequences the engine runs at once (default: as many as fit in `mem_fraction` of free GPU
+    /// memory, 64 on the CPU).
+    pub max_running: Option<i64>,
+    /// Share of the free GPU memory the KV cache may take while generating.
+    pub mem_fraction: f64,
+    /// Seed of the samples' sampling seeds.
+    pub seed: u64,
+    /// Drop prompt groups whose rewards are all equal, and over-sample to fill the batch.
+    pub dynamic_sampling: bool,
+    /// Prompts generated per round while filling a filtered batch (default: `batch_size`).
+    pub over_sampling_batch_size: Option<usize>,
+    /// Rounds before a filtered batch is given up on and trained smaller.
+    pub max_rounds: usize,
+    /// Drop groups with a response cut at `max_new_tokens`.
+    pub drop_truncated_groups: bool,
+    /// Keep truncated responses but train none of their tokens.
+    pub mask_truncated: bool,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            num_rollouts: 100,
+            batch_size: 32,
+            n_samples_per_prompt: 8,
+            max_new_tokens: 512,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            concurrency: 1024,
+            max_running: None,
+            mem_fraction: 0.5,
+            seed: 1234,
+            dynamic_sampling: false,
+            over_sampling_batch_size: None,
+            max_rounds: 8,
+            drop_truncated_groups: false,
+            mask_truncated: false,
+        }
+    }
+}
+
+/// `[algorithm]`: `[algorithm.advantage]` (estimator, normalisation, KL in the reward),
+/// `[algorithm.loss]` (policy loss, clipping, importance sampling, KL/entropy terms) and
+/// `aggregation`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmSection {
+    pub advantage: AdvantageConfig,
+    pub loss: LossConfig,
+    pub aggregation: Aggregation,
+}
+
+/// What a run does each rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Generate, score, train.
+    #[default]
+    Train,
+    /// Generate and score only (saved rollouts, rewards, eval).
+    RolloutOnly,
+    /// Train on the rollouts another run saved (`trainer.replay_from`), generating nothing.
+    Replay,
+}
+
+/// `[trainer]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerSection {
+    pub mode: Mode,
+    /// The run directory whose `rollouts/` a replay trains on.
+    pub replay_from: Option<PathBuf>,
+    /// Samples per optimizer step (default: the whole rollout, one step); a multiple of
+    /// `n_samples_per_prompt` dividing the rollout, so a prompt's samples share a step.
+    pub global_batch_size: Option<usize>,
+    pub lr: f64,
+    pub warmup_steps: u64,
+    pub decay: Decay,
+    pub min_lr_ratio: f64,
+    pub optimizer: OptimizerConfig,
+    /// Token budget of one micro-batch.
+    pub max_tokens_per_micro_batch: usize,
+    pub recompute_activations: bool,
+    /// Checkpoint every N rollouts (and after the last).
+    pub save_interval: u64,
+}
+
+impl Default for TrainerSection {
+    fn default() -> Self {
+        TrainerSection {
+            mode: Mode::Train,
+            replay_from: None,
+            global_batch_size: None,
+            lr: 1e-6,
+            warmup_steps: 0,
+            decay: Decay::Constant,
+            min_lr_ratio: 0.0,
+            optimizer: OptimizerConfig::default(),
+            max_tokens_per_micro_batch: 16_384,
+            recompute_activations: false,
+            save_interval: 10,
+        }
+    }
+}
+
+/// `[eval]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Evaluate every N rollouts (0 = only at the start and the end).
+    pub interval: u64,
+    pub at_start: bool,
+    pub datasets: Vec<EvalDataset>,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            interval: 10,
+            at_start: true,
+            datasets: Vec::new(),
+        }
+    }
+}
+
+/// `[[eval.datasets]]`: a held-out set with its own sampling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalDataset {
+    pub name: String,
+    /// A built-in task (items generated with `task_seed`; items also in the training set are left
+    /// out) or a JSONL `path` read with the data section's keys.
+    pub task: Option<Task>,
+    pub task_size: usize,
+    pub task_seed: u64,
+    pub path: Option<String>,
+    pub n_samples: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Default: the rollout's.
+    pub max_new_tokens: Option<usize>,
+    /// The k of pass@k reported (each at most `n_samples`).
+    pub pass_k: Vec<usize>,
+}
+
+impl Default for EvalDataset {
+    fn default() -> Self {
+        EvalDataset {
+            name: "eval".into(),
+            task: None,
+            task_size: 256,
+            task_seed: 1_000_003,
+            path: None,
+            n_samples: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: None,
+            pass_k: vec![1],
+        }
+    }
+}
+
+/// `[logging]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingSection {
+    /// The run directory (default: `runs/<recipe file name>`).
+    pub run_dir: Option<PathBuf>,
+    /// TensorBoard event files in `RUN/tensorboard/`.
+    pub tensorboard: bool,
+    /// Every rollout's groups in `RUN/rollouts/rollout-NNNNNN.jsonl` (needed for replay).
+    pub save_rollouts: bool,
+    /// `RUN/report.html` at the end.
+    pub report: bool,
+    /// Progress bars (on a terminal) or a line per rollout.
+    pub progress: bool,
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        LoggingSection {
+            run_dir: None,
+            tensorboard: true,
+            save_rollouts: true,
+            report: true,
+            progress: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("--set {0}: {1}")]
+    Set(String, String),
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// Sets `dotted = value` in `table` (the value parsed as TOML, or taken as a string).
+fn set_key(table: &mut toml::Table, assignment: &str) -> Result<(), RecipeError> {
+    let bad = |m: &str| RecipeError::Set(assignment.to_owned(), m.to_owned());
+    let (key, raw) = assignment
+        .split_once('=')
+        .ok_or_else(|| bad("expected section.key=value"))?;
+    let key = key.trim();
+    let value: toml::Value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("invariant: parsed `v = …`"),
+        Err(_) => toml::Value::String(raw.to_owned()),
+    };
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(bad("expected section.key=value"));
+    }
+    let mut node = table;
+    for part in &parts[..parts.len() - 1] {
+        let entry = node
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        node = entry
+            .as_table_mut()
+            .ok_or_else(|| bad(&format!("`{part}` is not a section")))?;
+    }
+    node.insert(parts[parts.len() - 1].to_owned(), value);
+    Ok(())
+}
+
+impl Recipe {
+    /// Reads `path`, applies `sets` (`section.key=value`) and checks the result.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Recipe, RecipeError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RecipeError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Recipe::parse(&text, path, sets)
+    }
+
+    /// Parses recipe text (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &Path, sets: &[String]) -> Result<Recipe, RecipeError> {
+        let parse_err = |message: String| RecipeError::Parse {
+            path: origin.to_owned(),
+            message,
+        };
+        let recipe: Recipe = if sets.is_empty() {
+            // Straight from the text, so errors point at its lines.
+            toml::from_str(text).map_err(|e| parse_err(e.to_string()))?
+        } else {
+            let mut table: toml::Table = text
+                .parse()
+                .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
+            for s in sets {
+                set_key(&mut table, s)?;
+            }
+            let edited = toml::to_string(&table).expect("invariant: a table serialises");
+            toml::from_str(&edited).map_err(|e| parse_err(format!("after --set: {e}")))?
+        };
+        recipe.check().map_err(|message| RecipeError::Invalid {
+            path: origin.to_owned(),
+            message,
+        })?;
+        Ok(recipe)
+    }
+
+    /// The whole recipe with defaults, as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("invariant: a recipe serialises")
+    }
+
+    /// Samples per optimizer step.
+    pub fn global_batch_size(&self) -> usize {
+        self.trainer
+            .global_batch_size
+            .unwrap_or(self.rollout.batch_size * self.rollout.n_samples_per_prompt)
+    }
+
+    /// Checks what the types cannot.
+    fn check(&self) -> Result<(), String> {
+        if self.model.path.as_os_str().is_empty() {
+            return Err("model.path is required (a Hugging Face model directory)".into());
+        }
+        let d = &self.data;
+        match (&d.task, &d.path) {
+            (None, None) if self.trainer.mode != Mode::Replay => {
+                return Err("the data section needs a source: data.task (addition, arithmetic, countdown, string) or data.path (a JSONL file)".into())
+            }
+            (Some(_), Some(_)) => {
+                return Err("data.task and data.path are exclusive: choose one source".into())
+            }
+            _ => {}
+        }
+        let r = &self.rollout;
+        for (key, v) in [
+            ("rollout.batch_size", r.batch_size),
+            ("rollout.n_samples_per_prompt", r.n_samples_per_prompt),
+            ("rollout.max_new_tokens", r.max_new_tokens),
+            ("rollout.concurrency", r.concurrency),
+            ("data.max_prompt_tokens", d.max_prompt_tokens),
+            (
+                "trainer.max_tokens_per_micro_batch",
+                self.trainer.max_tokens_per_micro_batch,
+            ),
+        ] {
+            if v == 0 {
+                return Err(format!("{key} must be at least 1"));
+            }
+        }
+        if !(r.temperature > 0.0 && r.temperature.is_finite()) {
+            return Err(format!(
+                "rollout.temperature must be > 0 for RL (log-probs are of the sampling distribution), got {}",
+                r.temperature
+            ));
+        }
+        if !(r.mem_fraction > 0.0 && r.mem_fraction <= 1.0) {
+            return Err(format!(
+                "rollout.mem_fraction must be in (0, 1], got {}",
+                r.mem_fraction
+            ));
+        }
+        let rollout_samples = r.batch_size * r.n_samples_per_prompt;
+        let g = self.global_batch_size();
+        if g == 0 || !g.is_multiple_of(r.n_samples_per_prompt) || !rollout_samples.is_multiple_of(g)
+        {
+            return Err(format!(
+                "trainer.global_batch_size must be a multiple of rollout.n_samples_per_prompt ({}) that divides the rollout's {rollout_samples} samples, got {g}",
+                r.n_samples_per_prompt
+            ));
+        }
+        if self.trainer.mode == Mode::Replay && self.trainer.replay_from.is_none() {
+            return Err("trainer.mode = \"replay\" needs trainer.replay_from (a run directory with rollouts/)".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, e) in self.eval.datasets.iter().enumerate() {
+            let at = format!("eval.datasets[{i}] ({})", e.name);
+            if !names.insert(e.name.clone()) {
+                return Err(format!("{at}: the name is used twice"));
+            }
+            if e.task.is_some() == e.path.is_some() {
+                return Err(format!("{at}: set exactly one of task and path"));
+            }
+            if e.n_samples == 0 {
+                return Err(format!("{at}: n_samples must be at least 1"));
+            }
+            if let Some(&k) = e.pass_k.iter().find(|&&k| k == 0 || k > e.n_samples) {
+                return Err(format!(
+                    "{at}: pass_k {k} must be between 1 and n_samples ({})",
+                    e.n_samples
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Recipe::parse(text, Path::new("r.toml"), &sets).map_err(|e| e.to_string())
+    }
+
+    const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
+
+    #[test]
+    fn defaults_fill_and_round_trip() {
+        let r = parse(MIN, &[]).unwrap();
+        assert_eq!(r.rollout.n_samples_per_prompt, 8);
+        assert_eq!(r.global_batch_size(), 256);
+        let again = parse(&r.to_toml(), &[]).unwrap();
+        assert_eq!(r, again);
+    }
+
+    #[test]
+    fn unknown_keys_and_values_name_what_is_allowed() {
+        let e = parse(&format!("{MIN}[rollout]\ntemprature = 0.5\n"), &[]).unwrap_err();
+        assert!(e.contains("unknown field `temprature`"), "{e}");
+        assert!(e.contains("`temperature`"), "{e}");
+        let e = parse(
+            &format!("{MIN}[algorithm.advantage]\nestimator = \"grpp\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown variant `grpp`"), "{e}");
+        assert!(e.contains("`grpo`") && e.contains("`ppo`"), "{e}");
+        let e = parse("[model]\npath = \"m\"\n[data]\ntask = \"sudoku\"\n", &[]).unwrap_err();
+        assert!(
+            e.contains("`addition`, `arithmetic`, `countdown`, `string`"),
+            "{e}"
+        );
+        let e = parse(&format!("{MIN}[reward]\ntype = \"vibes\"\n"), &[]).unwrap_err();
+        assert!(
+            e.contains("unknown variant `vibes`") && e.contains("`remote`"),
+            "{e}"
+        );
+        let e = parse(&format!("{MIN}[surprise]\nx = 1\n"), &[]).unwrap_err();
+        assert!(e.contains("unknown field `surprise`"), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_and_checks() {
+        let r = parse(
+            MIN,
+            &[
+                "rollout.temperature=0.7",
+                "trainer.lr=2e-5",
+                "logging.run_dir=out/x",
+                "data.system_prompt=Be brief.",
+            ],
+        )
+        .unwrap();
+        assert_eq!(r.rollout.temperature, 0.7);
+        assert_eq!(r.trainer.lr, 2e-5);
+        assert_eq!(r.logging.run_dir, Some(PathBuf::from("out/x")));
+        assert_eq!(r.data.system_prompt.as_deref(), Some("Be brief."));
+        let e = parse(MIN, &["rollout.tempreature=0.7"]).unwrap_err();
+        assert!(e.contains("unknown field `tempreature`"), "{e}");
+        let e = parse(MIN, &["trainer.global_batch_size=12"]).unwrap_err();
+        assert!(
+            e.contains("multiple of rollout.n_samples_per_prompt (8)"),
+            "{e}"
+        );
+        let e = parse("[data]\ntask = \"string\"\n", &[]).unwrap_err();
+        assert!(e.contains("model.path is required"), "{e}");
+        let e = parse(MIN, &["model.path.x=1"]).unwrap_err();
+        assert!(e.contains("`path` is not a section"), "{e}");
+    }
+}

@@ -1,0 +1,45 @@
+//! `ooze train RECIPE.toml [--set section.key=value ...]` runs an RL recipe; `ooze train --resume
+//! RUN_DIR [--set ...]` continues a run from its last checkpoint (with the recipe saved in the run
+//! directory). See `docs/recipes/README.md` for every recipe key.
+
+use anyhow::{bail, Context};
+use ooze_rollout::scorer::Registry;
+use ooze_run::{run_dir_for, Recipe};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The recipe (TOML).
+    recipe: Option<PathBuf>,
+    /// Override a recipe key: `--set rollout.temperature=0.7` (the value is TOML, or a bare word).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Continue the run in this directory from its last checkpoint.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (recipe, run_dir, resume) = match (&args.recipe, &args.resume) {
+        (Some(path), None) => {
+            let recipe = Recipe::load(path, &args.sets)?;
+            let dir = run_dir_for(&recipe, path);
+            (recipe, dir, false)
+        }
+        (None, Some(dir)) => {
+            let path = dir.join("recipe.toml");
+            if !path.exists() {
+                bail!("--resume {}: no recipe.toml there (not an ooze run directory)", dir.display());
+            }
+            let mut recipe = Recipe::load(&path, &args.sets)?;
+            recipe.logging.run_dir = Some(dir.clone());
+            (recipe, dir.clone(), true)
+        }
+        (Some(_), Some(_)) => bail!("give a recipe or --resume RUN_DIR, not both (a resumed run uses the recipe saved in its directory; change keys with --set)"),
+        (None, None) => bail!("give a recipe (`ooze train RECIPE.toml`) or `--resume RUN_DIR`"),
+    };
+    eprintln!("run directory: {}", run_dir.display());
+    ooze_run::run(recipe, &run_dir, resume, &Registry::default())
+        .with_context(|| format!("run in {}", run_dir.display()))?;
+    Ok(())
+}
