@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the embedded default, no GPU or server needed: sets up, builds ooze, creates a
-# tiny Qwen2-family model (random weights, tokenizer trained on ooze's generated corpus, real HF
-# format), renders a chat prompt, generates from it and scores the result.
+# ooze's main job on the embedded default, no GPU or server needed: sets up, builds ooze, creates a
+# tiny Qwen2-architecture model (random weights, tokenizer trained on ooze's generated corpus, real
+# HF format), warm-starts it with `ooze sft` on generated `addition` demonstrations (30% of them
+# deliberately wrong), then runs GRPO with `ooze train recipes/addition-cpu.toml` and writes the
+# report (held-out pass@1 before and after) to target/demo/grpo/report.html.
 # Usage: scripts/demo.sh [OUT_DIR]   (default: target/demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,12 +13,15 @@ scripts/setup.sh
 cargo build --release -p ooze
 ooze=target/release/ooze
 $ooze info
+rm -rf "$out"
+start=$(date +%s)
 $ooze init-model --family qwen2 --size tiny "$out/model"
-echo '[{"role": "system", "content": "You are a math tutor."}, {"role": "user", "content": "Question: Alice has 3 apples and buys 4 more. How many?"}]' > "$out/messages.json"
-echo "== chat prompt, rendered by the model's template"
-$ooze render --model "$out/model" --messages "$out/messages.json" --add-generation-prompt | head -c 400; echo
-echo "== generation (random weights: expect gibberish; training comes next)"
-$ooze generate --model "$out/model" --prompt "Question: Alice has 3 apples and buys 4 more. How many?" --chat --max-new-tokens 32 --seed 1
-echo '{"id": "demo", "text": "Question: Alice has 3 apples and buys 4 more. The answer is 7."}' > "$out/score.jsonl"
-echo "== per-token log-probs"
-$ooze score --model "$out/model" --input "$out/score.jsonl" --entropy | head -c 600; echo
+$ooze task addition "$out/sft.jsonl" --n 20000 --demonstrations --error-rate 0.3
+echo "== ooze sft: warm start on demonstrations"
+$ooze sft --model "$out/model" --data "$out/sft.jsonl" --out "$out/sft" --device cpu \
+  --batch-size 64 --lr 5e-3 --warmup-steps 10 --max-steps 500 --min-lr-ratio 0.2 \
+  --eval-every 100 --save-every 100000 --eval-fraction 0.02 2>&1 | grep -v "^sft: step [0-9]*/[0-9]* loss .*tok/s$"
+echo "== ooze train: GRPO"
+$ooze train recipes/addition-cpu.toml --set "model.path=\"$out/sft/final-model\"" --set "logging.run_dir=\"$out/grpo\""
+echo "== demo done in $(( $(date +%s) - start )) s; report: $out/grpo/report.html"
+grep -o '"eval/heldout/pass@1":[0-9.]*' "$out/grpo/metrics.jsonl" | sed 's/^/   /'

@@ -67,8 +67,8 @@ pub struct RewardInput<'a> {
 pub type SampleRewardFn = dyn Fn(&RewardInput<'_>) -> f64 + Send + Sync;
 pub type GroupRewardFn = dyn Fn(&[RewardInput<'_>]) -> Vec<f64> + Send + Sync;
 
-/// Reward functions by name. The synthetic tasks' verifiers are registered as `addition`,
-/// `arithmetic`, `countdown` and `string`; programs using ooze as a library add their own.
+/// Reward functions by name. The synthetic tasks' verifiers are registered as `repeat`,
+/// `addition`, `arithmetic`, `countdown` and `string`; programs using ooze as a library add their own.
 #[derive(Clone)]
 pub struct Registry {
     samples: BTreeMap<String, Arc<SampleRewardFn>>,
@@ -82,6 +82,7 @@ impl Default for Registry {
             groups: BTreeMap::new(),
         };
         for (name, task) in [
+            ("repeat", Task::Repeat),
             ("addition", Task::Addition),
             ("arithmetic", Task::Arithmetic),
             ("countdown", Task::Countdown),
@@ -354,7 +355,7 @@ mod tests {
         .err()
         .unwrap();
         assert!(
-            err.contains("registered: addition, arithmetic, countdown, string"),
+            err.contains("registered: addition, arithmetic, countdown, repeat, string"),
             "{err}"
         );
         let bad = serde_json::from_str::<RewardConfig>(r#"{"type": "mystery"}"#)
@@ -389,6 +390,100 @@ mod tests {
                 .unwrap(),
             vec![0.0, 1.0, 0.0]
         );
+    }
+
+    /// A reward model on a local socket: answers `{"score": len(response)}`, after a 503 for the
+    /// very first request (which the client must retry), and 400 for a response of "bad".
+    fn serve_reward_model() -> String {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/score", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut first = true;
+            for stream in listener.incoming() {
+                let stream = stream.unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut out = stream;
+                loop {
+                    let mut length = None;
+                    let mut line = String::new();
+                    let mut saw_request = false;
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            break;
+                        }
+                        saw_request = true;
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            length = v.trim().parse::<usize>().ok();
+                        }
+                    }
+                    if !saw_request {
+                        break;
+                    }
+                    let mut body = vec![0; length.unwrap_or(0)];
+                    reader.read_exact(&mut body).unwrap();
+                    let request: Value = serde_json::from_slice(&body).unwrap();
+                    let response = request["response"].as_str().unwrap().to_owned();
+                    let (status, answer) = if first {
+                        first = false;
+                        ("503 Service Unavailable", "busy".to_owned())
+                    } else if response == "bad" {
+                        ("400 Bad Request", "no".to_owned())
+                    } else {
+                        assert_eq!(request["label"], "L");
+                        ("200 OK", json!({"score": response.len()}).to_string())
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    out.write_all(reply.as_bytes()).unwrap();
+                }
+            }
+        });
+        url
+    }
+
+    #[test]
+    fn remote_reward_model_over_http() {
+        let url = serve_reward_model();
+        let config = RewardConfig::Remote {
+            url: url.clone(),
+            timeout_secs: 5.0,
+            max_retries: 2,
+        };
+        let scorer = Scorer::new(&config, None, &Registry::default()).unwrap();
+        assert!(scorer.is_remote());
+        let rewards = scorer
+            .score_group(&[input("abc", "L"), input("hello", "L")])
+            .unwrap();
+        assert_eq!(
+            rewards,
+            vec![3.0, 5.0],
+            "the first call was retried after the 503"
+        );
+        let err = scorer
+            .score_group(&[input("bad", "L")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&url) && err.contains("HTTP 400"), "{err}");
+        let bad_url = Scorer::new(
+            &RewardConfig::Remote {
+                url: "ftp://x".into(),
+                timeout_secs: 5.0,
+                max_retries: 0,
+            },
+            None,
+            &Registry::default(),
+        )
+        .err()
+        .unwrap();
+        assert!(bad_url.contains("reward.url"), "{bad_url}");
     }
 
     #[test]

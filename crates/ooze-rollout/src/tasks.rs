@@ -2,6 +2,8 @@
 //! Every item is a user prompt, a label and the verifier's reward for a response; generation is
 //! deterministic for a seed.
 //!
+//! - `repeat`: repeat a 4–6 digit number in `\boxed{}` — the smallest task, for the 2-core CPU
+//!   demo, where a model of 0.1M parameters learns it in a minute.
 //! - `addition`: the sum of two numbers below 100; the answer must be in `\boxed{}` (small enough
 //!   for a tiny model trained on a laptop CPU).
 //! - `arithmetic`: a multi-step integer expression; the answer must be in `\boxed{}`.
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Task {
+    Repeat,
     Addition,
     Arithmetic,
     Countdown,
@@ -46,6 +49,17 @@ impl Task {
 
     fn one(self, rng: &mut SplitMix64) -> TaskItem {
         match self {
+            Task::Repeat => {
+                let digits = rng.range(4, 6);
+                let number: String = (0..digits)
+                    .map(|i| char::from(b'0' + rng.range(i64::from(i == 0), 9) as u8))
+                    .collect();
+                TaskItem {
+                    prompt: format!("Repeat the number {number}. Answer with \\boxed{{...}}."),
+                    solution: format!("\\boxed{{{number}}}"),
+                    label: number,
+                }
+            }
             Task::Addition => {
                 let (a, b) = (rng.range(0, 99), rng.range(0, 99));
                 TaskItem {
@@ -139,7 +153,7 @@ impl Task {
         }
         let delta = *rng.pick(&[-2i64, -1, 1, 2]);
         match self {
-            Task::Addition | Task::Arithmetic => {
+            Task::Repeat | Task::Addition | Task::Arithmetic => {
                 let wrong = item
                     .label
                     .parse::<i64>()
@@ -174,7 +188,7 @@ impl Task {
     /// The reward of `response` for an item labelled `label`: 1 or 0.
     pub fn verify(self, response: &str, label: &str) -> f64 {
         let ok = match self {
-            Task::Addition | Task::Arithmetic => {
+            Task::Repeat | Task::Addition | Task::Arithmetic => {
                 math_answer::last_boxed(response).is_some_and(|a| math_answer::equivalent(a, label))
             }
             Task::Countdown => answer_tag(response).is_some_and(|a| countdown_ok(a, label)),
@@ -348,6 +362,7 @@ mod tests {
     #[test]
     fn generation_is_seeded_and_labels_verify() {
         for task in [
+            Task::Repeat,
             Task::Addition,
             Task::Arithmetic,
             Task::Countdown,

@@ -55,7 +55,7 @@ impl Default for ModelSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// A built-in synthetic task: `addition`, `arithmetic`, `countdown`, `string`.
+    /// A built-in synthetic task: `repeat`, `addition`, `arithmetic`, `countdown`, `string`.
     pub task: Option<Task>,
     /// Items generated for the task.
     pub task_size: usize,
@@ -407,7 +407,7 @@ impl Recipe {
         let d = &self.data;
         match (&d.task, &d.path) {
             (None, None) if self.trainer.mode != Mode::Replay => {
-                return Err("the data section needs a source: data.task (addition, arithmetic, countdown, string) or data.path (a JSONL file)".into())
+                return Err("the data section needs a source: data.task (repeat, addition, arithmetic, countdown, string) or data.path (a JSONL file)".into())
             }
             (Some(_), Some(_)) => {
                 return Err("data.task and data.path are exclusive: choose one source".into())
@@ -511,7 +511,7 @@ mod tests {
         assert!(e.contains("`grpo`") && e.contains("`ppo`"), "{e}");
         let e = parse("[model]\npath = \"m\"\n[data]\ntask = \"sudoku\"\n", &[]).unwrap_err();
         assert!(
-            e.contains("`addition`, `arithmetic`, `countdown`, `string`"),
+            e.contains("`repeat`, `addition`, `arithmetic`, `countdown`, `string`"),
             "{e}"
         );
         let e = parse(&format!("{MIN}[reward]\ntype = \"vibes\"\n"), &[]).unwrap_err();

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// addition, arithmetic, countdown or string.
+    /// repeat, addition, arithmetic, countdown or string.
     #[arg(value_parser = parse_task)]
     task: Task,
     /// Output JSONL.
@@ -30,7 +30,7 @@ pub struct Args {
 
 fn parse_task(s: &str) -> Result<Task, String> {
     serde_json::from_value(json!(s)).map_err(|_| {
-        format!("unknown task `{s}`; expected addition, arithmetic, countdown or string")
+        format!("unknown task `{s}`; expected repeat, addition, arithmetic, countdown or string")
     })
 }
 
