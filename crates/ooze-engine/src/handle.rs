@@ -234,16 +234,7 @@ impl EngineHandle {
         &self,
         tensors: Vec<(String, Tensor)>,
     ) -> Result<u64, EngineError> {
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::UpdateWeights {
-                source: WeightSource::Tensors(tensors),
-                reply,
-            })
-            .map_err(|_| EngineError::Stopped)?;
-        rx.await
-            .map_err(|_| EngineError::Stopped)?
-            .map_err(EngineError::WeightUpdate)
+        self.update_weights(WeightSource::Tensors(tensors)).await
     }
 
     /// Tells the engine that its parameters were changed in place by a colocated trainer sharing
@@ -251,16 +242,7 @@ impl EngineHandle {
     /// the old weights) and the weight version advances, which it returns. Call it between
     /// rollouts, while no request runs.
     pub async fn weights_updated_in_place(&self) -> Result<u64, EngineError> {
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::UpdateWeights {
-                source: WeightSource::InPlace,
-                reply,
-            })
-            .map_err(|_| EngineError::Stopped)?;
-        rx.await
-            .map_err(|_| EngineError::Stopped)?
-            .map_err(EngineError::WeightUpdate)
+        self.update_weights(WeightSource::InPlace).await
     }
 
     /// Frees the KV memory so that a trainer in the same process can use it. Running requests are
@@ -288,12 +270,14 @@ impl EngineHandle {
     /// Loads new weights from an HF model directory between two steps; returns the new weight
     /// version. Requests in flight continue under the new weights.
     pub async fn update_weights_from_disk(&self, dir: PathBuf) -> Result<u64, EngineError> {
+        self.update_weights(WeightSource::Dir(dir)).await
+    }
+
+    /// Sends a weight update and waits for the new version.
+    async fn update_weights(&self, source: WeightSource) -> Result<u64, EngineError> {
         let (reply, rx) = oneshot::channel();
         self.commands
-            .send(Command::UpdateWeights {
-                source: WeightSource::Dir(dir),
-                reply,
-            })
+            .send(Command::UpdateWeights { source, reply })
             .map_err(|_| EngineError::Stopped)?;
         rx.await
             .map_err(|_| EngineError::Stopped)?
