@@ -22,5 +22,5 @@ pub mod reward;
 pub mod scorer;
 pub mod tasks;
 
-pub use reward::{Reward, RewardError, RewardSpec};
+pub use reward::{Reward, RewardError};
 pub use tasks::{Task, TaskItem};

@@ -8,26 +8,9 @@
 
 use crate::{math_answer, qa};
 use regex::Regex;
-use serde::{Deserialize, Serialize};
 
-/// A built-in reward, as written in a recipe (`[reward] type = "math"`, …).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub enum RewardSpec {
-    Math {
-        /// A regex whose last match (first group) is the answer, instead of `\boxed{}`.
-        #[serde(default)]
-        answer_pattern: Option<String>,
-    },
-    ExactMatch,
-    F1,
-    Regex {
-        pattern: String,
-    },
-    Contains,
-}
-
-/// A reward spec with its patterns compiled.
+/// A built-in reward with its patterns compiled (a recipe names it in `[reward]`, see
+/// [`crate::scorer::RewardConfig`]).
 #[derive(Debug, Clone)]
 pub enum Reward {
     Math { pattern: Option<Regex> },
@@ -37,7 +20,7 @@ pub enum Reward {
     Contains,
 }
 
-/// A spec the reward cannot be built from.
+/// A pattern the reward cannot be built from.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("reward.{field}: {message}")]
 pub struct RewardError {
@@ -45,26 +28,26 @@ pub struct RewardError {
     pub message: String,
 }
 
-impl RewardSpec {
-    pub fn build(&self) -> Result<Reward, RewardError> {
-        let compile = |field: &'static str, p: &str| {
-            Regex::new(p).map_err(|e| RewardError {
-                field,
-                message: format!("not a valid regular expression: {e}"),
-            })
-        };
-        Ok(match self {
-            RewardSpec::Math { answer_pattern } => Reward::Math {
-                pattern: answer_pattern
-                    .as_deref()
-                    .map(|p| compile("answer_pattern", p))
-                    .transpose()?,
-            },
-            RewardSpec::ExactMatch => Reward::ExactMatch,
-            RewardSpec::F1 => Reward::F1,
-            RewardSpec::Regex { pattern } => Reward::Regex(compile("pattern", pattern)?),
-            RewardSpec::Contains => Reward::Contains,
+fn compile(field: &'static str, pattern: &str) -> Result<Regex, RewardError> {
+    Regex::new(pattern).map_err(|e| RewardError {
+        field,
+        message: format!("not a valid regular expression: {e}"),
+    })
+}
+
+impl Reward {
+    /// `math`, with an optional answer pattern (`reward.answer_pattern`).
+    pub fn math(answer_pattern: Option<&str>) -> Result<Reward, RewardError> {
+        Ok(Reward::Math {
+            pattern: answer_pattern
+                .map(|p| compile("answer_pattern", p))
+                .transpose()?,
         })
+    }
+
+    /// `regex` with `reward.pattern`.
+    pub fn regex(pattern: &str) -> Result<Reward, RewardError> {
+        compile("pattern", pattern).map(Reward::Regex)
     }
 }
 
@@ -98,39 +81,21 @@ impl Reward {
 mod tests {
     use super::*;
 
-    fn build(toml_like: RewardSpec) -> Reward {
-        toml_like.build().unwrap()
-    }
-
     #[test]
     fn each_reward_scores() {
-        let math = build(RewardSpec::Math {
-            answer_pattern: None,
-        });
+        let math = Reward::math(None).unwrap();
         assert_eq!(math.score(r"so \boxed{\frac{6}{4}}", "1.5"), 1.0);
         assert_eq!(math.score(r"so \boxed{2}", "1.5"), 0.0);
         assert_eq!(math.score("no box 1.5", "1.5"), 0.0);
-        let pattern = build(RewardSpec::Math {
-            answer_pattern: Some(r"####\s*(\S+)".into()),
-        });
+        let pattern = Reward::math(Some(r"####\s*(\S+)")).unwrap();
         assert_eq!(pattern.score("work\n#### 1,234", "1234"), 1.0);
-        let em = build(RewardSpec::ExactMatch);
+        let em = Reward::ExactMatch;
         assert_eq!(em.score("The Nile", r#"["nile", "Amazon"]"#), 1.0);
         assert_eq!(em.score("The Nile", "Amazon"), 0.0);
-        assert!(build(RewardSpec::F1).score("the river nile", "nile") > 0.6);
-        assert_eq!(
-            build(RewardSpec::Regex {
-                pattern: r"^\d+$".into()
-            })
-            .score("42", ""),
-            1.0
-        );
-        assert_eq!(build(RewardSpec::Contains).score("it is 42.", "42"), 1.0);
-        let err = RewardSpec::Regex {
-            pattern: "(".into(),
-        }
-        .build()
-        .unwrap_err();
+        assert!(Reward::F1.score("the river nile", "nile") > 0.6);
+        assert_eq!(Reward::regex(r"^\d+$").unwrap().score("42", ""), 1.0);
+        assert_eq!(Reward::Contains.score("it is 42.", "42"), 1.0);
+        let err = Reward::regex("(").unwrap_err();
         assert!(err
             .to_string()
             .starts_with("reward.pattern: not a valid regular expression"));

@@ -5,7 +5,7 @@
 //! JSON number or `{"score": number}` (or `{"reward": number}`). Failed calls are retried with
 //! backoff; a call that keeps failing stops the run with the URL and the last error.
 
-use crate::reward::{Reward, RewardSpec};
+use crate::reward::Reward;
 use crate::tasks::Task;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -139,22 +139,19 @@ impl Scorer {
         registry: &Registry,
     ) -> Result<Scorer, String> {
         let names = |m: Vec<&String>| m.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-        let builtin =
-            |spec: RewardSpec| spec.build().map(Scorer::Builtin).map_err(|e| e.to_string());
+        let built = |r: Result<Reward, crate::RewardError>| {
+            r.map(Scorer::Builtin).map_err(|e| e.to_string())
+        };
         Ok(match config {
             RewardConfig::Task => Scorer::Task(task.ok_or(
                 "reward.type = \"task\" scores with the data section's task verifier, but data.task is not set; \
                  choose another reward.type (math, exact_match, f1, regex, contains, function, group_function, remote)",
             )?),
-            RewardConfig::Math { answer_pattern } => builtin(RewardSpec::Math {
-                answer_pattern: answer_pattern.clone(),
-            })?,
-            RewardConfig::ExactMatch => builtin(RewardSpec::ExactMatch)?,
-            RewardConfig::F1 => builtin(RewardSpec::F1)?,
-            RewardConfig::Regex { pattern } => builtin(RewardSpec::Regex {
-                pattern: pattern.clone(),
-            })?,
-            RewardConfig::Contains => builtin(RewardSpec::Contains)?,
+            RewardConfig::Math { answer_pattern } => built(Reward::math(answer_pattern.as_deref()))?,
+            RewardConfig::ExactMatch => Scorer::Builtin(Reward::ExactMatch),
+            RewardConfig::F1 => Scorer::Builtin(Reward::F1),
+            RewardConfig::Regex { pattern } => built(Reward::regex(pattern))?,
+            RewardConfig::Contains => Scorer::Builtin(Reward::Contains),
             RewardConfig::Function { name } => Scorer::Sample(
                 registry.samples.get(name).cloned().ok_or_else(|| {
                     format!(

@@ -545,16 +545,7 @@ pub fn run(
     }
     runtime.block_on(engine.shutdown());
     if let Some(trainer) = trainer.as_ref() {
-        let final_dir = run_dir.join("final-model");
-        let tmp = run_dir.join(".final-model.partial");
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp)?;
-        }
-        trainer.policy.save(&model_path, &tmp, Default::default())?;
-        if final_dir.exists() {
-            std::fs::remove_dir_all(&final_dir)?;
-        }
-        std::fs::rename(&tmp, &final_dir)?;
+        checkpoint::save_final_model(run_dir, &model_path, trainer)?;
     }
     let report = if recipe.logging.report {
         let path = crate::report::write_report(run_dir)?;

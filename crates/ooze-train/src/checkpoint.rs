@@ -106,6 +106,28 @@ pub fn save(
     Ok(done)
 }
 
+/// Writes the policy as a complete HF model directory `run_dir/final-model` (built under a hidden
+/// name and renamed into place, replacing an older one); returns its path.
+pub fn save_final_model(
+    run_dir: &Path,
+    source_model: &Path,
+    trainer: &Trainer,
+) -> Result<PathBuf, TrainError> {
+    let done = run_dir.join("final-model");
+    let tmp = run_dir.join(".final-model.partial");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    trainer
+        .policy
+        .save(source_model, &tmp, SaveOptions::default())?;
+    if done.exists() {
+        std::fs::remove_dir_all(&done).map_err(io(&done))?;
+    }
+    std::fs::rename(&tmp, &done).map_err(io(&done))?;
+    Ok(done)
+}
+
 /// The newest complete checkpoint of `run_dir`, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
     let pointer = run_dir.join("latest");

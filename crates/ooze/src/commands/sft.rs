@@ -276,16 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )?;
         }
     }
-    let final_dir = args.out.join("final-model");
-    let tmp = args.out.join(".final-model.partial");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    trainer.policy.save(&args.model, &tmp, Default::default())?;
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir)?;
-    }
-    std::fs::rename(&tmp, &final_dir)?;
+    let final_dir = checkpoint::save_final_model(&args.out, &args.model, &trainer)?;
     eprintln!("sft: done; model in {}", final_dir.display());
     Ok(())
 }
