@@ -2,7 +2,8 @@
 //!
 //! - [`parse`]: tool calls, XML-tag actions and code blocks read out of model text; malformed
 //!   ones explained for the model.
-//! - [`recipes`]: the agents of the recipes (`search_r1`).
+//! - [`recipes`]: the agents of the recipes (`search_r1`, `retool`, `multi_agent`, `memagent`,
+//!   `agentflow`, `tool_orchestra`).
 //! - [`sandbox`]: Python execution in an isolated, limited process.
 //! - [`search`]: a BM25 index over a JSONL corpus, served with Search-R1's `/retrieve` API.
 

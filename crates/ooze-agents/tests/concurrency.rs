@@ -116,6 +116,7 @@ fn two_hundred_fifty_six_tool_trajectories_all_finish() {
         concurrency: 256,
         seed: 5,
         dynamic_sampling: false,
+        min_reward_std: 0.0,
         drop_truncated_groups: false,
         mask_truncated: false,
         over_sampling_batch_size: 0,
@@ -129,6 +130,7 @@ fn two_hundred_fifty_six_tool_trajectories_all_finish() {
                 deadline: Duration::from_secs(300),
             },
             grace: Duration::from_secs(5),
+            helpers: Default::default(),
         }),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

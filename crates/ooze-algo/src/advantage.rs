@@ -15,6 +15,7 @@
 //! | reinforce_plus_plus_baseline | `(r_i − mean_g) − kl_coef·kl_t`; whitened |
 //! | ppo | GAE(γ, λ) over token rewards `−kl_coef·kl_t` with `r_i` added at the last token and the critic's values; returns = A + V |
 //!
+//! `clip` bounds every advantage to `[−clip, clip]` after everything else.
 //! Whitening (`normalize_advantages`, always on for the reinforce++ pair): masked mean and
 //! Bessel-corrected variance over all trained tokens of the step, `A ← (A − μ)/sqrt(var + 1e-8)`.
 //! On-policy distillation then subtracts `opd_coef·(logp_old − logp_teacher)` per token.
@@ -82,6 +83,8 @@ pub struct AdvantageConfig {
     pub normalize_advantages: bool,
     /// On-policy distillation: `A ← A − opd_coef·(logp_old − logp_teacher)`; needs teacher log-probs.
     pub opd_coef: f64,
+    /// Clip every advantage to `[−clip, clip]` last (ToolOrchestra clips its group z-scores at 3).
+    pub clip: Option<f64>,
 }
 
 impl Default for AdvantageConfig {
@@ -95,6 +98,7 @@ impl Default for AdvantageConfig {
             kl_estimator: KlEstimator::K3,
             normalize_advantages: false,
             opd_coef: 0.0,
+            clip: None,
         }
     }
 }
@@ -430,6 +434,16 @@ pub fn compute_advantages(
             }
         }
     }
+    if let Some(c) = config.clip {
+        if c.is_nan() || c <= 0.0 {
+            return Err(AlgoError::Config(format!(
+                "advantage clip must be > 0, got {c}"
+            )));
+        }
+        for a in advantages.iter_mut().flatten() {
+            *a = a.clamp(-c, c);
+        }
+    }
     Ok(Advantages {
         advantages,
         returns,
@@ -439,6 +453,30 @@ pub fn compute_advantages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clip_bounds_the_z_scores() {
+        let mask = [1.0f32; 2];
+        // One outlier among equal rewards: its z-score (unbiased std) is (n − 1)/sqrt(n) ≈ 4.25
+        // for n = 20.
+        let mut samples: Vec<SampleInput<'_>> = (0..20).map(|i| sample(0, i, 0.0, &mask)).collect();
+        samples[0].reward = 1.0;
+        let config = AdvantageConfig::default();
+        let free = compute_advantages(&samples, &config, None).unwrap();
+        assert!((free.advantages[0][0] - 19.0 / 20f64.sqrt()).abs() < 1e-4);
+        let clipped = AdvantageConfig {
+            clip: Some(3.0),
+            ..config
+        };
+        let out = compute_advantages(&samples, &clipped, None).unwrap();
+        assert_eq!(out.advantages[0], vec![3.0, 3.0]);
+        assert_eq!(out.advantages[1], free.advantages[1]);
+        let bad = AdvantageConfig {
+            clip: Some(0.0),
+            ..Default::default()
+        };
+        assert!(compute_advantages(&samples, &bad, None).is_err());
+    }
 
     fn sample(group: u64, rollout: u64, reward: f64, mask: &[f32]) -> SampleInput<'_> {
         SampleInput {

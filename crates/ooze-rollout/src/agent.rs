@@ -16,17 +16,19 @@
 //! with rewards per sample, per trajectory (broadcast to the siblings), or left to the recipe's
 //! scorer.
 
+use crate::helpers::{HelperError, HelperReply, HelperUsage, Helpers};
 use crate::manager::sample_seed;
 use crate::prompts::PromptItem;
 use ooze_core::{FinishReason, Prompt, Sample, SplitMix64, Status, StopMatch};
-use ooze_engine::{EngineError, EngineHandle, Event, Request, Sampling};
+use ooze_engine::{EngineError, EngineHandle, Event, Output, Request, Sampling};
 use ooze_model::{RenderOptions, Tokenizer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -62,6 +64,8 @@ pub enum AgentError {
     Template(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("{0}")]
+    Helper(#[from] HelperError),
     #[error("{0}")]
     Agent(String),
 }
@@ -178,7 +182,9 @@ pub struct AgentContext {
     cancel: CancelToken,
     /// Seeds the engine calls: call `k` draws with a seed derived from (seed, k).
     seed: u64,
-    calls: u64,
+    calls: AtomicU64,
+    helpers: Helpers,
+    helper_usage: Mutex<BTreeMap<String, HelperUsage>>,
 }
 
 impl AgentContext {
@@ -198,8 +204,62 @@ impl AgentContext {
             limits,
             cancel,
             seed,
-            calls: 0,
+            calls: AtomicU64::new(0),
+            helpers: Helpers::default(),
+            helper_usage: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The same context with `helpers` available to the agent.
+    pub fn with_helpers(mut self, helpers: Helpers) -> AgentContext {
+        self.helpers = helpers;
+        self
+    }
+
+    /// The helper models the recipe configured.
+    pub fn helpers(&self) -> &Helpers {
+        &self.helpers
+    }
+
+    /// The seed of the next engine or helper call.
+    fn next_seed(&self) -> u64 {
+        let k = self.calls.fetch_add(1, Ordering::Relaxed);
+        SplitMix64::new(self.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64()
+    }
+
+    /// Asks helper `name` to answer `messages` (at most `max_tokens` new tokens, stopping at
+    /// `stop`), within the execution's deadline. The call is not a training sample; its tokens,
+    /// cost and time are added to [`AgentContext::helper_usage`].
+    pub async fn ask_helper(
+        &self,
+        name: &str,
+        messages: &[Value],
+        max_tokens: usize,
+        stop: &[&str],
+    ) -> Result<HelperReply, AgentError> {
+        let helper = self.helpers.get(name)?.clone();
+        let reply = helper
+            .chat(
+                messages,
+                max_tokens,
+                stop,
+                self.next_seed(),
+                self.deadline,
+                &self.cancel,
+            )
+            .await?;
+        let mut usage = self.helper_usage.lock().expect("never poisoned");
+        let u = usage.entry(name.to_owned()).or_default();
+        u.calls += 1;
+        u.tokens += reply.prompt_tokens + reply.completion_tokens;
+        u.cost += reply.cost(helper.price_per_million_tokens);
+        u.seconds += reply.latency.as_secs_f64();
+        Ok(reply)
+    }
+
+    /// Helper calls so far, by helper.
+    pub fn helper_usage(&self) -> BTreeMap<String, HelperUsage> {
+        self.helper_usage.lock().expect("never poisoned").clone()
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -290,7 +350,7 @@ impl AgentContext {
     /// output, nothing after them), the end-of-turn token, the turn and conversation budgets, or
     /// the deadline. The tokens join the conversation with mask 1 and the engine's log-probs.
     pub async fn generate(
-        &mut self,
+        &self,
         conv: &mut Conversation,
         stop: &[&str],
     ) -> Result<Turn, AgentError> {
@@ -313,46 +373,12 @@ impl AgentContext {
         let mut sampling = self.sampling.clone();
         sampling.max_new_tokens = budget;
         sampling.stop = stop.iter().map(|s| s.to_string()).collect();
-        sampling.seed = Some(
-            SplitMix64::new(self.seed ^ self.calls.wrapping_mul(0x9e37_79b9_7f4a_7c15)).next_u64(),
-        );
-        self.calls += 1;
+        sampling.seed = Some(self.next_seed());
         let request = Request {
             input_ids: conv.sample.tokens.clone(),
             sampling,
         };
-        let (id, mut events) = self.engine.submit(request)?;
-        // Dropping this future (a missed hard deadline) aborts the generation in the engine.
-        let mut guard = AbortOnDrop {
-            engine: &self.engine,
-            id: Some(id),
-        };
-        let mut aborted_at: Option<Instant> = None;
-        let output = loop {
-            // After an abort the engine answers with the partial output; a bounded wait for it.
-            let wake = aborted_at.map_or(self.deadline, |t| t + Duration::from_secs(30));
-            tokio::select! {
-                event = events.recv() => match event {
-                    Some(Event::Done(output)) => {
-                        guard.id = None;
-                        break output;
-                    }
-                    Some(Event::Token { .. }) => continue,
-                    None => return Err(AgentError::Engine(EngineError::Stopped)),
-                },
-                _ = tokio::time::sleep_until(wake) => {
-                    if aborted_at.is_some() {
-                        return Err(AgentError::Agent("the engine did not answer an abort within 30 s".into()));
-                    }
-                    self.engine.abort(id);
-                    aborted_at = Some(Instant::now());
-                }
-                _ = self.cancel.cancelled(), if aborted_at.is_none() => {
-                    self.engine.abort(id);
-                    aborted_at = Some(Instant::now());
-                }
-            }
-        };
+        let output = wait_output(&self.engine, request, self.deadline, &self.cancel).await?;
         conv.sample
             .push_generated(&output.tokens, &output.log_probs)
             .map_err(|e| AgentError::Agent(e.to_string()))?;
@@ -492,6 +518,47 @@ impl AgentContext {
     }
 }
 
+/// Runs `request` on `engine` to its end, aborting it at `deadline` or on `cancel` (the engine then
+/// answers with the partial output, finish `Abort`). Dropping the future aborts it too.
+pub(crate) async fn wait_output(
+    engine: &EngineHandle,
+    request: Request,
+    deadline: Instant,
+    cancel: &CancelToken,
+) -> Result<Output, AgentError> {
+    let (id, mut events) = engine.submit(request)?;
+    let mut guard = AbortOnDrop {
+        engine,
+        id: Some(id),
+    };
+    let mut aborted_at: Option<Instant> = None;
+    loop {
+        // After an abort the engine answers with the partial output; a bounded wait for it.
+        let wake = aborted_at.map_or(deadline, |t| t + Duration::from_secs(30));
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(Event::Done(output)) => {
+                    guard.id = None;
+                    return Ok(output);
+                }
+                Some(Event::Token { .. }) => continue,
+                None => return Err(AgentError::Engine(EngineError::Stopped)),
+            },
+            _ = tokio::time::sleep_until(wake) => {
+                if aborted_at.is_some() {
+                    return Err(AgentError::Agent("the engine did not answer an abort within 30 s".into()));
+                }
+                engine.abort(id);
+                aborted_at = Some(Instant::now());
+            }
+            _ = cancel.cancelled(), if aborted_at.is_none() => {
+                engine.abort(id);
+                aborted_at = Some(Instant::now());
+            }
+        }
+    }
+}
+
 /// Aborts a request that is still running when its waiter goes away.
 struct AbortOnDrop<'a> {
     engine: &'a EngineHandle,
@@ -516,23 +583,44 @@ pub struct Trajectory {
     pub error: Option<String>,
 }
 
-/// Runs `agent` once for sample `index` of prompt group `group`: its seed is the manager's
+/// An agent with its limits and helper models, as the rollout manager runs it.
+#[derive(Clone)]
+pub struct AgentRollout {
+    pub agent: Arc<dyn Agent>,
+    pub limits: AgentLimits,
+    /// How long past its deadline an execution may run before it is dropped.
+    pub grace: Duration,
+    /// The fixed models the agent may call.
+    pub helpers: Helpers,
+}
+
+impl std::fmt::Debug for AgentRollout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRollout")
+            .field("limits", &self.limits)
+            .field("grace", &self.grace)
+            .field("helpers", &self.helpers.names().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs the agent once for sample `index` of prompt group `group`: its seed is the manager's
 /// per-sample seed, its deadline `limits.deadline`. An agent that overruns the deadline by more
 /// than `grace` is dropped (its in-flight generation aborted) and reported as an error, so one
-/// stuck execution never stalls the rollout.
+/// stuck execution never stalls the rollout. Helper usage is added to the metrics as
+/// `helper/NAME/{calls,tokens,cost,seconds}`.
 #[allow(clippy::too_many_arguments)]
 pub async fn run_one(
-    agent: &dyn Agent,
+    rollout: &AgentRollout,
     engine: &EngineHandle,
     tokenizer: &Arc<Tokenizer>,
     sampling: &Sampling,
-    limits: &AgentLimits,
     run_seed: u64,
     group: u64,
     index: usize,
     prompt: &PromptItem,
-    grace: Duration,
 ) -> Trajectory {
+    let limits = &rollout.limits;
     let cancel = CancelToken::default();
     let mut ctx = AgentContext::new(
         engine.clone(),
@@ -541,15 +629,29 @@ pub async fn run_one(
         limits.clone(),
         sample_seed(run_seed, group, index),
         cancel.clone(),
-    );
-    let hard = ctx.deadline() + grace;
-    let result = tokio::time::timeout_at(hard, agent.run(&mut ctx, prompt)).await;
+    )
+    .with_helpers(rollout.helpers.clone());
+    let hard = ctx.deadline() + rollout.grace;
+    let result = tokio::time::timeout_at(hard, rollout.agent.run(&mut ctx, prompt)).await;
+    let usage = ctx.helper_usage();
     match result {
-        Ok(Ok(output)) => Trajectory {
-            index,
-            output,
-            error: None,
-        },
+        Ok(Ok(mut output)) => {
+            for (name, u) in usage {
+                for (key, value) in [
+                    ("calls", u.calls as f64),
+                    ("tokens", u.tokens as f64),
+                    ("cost", u.cost),
+                    ("seconds", u.seconds),
+                ] {
+                    output.metrics.insert(format!("helper/{name}/{key}"), value);
+                }
+            }
+            Trajectory {
+                index,
+                output,
+                error: None,
+            }
+        }
         Ok(Err(e)) => Trajectory {
             index,
             output: AgentOutput::default(),
@@ -563,7 +665,7 @@ pub async fn run_one(
                 output: AgentOutput::default(),
                 error: Some(format!(
                     "the agent ran past its {:?} deadline (plus {:?} grace) and was stopped",
-                    limits.deadline, grace
+                    limits.deadline, rollout.grace
                 )),
             }
         }

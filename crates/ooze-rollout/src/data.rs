@@ -26,6 +26,7 @@ pub struct DataConfig {
     pub path: String,
     pub input_key: String,
     pub label_key: String,
+    /// The row's metadata for rewards and agents: one (dotted) key, or `*` for the whole row.
     pub metadata_key: Option<String>,
     pub tools_key: Option<String>,
     /// Skip (and count) rows without the input key instead of failing.
@@ -245,11 +246,11 @@ pub fn load(config: &DataConfig) -> Result<Dataset, DataError> {
                 .filter(|v| !v.is_null())
                 .map(text_of)
                 .unwrap_or_default(),
-            metadata: config
-                .metadata_key
-                .as_ref()
-                .and_then(|k| lookup(object, k).cloned())
-                .unwrap_or(Value::Null),
+            metadata: match config.metadata_key.as_deref() {
+                Some("*") => Value::Object(object.clone()),
+                Some(k) => lookup(object, k).cloned().unwrap_or(Value::Null),
+                None => Value::Null,
+            },
             tools,
         });
     }
@@ -365,6 +366,13 @@ mod tests {
         assert_eq!(d.rows[0].label, "2");
         assert_eq!(d.rows[0].metadata["id"], 1);
         assert!(matches!(d.rows[1].input, PromptInput::Messages(_)));
+        let whole = load(&DataConfig {
+            metadata_key: Some("*".into()),
+            ..config.clone()
+        })
+        .unwrap();
+        assert_eq!(whole.rows[0].metadata["meta"]["id"], 1);
+        assert_eq!(whole.rows[2].metadata["answer"], "3");
         for (slice, lines) in [
             ("@[1:]", vec![2, 3]),
             ("@[:-1]", vec![1, 2]),

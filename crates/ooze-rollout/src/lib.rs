@@ -1,5 +1,9 @@
-//! ooze-rollout: the rollout side of an RL run: prompts, rewards and the rollout manager (the agent
-//! API follows in issue 6).
+//! ooze-rollout: the rollout side of an RL run: prompts, rewards, the rollout manager and the agent
+//! API.
+//!
+//! - [`agent`]: multi-turn agents, token-in/token-out, with budgets, deadlines and cancellation.
+//! - [`helpers`]: fixed helper models (judges, executors, experts) agents call by name: engines in
+//!   this process or OpenAI-compatible endpoints.
 //!
 //! - [`data`]: JSONL prompt datasets (keys, `@[a:b]` slices, bad rows named or skipped) and a
 //!   seeded, resumable prompt order.
@@ -15,6 +19,7 @@
 
 pub mod agent;
 pub mod data;
+pub mod helpers;
 pub mod manager;
 pub mod math_answer;
 pub mod parquet_out;

@@ -7,7 +7,8 @@
 //! the group, and the engine's draws depend only on (seed, position): a rollout is reproducible,
 //! whatever else the engine runs beside it.
 
-use crate::agent::{run_one, Agent, AgentLimits, Trajectory};
+pub use crate::agent::AgentRollout;
+use crate::agent::{run_one, Trajectory};
 use crate::prompts::PromptItem;
 use crate::scorer::{RewardFailure, RewardInput, Scorer};
 use ooze_core::{FinishReason, SplitMix64, Status, StopMatch};
@@ -16,7 +17,6 @@ use ooze_model::Tokenizer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// How a batch is generated.
@@ -28,8 +28,11 @@ pub struct RolloutSettings {
     /// Requests in flight at once.
     pub concurrency: usize,
     pub seed: u64,
-    /// Drop groups whose rewards are all equal.
+    /// Drop groups whose rewards are all equal (or, with `min_reward_std`, nearly so).
     pub dynamic_sampling: bool,
+    /// With `dynamic_sampling`: also drop groups whose reward standard deviation (over
+    /// executions, unbiased) is at most this (ToolOrchestra drops groups at ≤ 0.1).
+    pub min_reward_std: f64,
     /// Drop groups with a response cut at `max_new_tokens`.
     pub drop_truncated_groups: bool,
     /// Keep truncated responses but train none of their tokens.
@@ -40,24 +43,6 @@ pub struct RolloutSettings {
     pub max_rounds: usize,
     /// Run this agent per sample instead of one plain generation.
     pub agent: Option<AgentRollout>,
-}
-
-/// An agent and its limits, for [`RolloutSettings::agent`].
-#[derive(Clone)]
-pub struct AgentRollout {
-    pub agent: Arc<dyn Agent>,
-    pub limits: AgentLimits,
-    /// How long past its deadline an execution may run before it is dropped.
-    pub grace: Duration,
-}
-
-impl std::fmt::Debug for AgentRollout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentRollout")
-            .field("limits", &self.limits)
-            .field("grace", &self.grace)
-            .finish_non_exhaustive()
-    }
 }
 
 /// One generated response.
@@ -107,13 +92,16 @@ pub struct Group {
 }
 
 impl Group {
-    /// One reward per execution (siblings share theirs; the first sample's stands for them).
+    /// One reward per execution: the mean over its samples (siblings with a broadcast reward share
+    /// it; with per-sample rewards, as the advantage computation counts them).
     pub fn rewards(&self) -> Vec<f64> {
-        self.samples
-            .iter()
-            .filter(|s| s.sibling == 0)
-            .map(|s| s.reward)
-            .collect()
+        let mut sums: BTreeMap<usize, (f64, usize)> = BTreeMap::new();
+        for s in &self.samples {
+            let e = sums.entry(s.index).or_default();
+            e.0 += s.reward;
+            e.1 += 1;
+        }
+        sums.into_values().map(|(sum, n)| sum / n as f64).collect()
     }
 }
 
@@ -198,16 +186,7 @@ async fn generate_agent_groups(
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await.expect("never closed");
                 let t = run_one(
-                    agent.agent.as_ref(),
-                    &engine,
-                    &tokenizer,
-                    &sampling,
-                    &agent.limits,
-                    seed,
-                    group,
-                    index,
-                    &prompt,
-                    agent.grace,
+                    &agent, &engine, &tokenizer, &sampling, seed, group, index, &prompt,
                 )
                 .await;
                 (p, t)
@@ -499,8 +478,20 @@ pub fn drop_reason(group: &Group, settings: &RolloutSettings) -> Option<&'static
         if r.iter().all(|&x| x == r[0]) {
             return Some("zero_std");
         }
+        if settings.min_reward_std > 0.0 && std_dev(&r) <= settings.min_reward_std {
+            return Some("low_std");
+        }
     }
     None
+}
+
+/// The unbiased standard deviation (0 for fewer than two values).
+fn std_dev(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
 }
 
 /// Fills a batch of `batch_size` groups: takes prompts from `next_prompts` (each call returns the
@@ -557,6 +548,69 @@ pub async fn fill_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(index: usize, sibling: usize, reward: f64) -> RolloutSample {
+        RolloutSample {
+            index,
+            sibling,
+            prompt_ids: None,
+            loss_mask: None,
+            agent_metrics: BTreeMap::new(),
+            error: None,
+            response_ids: vec![1],
+            log_probs: vec![-0.1],
+            response: String::new(),
+            finish: FinishReason::Stop {
+                matched: StopMatch::Text(String::new()),
+            },
+            reward,
+            trained: true,
+            seed: 0,
+            weight_version: 0,
+        }
+    }
+
+    #[test]
+    fn executions_count_once_and_low_spread_groups_drop() {
+        let prompt = PromptItem {
+            source_line: 1,
+            text: String::new(),
+            input_ids: vec![1],
+            label: String::new(),
+            metadata: serde_json::Value::Null,
+        };
+        // Execution 0 has three siblings with per-sample rewards, execution 1 one sample.
+        let group = Group {
+            group: 0,
+            prompt,
+            samples: vec![
+                sample(0, 0, 1.0),
+                sample(0, 1, 0.0),
+                sample(0, 2, 0.5),
+                sample(1, 0, 0.2),
+            ],
+        };
+        assert_eq!(group.rewards(), vec![0.5, 0.2]);
+        let mut settings = RolloutSettings {
+            n_samples_per_prompt: 2,
+            sampling: Sampling::default(),
+            concurrency: 1,
+            seed: 0,
+            dynamic_sampling: true,
+            min_reward_std: 0.0,
+            drop_truncated_groups: false,
+            mask_truncated: false,
+            over_sampling_batch_size: 1,
+            max_rounds: 1,
+            agent: None,
+        };
+        // std of {0.5, 0.2} is 0.21: kept at 0.1, dropped at 0.5.
+        assert_eq!(drop_reason(&group, &settings), None);
+        settings.min_reward_std = 0.1;
+        assert_eq!(drop_reason(&group, &settings), None);
+        settings.min_reward_std = 0.5;
+        assert_eq!(drop_reason(&group, &settings), Some("low_std"));
+    }
 
     #[test]
     fn seeds_differ_per_sample_and_repeat() {

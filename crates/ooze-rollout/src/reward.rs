@@ -52,7 +52,7 @@ impl Reward {
 }
 
 /// The gold answers in a label: a JSON list of strings, or the label itself.
-fn golds(label: &str) -> Vec<String> {
+pub fn golds(label: &str) -> Vec<String> {
     let t = label.trim();
     if t.starts_with('[') {
         if let Ok(list) = serde_json::from_str::<Vec<String>>(t) {

@@ -8,8 +8,9 @@ use ooze_engine::{start, EngineConfig, EngineHandle, SamplingParams};
 use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{Decoder, Family, RenderOptions, Tokenizer};
 use ooze_rollout::agent::{
-    run_one, Agent, AgentContext, AgentError, AgentFuture, AgentLimits, AgentOutput,
+    run_one, Agent, AgentContext, AgentError, AgentFuture, AgentLimits, AgentOutput, AgentRollout,
 };
+use ooze_rollout::helpers::{Helper, HelperBackend, Helpers};
 use ooze_rollout::prompts::PromptItem;
 use ooze_torch::tch::{Device, Kind};
 use serde_json::json;
@@ -41,6 +42,16 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// `agent` under `limits`, stopped `grace` after its deadline, without helpers.
+fn rollout(agent: impl Agent + 'static, limits: &AgentLimits, grace: Duration) -> AgentRollout {
+    AgentRollout {
+        agent: Arc::new(agent),
+        limits: limits.clone(),
+        grace,
+        helpers: Helpers::default(),
+    }
 }
 
 fn prompt() -> PromptItem {
@@ -142,16 +153,14 @@ fn conversation_tokens_are_the_engine_s_and_the_template_s() {
         let seen: Seen = Default::default();
         let agent = ScriptedAgent { seen: seen.clone() };
         let t = rt.block_on(run_one(
-            &agent,
+            &rollout(agent, &limits, Duration::from_secs(5)),
             &engine,
             &tokenizer,
             &sampling,
-            &limits,
             7,
             0,
             index,
             &prompt(),
-            Duration::from_secs(5),
         ));
         assert!(t.error.is_none(), "{:?}", t.error);
         let sample = &t.output.samples[0];
@@ -251,16 +260,14 @@ fn appended_messages_render_back_to_the_exact_tokens() {
     };
     for index in 0..8 {
         let t = rt.block_on(run_one(
-            &RoundTrip,
+            &rollout(RoundTrip, &limits, Duration::from_secs(5)),
             &engine,
             &tokenizer,
             &sampling,
-            &limits,
             3,
             1,
             index,
             &prompt(),
-            Duration::from_secs(5),
         ));
         assert!(t.error.is_none(), "{}", t.error.unwrap());
     }
@@ -308,16 +315,14 @@ fn budgets_end_the_conversation() {
         ..Default::default()
     };
     let t = rt.block_on(run_one(
-        &Greedy,
+        &rollout(Greedy, &limits, Duration::from_secs(5)),
         &engine,
         &tokenizer,
         &sampling,
-        &limits,
         1,
         0,
         0,
         &prompt(),
-        Duration::from_secs(5),
     ));
     let sample = &t.output.samples[0];
     assert!(
@@ -351,19 +356,155 @@ fn a_stuck_agent_is_stopped_at_its_deadline() {
     };
     let started = Instant::now();
     let t = rt.block_on(run_one(
-        &Stuck,
+        &rollout(Stuck, &limits, Duration::from_millis(200)),
         &engine,
         &tokenizer,
         &sampling,
-        &limits,
         1,
         0,
         0,
         &prompt(),
-        Duration::from_millis(200),
     ));
     assert!(t.error.unwrap().contains("deadline"));
     assert!(t.output.samples.is_empty());
     // Bounded by the deadline plus the grace, not by the agent.
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Asks the helper `judge` twice, then generates one policy turn.
+struct AsksJudge;
+
+impl Agent for AsksJudge {
+    fn run<'a>(&'a self, ctx: &'a mut AgentContext, _prompt: &'a PromptItem) -> AgentFuture<'a> {
+        Box::pin(async move {
+            let question = [json!({"role": "user", "content": "Is 2 + 2 = 4? Answer yes or no."})];
+            let a = ctx.ask_helper("judge", &question, 6, &[]).await?;
+            let b = ctx.ask_helper("judge", &question, 6, &[]).await?;
+            assert!(
+                a.completion_tokens >= 1 && a.completion_tokens <= 6,
+                "{a:?}"
+            );
+            assert!(a.prompt_tokens > 5 && a.prompt_tokens == b.prompt_tokens);
+            // An unknown helper is an error that names the configured ones.
+            let unknown = ctx.ask_helper("oracle", &question, 6, &[]).await;
+            let message = unknown.unwrap_err().to_string();
+            assert!(
+                message.contains("\"oracle\"") && message.contains("judge"),
+                "{message}"
+            );
+            let mut conv = ctx.start(vec![json!({"role": "user", "content": a.text})], None)?;
+            ctx.generate(&mut conv, &[]).await?;
+            Ok(AgentOutput {
+                samples: vec![conv.sample],
+                ..Default::default()
+            })
+        })
+    }
+}
+
+#[test]
+fn helpers_answer_untrained_and_are_accounted() {
+    let (_dir, engine, tokenizer) = setup();
+    let (_helper_dir, helper_engine, helper_tokenizer) = setup();
+    let rt = runtime();
+    let sampling = SamplingParams::default().validate().unwrap();
+    let limits = AgentLimits {
+        max_tokens_per_turn: 8,
+        ..Default::default()
+    };
+    let judge = Helper {
+        name: "judge".into(),
+        backend: HelperBackend::Engine {
+            engine: helper_engine,
+            tokenizer: helper_tokenizer,
+        },
+        temperature: 0.0,
+        max_tokens: 64,
+        timeout: Duration::from_secs(30),
+        price_per_million_tokens: 2.0,
+        description: String::new(),
+    };
+    let mut r = rollout(AsksJudge, &limits, Duration::from_secs(5));
+    r.helpers = Helpers::new([judge]);
+    let t = rt.block_on(run_one(
+        &r,
+        &engine,
+        &tokenizer,
+        &sampling,
+        1,
+        0,
+        0,
+        &prompt(),
+    ));
+    assert!(t.error.is_none(), "{:?}", t.error);
+    // Only the policy's conversation is a sample; the helper's calls are counted, not trained.
+    assert_eq!(t.output.samples.len(), 1);
+    let m = &t.output.metrics;
+    assert_eq!(m["helper/judge/calls"], 2.0);
+    let tokens = m["helper/judge/tokens"];
+    assert!(tokens > 10.0, "{m:?}");
+    assert!((m["helper/judge/cost"] - tokens * 2.0 / 1e6).abs() < 1e-12);
+    assert!(m["helper/judge/seconds"] > 0.0);
+}
+
+/// Asks the helper, whose engine is stalled behind a long request, and must give up at the
+/// execution's deadline.
+struct AsksSlowHelper;
+
+impl Agent for AsksSlowHelper {
+    fn run<'a>(&'a self, ctx: &'a mut AgentContext, _prompt: &'a PromptItem) -> AgentFuture<'a> {
+        Box::pin(async move {
+            let question = [json!({"role": "user", "content": "Write a long story."})];
+            ctx.ask_helper("slow", &question, 100_000, &[]).await?;
+            Ok(AgentOutput::default())
+        })
+    }
+}
+
+#[test]
+fn a_helper_call_ends_at_the_deadline() {
+    let (_dir, engine, tokenizer) = setup();
+    let rt = runtime();
+    let sampling = SamplingParams::default().validate().unwrap();
+    let limits = AgentLimits {
+        deadline: Duration::from_millis(300),
+        ..Default::default()
+    };
+    // An HTTP helper on a port where nothing answers in time: a listener that never replies.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let slow = Helper {
+        name: "slow".into(),
+        backend: HelperBackend::Http {
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+            model: "m".into(),
+            api_key: None,
+        },
+        temperature: 0.0,
+        max_tokens: 64,
+        timeout: Duration::from_secs(60),
+        price_per_million_tokens: 0.0,
+        description: String::new(),
+    };
+    let mut r = rollout(AsksSlowHelper, &limits, Duration::from_secs(5));
+    r.helpers = Helpers::new([slow]);
+    let started = Instant::now();
+    let t = rt.block_on(run_one(
+        &r,
+        &engine,
+        &tokenizer,
+        &sampling,
+        1,
+        0,
+        0,
+        &prompt(),
+    ));
+    let error = t.error.unwrap();
+    assert!(error.contains("helper \"slow\""), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(listener);
 }

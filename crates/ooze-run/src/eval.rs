@@ -5,7 +5,7 @@
 
 use ooze_engine::{EngineHandle, Sampling};
 use ooze_model::Tokenizer;
-use ooze_rollout::manager::{generate_groups, AgentRollout, RolloutError, RolloutSettings};
+use ooze_rollout::manager::{generate_groups, AgentRollout, Group, RolloutError, RolloutSettings};
 use ooze_rollout::prompts::PromptItem;
 use ooze_rollout::scorer::Scorer;
 use std::sync::Arc;
@@ -61,6 +61,7 @@ pub async fn evaluate(
         concurrency,
         seed,
         dynamic_sampling: false,
+        min_reward_std: 0.0,
         drop_truncated_groups: false,
         mask_truncated: false,
         over_sampling_batch_size: 0,
@@ -93,8 +94,7 @@ pub async fn evaluate(
             let sum: f64 = groups
                 .iter()
                 .map(|g| {
-                    // One verdict per execution (an agent's siblings share theirs).
-                    let c = g.rewards().iter().filter(|&&r| r > 0.0).count();
+                    let c = successes(g);
                     pass_at_k(set.n_samples, c, k)
                 })
                 .sum();
@@ -113,6 +113,21 @@ pub async fn evaluate(
             .sum::<f64>()
             / count,
     })
+}
+
+/// Executions of `group` that succeeded: one verdict per execution (an agent's siblings share
+/// it) — the agent's own `correct` count when it reports one (a shaped or cost-penalised reward
+/// is not a verdict), else a positive reward.
+fn successes(group: &Group) -> usize {
+    let rewards = group.rewards();
+    let firsts = group.samples.iter().filter(|s| s.sibling == 0);
+    firsts
+        .zip(rewards)
+        .filter(|(s, r)| match s.agent_metrics.get("correct") {
+            Some(&c) => c > 0.0,
+            None => *r > 0.0,
+        })
+        .count()
 }
 
 #[cfg(test)]

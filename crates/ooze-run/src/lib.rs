@@ -3,11 +3,13 @@
 //! - [`recipe`]: the TOML recipe, its defaults, `--set` overrides and checks.
 //! - [`run`]: the colocated loop (rollout → train → in-place weight update), checkpoints, resume,
 //!   rollout-only and replay modes.
+//! - [`agents`]: the `[agent]` and `[helpers]` sections as the running agent and helper models.
 //! - [`eval`]: held-out pass@k.
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
 //!   console.
 //! - [`report`], [`plot`]: the HTML report with PNG plots.
 
+pub mod agents;
 pub mod eval;
 pub mod metrics_log;
 pub mod plot;

@@ -24,16 +24,90 @@ pub struct Recipe {
     pub eval: EvalSection,
     pub logging: LoggingSection,
     pub agent: AgentSection,
+    /// `[helpers.NAME]`: fixed models the agent calls by name (judge, executor, experts).
+    pub helpers: std::collections::BTreeMap<String, HelperSection>,
+}
+
+/// `[helpers.NAME]`: one fixed helper model. Exactly one source: `path` (a Hugging Face model
+/// directory, run by its own engine in this process), `url` (an OpenAI-compatible server's base
+/// URL, e.g. `http://127.0.0.1:30000/v1`), or `policy = true` (the policy's own engine, used as a
+/// fixed model: its calls are never trained).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HelperSection {
+    pub path: Option<PathBuf>,
+    pub url: Option<String>,
+    pub policy: bool,
+    /// The `model` field sent to `url` (default: the first model the server lists at `/models`).
+    pub model: Option<String>,
+    /// An environment variable holding the API key sent to `url` as a bearer token.
+    pub api_key_env: Option<String>,
+    /// 0 = greedy.
+    pub temperature: f64,
+    /// New tokens per call at most.
+    pub max_tokens: usize,
+    /// Per call (the execution's deadline applies too).
+    pub timeout_secs: f64,
+    /// US dollars per million tokens, for cost-aware rewards (tool_orchestra).
+    pub price_per_million_tokens: f64,
+    /// What it is good at; shown to the policy where the agent lists models as tools.
+    pub description: String,
+    /// `path` helpers: sequences its engine runs at once.
+    pub slots: i64,
+}
+
+impl Default for HelperSection {
+    fn default() -> Self {
+        HelperSection {
+            path: None,
+            url: None,
+            policy: false,
+            model: None,
+            api_key_env: None,
+            temperature: 0.0,
+            max_tokens: 512,
+            timeout_secs: 120.0,
+            price_per_million_tokens: 0.0,
+            description: String::new(),
+            slots: 16,
+        }
+    }
+}
+
+/// `[agent.format_reward]` (search_r1): Search-R1's format-aware reward instead of plain exact
+/// match. A response is well-formed when, after the prompt, it is a sequence of
+/// `<think>…</think>` followed by `<search>…</search><information>…</information>` rounds, ending
+/// in `<answer>…</answer>`, with only whitespace between the tags. Rewards: correct and
+/// well-formed 1; correct but malformed `1 − structure`; wrong but well-formed `structure` (plus
+/// `retrieval` when a retrieved block contains a gold answer); wrong and malformed but answered
+/// `final`; no answer and malformed 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FormatRewardSection {
+    pub structure: f64,
+    pub final_format: f64,
+    pub retrieval: f64,
+}
+
+impl Default for FormatRewardSection {
+    fn default() -> Self {
+        FormatRewardSection {
+            structure: 0.2,
+            final_format: 0.1,
+            retrieval: 0.0,
+        }
+    }
 }
 
 /// `[agent]`: a multi-turn agent per sample instead of one plain generation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentSection {
-    /// `none` (plain generation), `search_r1` or `retool`.
+    /// `none` (plain generation), `search_r1`, `retool`, `multi_agent`, `memagent`, `agentflow`
+    /// or `tool_orchestra`.
     #[serde(rename = "type")]
     pub kind: AgentKind,
-    /// Model turns per execution.
+    /// Model turns per execution (agentflow: planner steps; tool_orchestra: orchestrator turns).
     pub max_turns: usize,
     /// New tokens per turn.
     pub max_tokens_per_turn: usize,
@@ -52,6 +126,21 @@ pub struct AgentSection {
     /// retool: the Python sandbox's wall clock and memory per run.
     pub tool_timeout_secs: f64,
     pub tool_memory_mb: u64,
+    /// search_r1: Search-R1's format-aware reward (absent: exact match only).
+    pub format_reward: Option<FormatRewardSection>,
+    /// multi_agent: parallel solvers (and as many rewriters).
+    pub solvers: usize,
+    /// memagent: document tokens per chunk, and the memory's token budget.
+    pub chunk_tokens: usize,
+    pub memory_tokens: usize,
+    /// tool_orchestra: the helpers the orchestrator may call as experts (default: every helper
+    /// but `judge`).
+    pub experts: Vec<String>,
+    /// tool_orchestra: reward = correct − min(max_penalty, cost_weight · cost$ + latency_s /
+    /// latency_scale_secs).
+    pub cost_weight: f64,
+    pub latency_scale_secs: f64,
+    pub max_penalty: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -61,6 +150,10 @@ pub enum AgentKind {
     None,
     SearchR1,
     Retool,
+    MultiAgent,
+    Memagent,
+    Agentflow,
+    ToolOrchestra,
 }
 
 impl Default for AgentSection {
@@ -77,6 +170,14 @@ impl Default for AgentSection {
             max_observation_tokens: 500,
             tool_timeout_secs: 10.0,
             tool_memory_mb: 1024,
+            format_reward: None,
+            solvers: 5,
+            chunk_tokens: 5000,
+            memory_tokens: 1024,
+            experts: Vec::new(),
+            cost_weight: 5.0,
+            latency_scale_secs: 500.0,
+            max_penalty: 0.8,
         }
     }
 }
@@ -181,6 +282,8 @@ pub struct RolloutSection {
     pub seed: u64,
     /// Drop prompt groups whose rewards are all equal, and over-sample to fill the batch.
     pub dynamic_sampling: bool,
+    /// With `dynamic_sampling`: also drop groups whose reward standard deviation is at most this.
+    pub min_reward_std: f64,
     /// Prompts generated per round while filling a filtered batch (default: `batch_size`).
     pub over_sampling_batch_size: Option<usize>,
     /// Rounds before a filtered batch is given up on and trained smaller.
@@ -207,6 +310,7 @@ impl Default for RolloutSection {
             mem_fraction: 0.5,
             seed: 1234,
             dynamic_sampling: false,
+            min_reward_std: 0.0,
             over_sampling_batch_size: None,
             max_rounds: 8,
             drop_truncated_groups: false,
@@ -469,6 +573,54 @@ impl Recipe {
         {
             return Err("agent.max_turns, agent.max_tokens_per_turn and agent.deadline_secs must be positive".into());
         }
+        if a.format_reward.is_some() && a.kind != AgentKind::SearchR1 {
+            return Err(
+                "agent.format_reward is Search-R1's reward: it needs agent.type = \"search_r1\""
+                    .into(),
+            );
+        }
+        for (key, v) in [
+            ("agent.solvers", a.solvers),
+            ("agent.chunk_tokens", a.chunk_tokens),
+            ("agent.memory_tokens", a.memory_tokens),
+        ] {
+            if v == 0 {
+                return Err(format!("{key} must be at least 1"));
+            }
+        }
+        for (name, h) in &self.helpers {
+            let sources = h.path.is_some() as u8 + h.url.is_some() as u8 + h.policy as u8;
+            if sources != 1 {
+                return Err(format!("helpers.{name} needs exactly one source: path (a model directory), url (an OpenAI-compatible base URL) or policy = true"));
+            }
+            if h.max_tokens == 0 || h.timeout_secs <= 0.0 || h.slots < 1 {
+                return Err(format!(
+                    "helpers.{name}: max_tokens, timeout_secs and slots must be positive"
+                ));
+            }
+            if !(h.temperature >= 0.0 && h.temperature.is_finite()) {
+                return Err(format!(
+                    "helpers.{name}.temperature must be ≥ 0 (0 = greedy), got {}",
+                    h.temperature
+                ));
+            }
+        }
+        let needed: &[&str] = match a.kind {
+            AgentKind::Agentflow => &["executor", "verifier", "generator", "judge"],
+            _ => &[],
+        };
+        for name in needed {
+            if !self.helpers.contains_key(*name) {
+                return Err(format!("agent.type = \"agentflow\" needs a [helpers.{name}] section (path, url or policy = true)"));
+            }
+        }
+        for name in &a.experts {
+            if !self.helpers.contains_key(name) {
+                return Err(format!(
+                    "agent.experts names \"{name}\", which has no [helpers.{name}] section"
+                ));
+            }
+        }
         let d = &self.data;
         match (&d.task, &d.path) {
             (None, None) if self.trainer.mode != Mode::Replay => {
@@ -615,5 +767,68 @@ mod tests {
         assert!(e.contains("model.path is required"), "{e}");
         let e = parse(MIN, &["model.path.x=1"]).unwrap_err();
         assert!(e.contains("`path` is not a section"), "{e}");
+    }
+
+    #[test]
+    fn agent_and_helper_checks() {
+        let e = parse(
+            MIN,
+            &["helpers.judge={path = \"m\", url = \"http://x/v1\"}"],
+        )
+        .unwrap_err();
+        assert!(e.contains("helpers.judge needs exactly one source"), "{e}");
+        let e = parse(MIN, &["helpers.judge={max_tokens = 4}"]).unwrap_err();
+        assert!(e.contains("helpers.judge needs exactly one source"), "{e}");
+        let e = parse(MIN, &["helpers.judge={policy = true, temperature = -1}"]).unwrap_err();
+        assert!(e.contains("helpers.judge.temperature"), "{e}");
+        let e = parse(
+            MIN,
+            &["agent.type=\"agentflow\"", "helpers.judge={policy = true}"],
+        )
+        .unwrap_err();
+        assert!(e.contains("[helpers.executor]"), "{e}");
+        let e = parse(
+            MIN,
+            &[
+                "agent.type=\"retool\"",
+                "agent.format_reward={structure = 0.2}",
+            ],
+        )
+        .unwrap_err();
+        assert!(e.contains("agent.format_reward"), "{e}");
+        let e = parse(
+            MIN,
+            &["agent.type=\"tool_orchestra\"", "agent.experts=[\"big\"]"],
+        )
+        .unwrap_err();
+        assert!(e.contains("[helpers.big]"), "{e}");
+        let r = parse(
+            MIN,
+            &[
+                "agent.type=\"search_r1\"",
+                "agent.corpus=\"c.jsonl\"",
+                "agent.format_reward={structure = 0.2}",
+                "helpers.judge={url = \"http://127.0.0.1:1/v1\", model = \"m\"}",
+            ],
+        )
+        .unwrap();
+        let f = r.agent.format_reward.unwrap();
+        assert_eq!((f.structure, f.final_format, f.retrieval), (0.2, 0.1, 0.0));
+        assert_eq!(r.helpers["judge"].max_tokens, 512);
+        // Every recipe shipped in recipes/ parses and passes the checks.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes");
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&root).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.push(path.join("recipe.toml"));
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                files.push(path);
+            }
+        }
+        assert!(files.len() >= 8, "{files:?}");
+        for file in files {
+            Recipe::load(&file, &[]).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        }
     }
 }

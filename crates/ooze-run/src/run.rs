@@ -13,20 +13,16 @@
 //! Everything random is a function of the recipe's seeds and the run's counters, which checkpoints
 //! save: a resumed run takes the same steps as an uninterrupted one.
 
+use crate::agents::{agent_context_len, agent_rollout, build_helpers};
 use crate::eval::{evaluate, EvalResult, EvalSet};
 use crate::metrics_log::MetricsLog;
 use crate::progress::Progress;
-use crate::recipe::{AgentKind, AgentSection, Mode, Recipe};
+use crate::recipe::{Mode, Recipe};
 use anyhow::{bail, Context};
-use ooze_agents::recipes::retool::{RetoolAgent, RetoolConfig};
-use ooze_agents::recipes::search_r1::{SearchR1Agent, SearchR1Config};
-use ooze_agents::sandbox::{Sandbox, SandboxLimits};
-use ooze_agents::search::{Bm25Index, Searcher};
 use ooze_engine::{EngineConfig, EngineHandle, Sampling, SamplingParams, StopStrings};
 use ooze_model::{Decoder, SlotCache, Tokenizer};
-use ooze_rollout::agent::{Agent, AgentLimits};
 use ooze_rollout::data::{self, DataConfig, Position, PromptOrder};
-use ooze_rollout::manager::{fill_batch, AgentRollout, Batch, Group, RolloutSettings};
+use ooze_rollout::manager::{fill_batch, Batch, Group, RolloutSettings};
 use ooze_rollout::prompts::{prepare, task_rows, PromptFormat, PromptItem};
 use ooze_rollout::scorer::{Registry, RewardConfig, Scorer};
 use ooze_torch::tch::{Device, Kind};
@@ -37,7 +33,7 @@ use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The run's counters: what a checkpoint saves besides the trainer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -260,6 +256,7 @@ pub fn run(
         concurrency: r.concurrency,
         seed: r.seed,
         dynamic_sampling: r.dynamic_sampling,
+        min_reward_std: r.min_reward_std,
         drop_truncated_groups: r.drop_truncated_groups,
         mask_truncated: r.mask_truncated,
         over_sampling_batch_size: r.over_sampling_batch_size.unwrap_or(r.batch_size),
@@ -363,11 +360,8 @@ pub fn run(
         .map(|p| p.input_ids.len())
         .max()
         .unwrap_or(1);
-    // An agent's conversation grows to its response budget (observations included).
-    let agent_context = match recipe.agent.kind {
-        AgentKind::None => 0,
-        _ => recipe.agent.max_response_tokens,
-    };
+    // An agent's conversations: their own prompts and responses (observations included).
+    let agent_context = agent_context_len(&recipe.agent);
     let slot_len =
         EngineConfig::aligned_slot_len((longest_prompt + max_new.max(agent_context)) as i64);
     let needed = evals
@@ -392,12 +386,15 @@ pub fn run(
     let eos = ooze_model::config::load_generation_eos(&model_path)?
         .unwrap_or_else(|| engine_decoder.config.eos_token_ids.clone());
     eprintln!("engine: {slots} sequences × {slot_len} tokens");
-    settings.agent = agent_rollout(&recipe.agent, slot_len as usize)?;
+    settings.agent = agent_rollout(&recipe, slot_len as usize)?;
     let engine = ooze_engine::start(
         engine_decoder,
         Some(tokenizer.clone()),
         EngineConfig::new(slots, slot_len, eos),
     );
+    if let Some(agent) = settings.agent.as_mut() {
+        agent.helpers = build_helpers(&recipe, &engine, &tokenizer, device, kind, slot_len)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -601,71 +598,6 @@ pub fn run(
     })
 }
 
-/// The recipe's agent, if it has one.
-fn agent_rollout(a: &AgentSection, max_context: usize) -> anyhow::Result<Option<AgentRollout>> {
-    let limits = AgentLimits {
-        max_tokens_per_turn: a.max_tokens_per_turn,
-        max_response_tokens: a.max_response_tokens,
-        max_context,
-        deadline: Duration::from_secs_f64(a.deadline_secs),
-    };
-    let agent: Arc<dyn Agent> = match a.kind {
-        AgentKind::None => return Ok(None),
-        AgentKind::SearchR1 => {
-            let searcher = match (&a.corpus, &a.retrieval_url) {
-                (Some(corpus), _) => {
-                    let t = Instant::now();
-                    let index = Bm25Index::from_jsonl(corpus)?;
-                    eprintln!(
-                        "agent: search_r1 over {} documents of {} (BM25, {:.1}s)",
-                        index.len(),
-                        corpus.display(),
-                        t.elapsed().as_secs_f64()
-                    );
-                    Searcher::Local(Arc::new(index))
-                }
-                (None, Some(url)) => Searcher::Remote {
-                    url: url.clone(),
-                    timeout: Duration::from_secs(30),
-                },
-                (None, None) => unreachable!("checked with the recipe"),
-            };
-            Arc::new(SearchR1Agent {
-                searcher,
-                config: SearchR1Config {
-                    max_turns: a.max_turns,
-                    topk: a.topk,
-                    max_observation_tokens: a.max_observation_tokens,
-                },
-            })
-        }
-        AgentKind::Retool => {
-            let sandbox = Sandbox::new(SandboxLimits {
-                wall: Duration::from_secs_f64(a.tool_timeout_secs),
-                cpu_seconds: a.tool_timeout_secs.ceil() as u64,
-                memory_bytes: a.tool_memory_mb << 20,
-                ..Default::default()
-            })?;
-            eprintln!(
-                "agent: retool, Python sandbox with {:?} isolation",
-                sandbox.isolation()
-            );
-            Arc::new(RetoolAgent {
-                sandbox,
-                config: RetoolConfig {
-                    max_turns: a.max_turns,
-                    max_observation_tokens: a.max_observation_tokens,
-                },
-            })
-        }
-    };
-    Ok(Some(AgentRollout {
-        agent,
-        limits,
-        grace: Duration::from_secs(10),
-    }))
-}
-
 /// The trainer's samples of `groups`, siblings adjacent, with unique rollout ids.
 pub fn train_samples(groups: &[Group], n: usize) -> Vec<TrainSample> {
     groups
@@ -749,7 +681,8 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 /// The rollout's own numbers.
 fn rollout_line(index: u64, batch: &Batch, seconds: f64) -> Map<String, Value> {
     let samples: Vec<_> = batch.groups.iter().flat_map(|g| &g.samples).collect();
-    let rewards: Vec<f64> = samples.iter().map(|s| s.reward).collect();
+    // One reward per execution: an agent's siblings count once.
+    let rewards: Vec<f64> = batch.groups.iter().flat_map(|g| g.rewards()).collect();
     let m = mean(rewards.iter().copied());
     let std = mean(rewards.iter().map(|r| (r - m) * (r - m))).sqrt();
     let lens: Vec<f64> = samples

@@ -49,17 +49,31 @@ struct Run {
 /// rollouts of 4 prompts × 4 executions with `extra` settings, reading the `.jsonl` or the
 /// `.parquet` splits (`ext`).
 fn run_recipe(recipe: &str, ext: &str, extra: &[String]) -> Run {
+    run_recipe_with(recipe, ext, &[], extra, |_| Vec::new())
+}
+
+/// [`run_recipe`] with more `recipe-data` arguments, and `before_train` called with the SFT model
+/// directory before training (to start services the recipe points at); it returns more settings.
+fn run_recipe_with(
+    recipe: &str,
+    ext: &str,
+    data_args: &[&str],
+    extra: &[String],
+    before_train: impl FnOnce(&Path) -> Vec<String>,
+) -> Run {
     let tmp = tempfile::tempdir().unwrap();
     let path = |name: &str| tmp.path().join(name);
     let (data, model, sft, run) = (path("data"), path("model"), path("sft"), path("grpo"));
-    ooze(&[
+    let mut args = vec![
         "recipe-data",
         recipe,
         s(&data),
         "--n",
         "400",
         "--demonstrations",
-    ]);
+    ];
+    args.extend_from_slice(data_args);
+    ooze(&args);
     ooze(&[
         "init-model",
         "--family",
@@ -109,7 +123,12 @@ fn run_recipe(recipe: &str, ext: &str, extra: &[String]) -> Run {
             data.join(format!("test.{ext}")).display()
         ),
     ];
-    settings.extend(extra.iter().map(|e| e.replace("{data}", s(&data))));
+    let model_dir = sft.join("final-model");
+    settings.extend(extra.iter().map(|e| {
+        e.replace("{data}", s(&data))
+            .replace("{model}", s(&model_dir))
+    }));
+    settings.extend(before_train(&model_dir));
     for kv in settings {
         args.push("--set".into());
         args.push(kv);
@@ -261,4 +280,253 @@ fn retool_trains_on_exact_trajectories() {
         let r = m["reward/mean"].as_f64().unwrap();
         assert!((-1.2..=1.0).contains(&r), "{m}");
     }
+}
+
+/// The saved trajectories of an agent that writes its own conversations (every response token the
+/// model's): per execution, its siblings — numbered 0..k, one rollout index — and their
+/// rewards. Checks that every token is trained with the engine's log-prob, that the
+/// trainer saw the engine's very tokens, and that each rollout's logged reward counts every
+/// execution once (the mean over executions of their samples' mean).
+fn executions(run: &Run) -> Vec<Vec<Value>> {
+    let mut out = Vec::new();
+    for k in 1..=2u64 {
+        let text = std::fs::read_to_string(run.dir.join(format!("rollouts/rollout-{k:06}.jsonl")))
+            .unwrap();
+        let mut per_execution_rewards = Vec::new();
+        for line in text.lines() {
+            let group: Value = serde_json::from_str(line).unwrap();
+            let mut by_index: std::collections::BTreeMap<u64, Vec<Value>> = Default::default();
+            for sample in group["samples"].as_array().unwrap() {
+                by_index
+                    .entry(sample["index"].as_u64().unwrap())
+                    .or_default()
+                    .push(sample.clone());
+            }
+            assert_eq!(
+                by_index.keys().copied().collect::<Vec<_>>(),
+                vec![0, 1, 2, 3]
+            );
+            for (_, siblings) in by_index {
+                let numbers: Vec<u64> = siblings
+                    .iter()
+                    .map(|s| s["sibling"].as_u64().unwrap_or(0))
+                    .collect();
+                assert_eq!(numbers, (0..siblings.len() as u64).collect::<Vec<_>>());
+                for sample in &siblings {
+                    assert!(sample["error"].is_null(), "{}", sample["error"]);
+                    let ids = sample["response_ids"].as_array().unwrap();
+                    let mask = sample["loss_mask"].as_array().unwrap();
+                    let logp = sample["log_probs"].as_array().unwrap();
+                    assert_eq!((mask.len(), logp.len()), (ids.len(), ids.len()));
+                    for (m, lp) in mask.iter().zip(logp) {
+                        assert_eq!(m.as_u64(), Some(1), "{sample}");
+                        assert!(lp.as_f64().unwrap() < 0.0 || ids.len() == 1, "{sample}");
+                    }
+                }
+                let rewards: Vec<f64> = siblings
+                    .iter()
+                    .map(|s| s["reward"].as_f64().unwrap())
+                    .collect();
+                per_execution_rewards.push(rewards.iter().sum::<f64>() / rewards.len() as f64);
+                out.push(siblings);
+            }
+        }
+        let line = run
+            .metrics
+            .iter()
+            .find(|m| m["rollout"].as_u64() == Some(k))
+            .unwrap();
+        let mean = per_execution_rewards.iter().sum::<f64>() / per_execution_rewards.len() as f64;
+        assert!(
+            (line["reward/mean"].as_f64().unwrap() - mean).abs() < 1e-9,
+            "{line} vs {mean}"
+        );
+        assert!(
+            line["train/mismatch_max"].as_f64().unwrap() < 1e-4,
+            "{line}"
+        );
+        let per = line["agent/samples_per_execution"].as_f64().unwrap();
+        assert!(per >= 1.0, "{line}");
+    }
+    assert_eq!(out.len(), 2 * 4 * 4);
+    assert_eq!(run.metrics.last().unwrap()["step"], 2);
+    out
+}
+
+fn rewards(siblings: &[Value]) -> Vec<f64> {
+    siblings
+        .iter()
+        .map(|s| s["reward"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn multi_agent_trains_every_call_as_a_sibling() {
+    let run = run_recipe("multi_agent", "parquet", &["agent.solvers=2".to_string()]);
+    for siblings in executions(&run) {
+        // 2 solvers, 2 rewriters, 1 selector.
+        assert_eq!(siblings.len(), 5);
+        let r = rewards(&siblings);
+        // Per-sample rewards 0/1, scaled by 1.2 when the selected answer is right, else 0.8.
+        let scale = if r[4] > 0.0 { 1.2 } else { 0.8 };
+        for x in &r {
+            assert!(*x == 0.0 || (*x - scale).abs() < 1e-12, "{r:?}");
+        }
+    }
+    assert!(run.metrics[0]["eval/test/pass@1"].is_number());
+}
+
+#[test]
+fn memagent_reads_in_chunks_and_broadcasts_the_reward() {
+    let run = run_recipe_with(
+        "memagent",
+        "parquet",
+        &["--words", "150"],
+        &[
+            "agent.chunk_tokens=128".to_string(),
+            "agent.max_tokens_per_turn=24".to_string(),
+            "eval.datasets=[{name = \"words_150\", path = \"{data}/test_150.parquet\", n_samples = 2, pass_k = [1]}, {name = \"words_600\", path = \"{data}/test_600.parquet\", n_samples = 2, pass_k = [1]}]".to_string(),
+        ],
+        |_| Vec::new(),
+    );
+    for siblings in executions(&run) {
+        let chunks = siblings[0]["agent_metrics"]["chunks"].as_f64().unwrap() as usize;
+        // One sample per memory update, plus the answer.
+        assert!(chunks >= 2, "{chunks}");
+        assert_eq!(siblings.len(), chunks + 1);
+        let r = rewards(&siblings);
+        assert!(
+            r.iter().all(|x| *x == r[0]) && (r[0] == 0.0 || r[0] == 1.0),
+            "{r:?}"
+        );
+    }
+    // Evaluated at two context lengths, at the start and the end.
+    for m in [&run.metrics[0], run.metrics.last().unwrap()] {
+        assert!(m["eval/words_150/pass@1"].is_number(), "{m}");
+        assert!(m["eval/words_600/pass@1"].is_number(), "{m}");
+    }
+}
+
+/// `ooze serve` on `model` until dropped.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `ooze serve` on a free port; returns it with its OpenAI base URL.
+fn serve(model: &Path) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--context-len",
+            "2048",
+            "--model",
+        ])
+        .arg(model)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    let server = Server(child);
+    let addr = loop {
+        let line = lines.next().expect("ooze serve exited").unwrap();
+        if let Some(addr) = line.split("on http://").nth(1) {
+            break addr.trim().to_owned();
+        }
+    };
+    // Keep reading its log so that the server never writes into a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (server, format!("http://{addr}/v1"))
+}
+
+#[test]
+fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
+    let mut judge = None;
+    let run = run_recipe_with(
+        "agentflow",
+        "jsonl",
+        &[],
+        &[
+            "helpers.executor.path=\"{model}\"".to_string(),
+            "helpers.verifier={policy = true, max_tokens = 8}".to_string(),
+            "helpers.generator={policy = true, max_tokens = 32}".to_string(),
+            "agent.max_turns=2".to_string(),
+            "agent.max_tokens_per_turn=48".to_string(),
+        ],
+        |model| {
+            // The judge is an OpenAI-compatible server: `ooze serve` on the warm-started model.
+            let (server, url) = serve(model);
+            judge = Some(server);
+            vec![format!("helpers.judge={{url = \"{url}\", max_tokens = 8}}")]
+        },
+    );
+    drop(judge);
+    for siblings in executions(&run) {
+        let m = &siblings[0]["agent_metrics"];
+        let steps = m["steps"].as_f64().unwrap() as usize;
+        // One sample per planner call; the judge was asked once per execution, over HTTP.
+        assert!((1..=2).contains(&steps), "{m}");
+        assert_eq!(siblings.len(), steps);
+        assert_eq!(m["helper/judge/calls"], 1.0, "{m}");
+        assert!(m["helper/judge/tokens"].as_f64().unwrap() > 0.0, "{m}");
+        assert_eq!(m["helper/generator/calls"], 1.0, "{m}");
+        let r = rewards(&siblings);
+        assert!(
+            r.iter().all(|x| *x == r[0]) && (r[0] == 0.0 || r[0] == 1.0),
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn tool_orchestra_pays_for_its_experts() {
+    let run = run_recipe(
+        "tool_orchestra",
+        "jsonl",
+        &[
+            // The recipe's experts (as the demonstrations show them), served by the policy's
+            // engine and by an engine of their own.
+            "helpers.small={policy = true, price_per_million_tokens = 0.2, description = \"a small, fast model\"}".to_string(),
+            "helpers.large.path=\"{model}\"".to_string(),
+            "agent.max_turns=2".to_string(),
+            "agent.max_tokens_per_turn=48".to_string(),
+            // Every group is trained here (the filter itself is tested in the manager).
+            "rollout.dynamic_sampling=false".to_string(),
+        ],
+    );
+    let mut paid = 0;
+    for siblings in executions(&run) {
+        let m = &siblings[0]["agent_metrics"];
+        assert_eq!(siblings.len(), m["turns"].as_f64().unwrap() as usize, "{m}");
+        // The efficiency reward, from the execution's own cost and latency.
+        let (correct, cost, latency) = (
+            m["correct"].as_f64().unwrap(),
+            m["cost"].as_f64().unwrap(),
+            m["latency_secs"].as_f64().unwrap(),
+        );
+        let expected = correct - (5.0 * cost + latency / 500.0).min(0.8);
+        for r in rewards(&siblings) {
+            assert!((r - expected).abs() < 1e-9, "{r} vs {expected}: {m}");
+        }
+        if cost > 0.0 {
+            paid += 1;
+            let calls: f64 = ["small", "large"]
+                .iter()
+                .map(|e| m[format!("helper/{e}/calls")].as_f64().unwrap_or(0.0))
+                .sum();
+            assert!(calls >= 1.0, "{m}");
+        }
+    }
+    assert!(
+        paid > 0,
+        "the warm-started orchestrator called an expert at least once"
+    );
 }

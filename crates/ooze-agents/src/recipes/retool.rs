@@ -15,7 +15,6 @@ use ooze_core::{FinishReason, StopMatch};
 use ooze_rollout::agent::{Agent, AgentContext, AgentError, AgentFuture, AgentOutput};
 use ooze_rollout::math_answer::{equivalent, last_boxed};
 use ooze_rollout::prompts::PromptItem;
-use ooze_rollout::Task;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -159,26 +158,7 @@ pub fn instruction(problem: &str) -> String {
 /// `n` generated problems (multi-step arithmetic) in the row layout of DAPO-Math / ReTool's
 /// parquet files: `prompt` chat messages and `reward_model.ground_truth`.
 pub fn synthetic(n: usize, seed: u64) -> Vec<Value> {
-    Task::Arithmetic
-        .generate(n, seed)
-        .into_iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let problem = item
-                .prompt
-                .split(". Show your steps")
-                .next()
-                .unwrap_or(&item.prompt)
-                .to_owned();
-            json!({
-                "data_source": "ooze_synthetic_arithmetic",
-                "prompt": [{"role": "user", "content": instruction(&problem)}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": item.label},
-                "extra_info": {"index": i, "problem": problem},
-            })
-        })
-        .collect()
+    super::math_rows(n, seed, instruction)
 }
 
 /// A worked trajectory for a [`synthetic`] row: one tool call that computes the expression, its

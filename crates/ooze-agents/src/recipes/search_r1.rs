@@ -4,13 +4,16 @@
 //! closing tags, so nothing the model writes after a tag is ever trained.
 //!
 //! The reward is left to the recipe's scorer, which sees the content of the last `<answer>` (empty
-//! without one): `exact_match` against any gold answer is the paper's reward.
+//! without one): `exact_match` against any gold answer is the paper's reward. With a
+//! [`FormatReward`] the agent scores instead, with Search-R1's format-aware variant.
 
 use crate::parse::{last_tag, tag_action};
 use crate::search::{format_documents, Searcher};
 use ooze_core::FinishReason;
 use ooze_rollout::agent::{Agent, AgentContext, AgentError, AgentFuture, AgentOutput};
 use ooze_rollout::prompts::PromptItem;
+use ooze_rollout::qa::{exact_match, normalize};
+use ooze_rollout::reward::golds;
 use std::collections::BTreeMap;
 
 /// The agent's settings.
@@ -22,6 +25,117 @@ pub struct SearchR1Config {
     pub topk: usize,
     /// Tokens of retrieved text kept per search.
     pub max_observation_tokens: usize,
+    /// Score with the format-aware reward instead of leaving exact match to the scorer.
+    pub format_reward: Option<FormatReward>,
+}
+
+/// Search-R1's format-aware reward (the paper's variant: structure 0.2, final format 0.1,
+/// retrieval 0). See [`FormatReward::score`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FormatReward {
+    pub structure: f64,
+    pub final_format: f64,
+    pub retrieval: f64,
+}
+
+impl FormatReward {
+    /// The reward of `response` (the model's turns and the inserted information blocks, no
+    /// prompt) against `golds`:
+    ///
+    /// | answer | well-formed | reward |
+    /// |---|---|---|
+    /// | exact match | yes | 1 |
+    /// | exact match | no | 1 − structure |
+    /// | wrong or none | yes | structure (+ retrieval if an information block holds a gold answer) |
+    /// | wrong | no | final_format |
+    /// | none | no | 0 |
+    pub fn score(&self, response: &str, golds: &[String]) -> f64 {
+        let formed = well_formed(response);
+        let answer = last_tag(response, "answer");
+        if answer.is_some_and(|a| exact_match(a, golds) == 1.0) {
+            return if formed { 1.0 } else { 1.0 - self.structure };
+        }
+        if formed {
+            let found = information_blocks(response).any(|block| {
+                let block = normalize(block);
+                golds.iter().any(|g| block.contains(&normalize(g)))
+            });
+            return self.structure + if found { self.retrieval } else { 0.0 };
+        }
+        if answer.is_some() {
+            self.final_format
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The contents of every `<information>…</information>` block.
+fn information_blocks(text: &str) -> impl Iterator<Item = &str> {
+    text.split("<information>")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("</information>").map(|(inside, _)| inside))
+}
+
+/// Whether `response` follows Search-R1's action grammar: `<think>…</think>`, then either
+/// `<search>…</search>` followed by `<information>…</information>` and another think, or
+/// `<answer>…</answer>` to finish; only whitespace between tags; nothing after the answer.
+pub fn well_formed(response: &str) -> bool {
+    #[derive(PartialEq, Clone, Copy)]
+    enum State {
+        Start,
+        InThink,
+        AfterThink,
+        InSearch,
+        AfterSearch,
+        InInformation,
+        AfterInformation,
+        InAnswer,
+        End,
+    }
+    use State::*;
+    const TAGS: [&str; 8] = [
+        "<think>",
+        "</think>",
+        "<search>",
+        "</search>",
+        "<information>",
+        "</information>",
+        "<answer>",
+        "</answer>",
+    ];
+    let mut state = Start;
+    let mut rest = response;
+    loop {
+        // The next tag, and the text before it.
+        let next = TAGS
+            .iter()
+            .filter_map(|t| rest.find(t).map(|i| (i, *t)))
+            .min_by_key(|(i, _)| *i);
+        let (text, tag) = match next {
+            Some((i, t)) => (&rest[..i], Some(t)),
+            None => (rest, None),
+        };
+        let inside = matches!(state, InThink | InSearch | InInformation | InAnswer);
+        if !inside && !text.trim().is_empty() {
+            return false;
+        }
+        let Some(tag) = tag else {
+            return state == End;
+        };
+        state = match (state, tag) {
+            (Start | AfterInformation, "<think>") => InThink,
+            (InThink, "</think>") => AfterThink,
+            (AfterThink, "<search>") => InSearch,
+            (InSearch, "</search>") => AfterSearch,
+            (AfterSearch, "<information>") => InInformation,
+            (InInformation, "</information>") => AfterInformation,
+            (AfterThink, "<answer>") => InAnswer,
+            (InAnswer, "</answer>") => End,
+            _ => return false,
+        };
+        rest = &rest[text.len() + tag.len()..];
+    }
 }
 
 impl Default for SearchR1Config {
@@ -30,9 +144,14 @@ impl Default for SearchR1Config {
             max_turns: 4,
             topk: 3,
             max_observation_tokens: 500,
+            format_reward: None,
         }
     }
 }
+
+/// The end-of-turn marker of ChatML templates, ignored at the end of a response when judging its
+/// format.
+const END_OF_TURN: &str = "<|im_end|>";
 
 /// What the model is told after an action it did not write correctly.
 pub const INVALID_ACTION: &str = "\n[Invalid action. Put a search query between <search> and </search>, or the final answer between <answer> and </answer>.]\n";
@@ -88,15 +207,20 @@ impl Agent for SearchR1Agent {
             }
             let response = conv.response_text(ctx.tokenizer())?;
             let answer = last_tag(&response, "answer").unwrap_or("").to_owned();
-            let metrics = BTreeMap::from([
+            let mut metrics = BTreeMap::from([
                 ("turns".to_string(), turns),
                 ("searches".to_string(), searches),
                 ("invalid_actions".to_string(), invalid),
                 ("answered".to_string(), (!answer.is_empty()) as u8 as f64),
             ]);
+            let reward = self.config.format_reward.map(|f| {
+                let text = response.trim_end_matches(END_OF_TURN);
+                metrics.insert("well_formed".into(), well_formed(text) as u8 as f64);
+                f.score(text, &golds(&prompt.label))
+            });
             Ok(AgentOutput {
                 samples: vec![conv.sample],
-                reward: None,
+                reward,
                 final_response: Some(answer),
                 metrics,
             })
@@ -197,4 +321,50 @@ pub fn demonstration(row: &serde_json::Value, fact: &serde_json::Value) -> Strin
         "<think>I need to look up {subject}.</think>\n<search>{subject}</search>\n\n<information>{}</information>\n\n<think>The document answers \"{question}\"</think>\n<answer>{answer}</answer>",
         format_documents(std::slice::from_ref(&doc))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar() {
+        let good = "<think>a</think>\n<search>q</search>\n\n<information>Doc 1 x</information>\n\n<think>b</think> <answer>Paris</answer>";
+        assert!(well_formed(good));
+        assert!(well_formed("<think></think><answer>x</answer>"));
+        for bad in [
+            "<answer>x</answer>",                                   // no think first
+            "<think>a</think>so <answer>x</answer>",                // text between tags
+            "<think>a</think><answer>x</answer> more",              // text after the answer
+            "<think>a</think><search>q</search><answer>x</answer>", // search without results
+            "<think>a</think><search>q</search>",                   // no answer
+            "<think>a<answer>x</answer></think>",                   // nested
+            "",
+        ] {
+            assert!(!well_formed(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_four_levels() {
+        let f = FormatReward {
+            structure: 0.2,
+            final_format: 0.1,
+            retrieval: 0.0,
+        };
+        let golds = vec!["Paris".to_string()];
+        let formed = |answer: &str| format!("<think>t</think><answer>{answer}</answer>");
+        assert_eq!(f.score(&formed("the paris"), &golds), 1.0);
+        assert_eq!(f.score(&format!("x {}", formed("Paris")), &golds), 0.8);
+        assert_eq!(f.score(&formed("Rome"), &golds), 0.2);
+        assert_eq!(f.score(&format!("x {}", formed("Rome")), &golds), 0.1);
+        assert_eq!(f.score("no answer at all", &golds), 0.0);
+        // Retrieval credit: a well-formed wrong answer whose information held the gold answer.
+        let with_retrieval = FormatReward {
+            retrieval: 0.1,
+            ..f
+        };
+        let searched = "<think>t</think><search>q</search><information>Doc 1(Title: F) The capital is Paris.</information><think>t</think><answer>Rome</answer>";
+        assert!((with_retrieval.score(searched, &golds) - 0.3).abs() < 1e-12);
+    }
 }

@@ -8,13 +8,21 @@
 //! - `retool`: `train` and `test` (`.jsonl` and `.parquet`), multi-step arithmetic problems in the DAPO-Math /
 //!   ReTool row layout (`prompt` messages, `reward_model.ground_truth`); with `--demonstrations`,
 //!   `sft.jsonl` holds a worked solution with one `code_interpreter` call each.
+//! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
+//!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
+//!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a planner step
+//!   (agentflow), a call to the first expert's `answer` (tool_orchestra).
+//! - `memagent`: long-document QA rows (`context` document, `question`, gold answers in
+//!   `reward_model.ground_truth`): `train` at `--words` words per document and
+//!   `test_<words>` sets at 1, 2, 4 and 8 times that, for evaluation at growing context lengths;
+//!   demonstrations: each memory update and the boxed answer, reading ~200-word sections.
 
 use anyhow::Context;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// search_r1 or retool
+    /// search_r1, retool, multi_agent, memagent, agentflow or tool_orchestra
     recipe: String,
     out: PathBuf,
     /// Questions (and facts) to write; a tenth more go to the test split.
@@ -25,6 +33,9 @@ pub struct Args {
     /// Also write `sft.jsonl`: chat rows with a worked trajectory for each train question.
     #[arg(long)]
     demonstrations: bool,
+    /// memagent: words per training document.
+    #[arg(long, default_value_t = 600)]
+    words: usize,
 }
 
 /// Writes question rows as `NAME.jsonl` and, in the public format, `NAME.parquet`.
@@ -114,6 +125,96 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        other => anyhow::bail!("unknown recipe `{other}`; expected search_r1 or retool"),
+        "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args),
+        "memagent" => memagent(&args),
+        other => anyhow::bail!("unknown recipe `{other}`; expected search_r1, retool, multi_agent, memagent, agentflow or tool_orchestra"),
     }
+}
+
+/// The arithmetic recipes whose agents build their own prompts.
+fn math_recipe(args: &Args) -> anyhow::Result<()> {
+    use ooze_agents::recipes::{agentflow, multi_agent, tool_orchestra};
+    let test_n = (args.n / 10).max(1);
+    let total = args.n + test_n;
+    let mut rows = match args.recipe.as_str() {
+        "multi_agent" => multi_agent::synthetic(total, args.seed),
+        "agentflow" => agentflow::synthetic(total, args.seed),
+        _ => tool_orchestra::synthetic(total, args.seed),
+    };
+    let test = rows.split_off(args.n);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    write_split(&args.out, "train", &rows)?;
+    write_split(&args.out, "test", &test)?;
+    if args.demonstrations {
+        let demos: Vec<serde_json::Value> = match args.recipe.as_str() {
+            "multi_agent" => rows
+                .iter()
+                .flat_map(|row| multi_agent::demonstrations(row, 2))
+                .collect(),
+            "agentflow" => rows.iter().map(agentflow::demonstration).collect(),
+            _ => rows.iter().map(tool_orchestra::demonstration).collect(),
+        };
+        write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
+    }
+    eprintln!(
+        "wrote {} train and {} test problems to {}",
+        rows.len(),
+        test.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// MemAgent's long documents: train, and test sets at growing lengths.
+fn memagent(args: &Args) -> anyhow::Result<()> {
+    use ooze_agents::recipes::memagent;
+    anyhow::ensure!(args.words >= 50, "--words must be at least 50");
+    let train = memagent::synthetic(args.n, args.words, args.seed);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    write_split(&args.out, "train", &train)?;
+    let test_n = (args.n / 10).max(1);
+    for (k, factor) in [1usize, 2, 4, 8].into_iter().enumerate() {
+        let words = args.words * factor;
+        let rows = memagent::synthetic(test_n, words, args.seed ^ (0x7e57 + k as u64));
+        write_split(&args.out, &format!("test_{words}"), &rows)?;
+    }
+    if args.demonstrations {
+        let mut demos = Vec::new();
+        for row in &train {
+            let doc = row["context"].as_str().unwrap_or_default();
+            demos.extend(memagent::demonstrations(row, &sections(doc, 200)));
+        }
+        write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
+    }
+    eprintln!(
+        "wrote {} train documents of {} words and test sets of {test_n} at {}, {}, {} and {} words to {}",
+        train.len(),
+        args.words,
+        args.words,
+        2 * args.words,
+        4 * args.words,
+        8 * args.words,
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// `text` cut after the sentence that reaches each `words` words.
+fn sections(text: &str, words: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut count) = (0, 0);
+    for (i, c) in text.char_indices() {
+        if c == ' ' {
+            count += 1;
+            if count >= words && text[..i].ends_with('.') {
+                out.push(&text[start..i + 1]);
+                start = i + 1;
+                count = 0;
+            }
+        }
+    }
+    out.push(&text[start..]);
+    out
 }
