@@ -506,6 +506,13 @@ fn tool_orchestra_pays_for_its_experts() {
     for siblings in executions(&run) {
         let m = &siblings[0]["agent_metrics"];
         assert_eq!(siblings.len(), m["turns"].as_f64().unwrap() as usize, "{m}");
+        // Generation stops at the call's closing tag: nothing after it is trained.
+        for sample in &siblings {
+            let text = sample["response"].as_str().unwrap();
+            if let Some(at) = text.find("</tool_call>") {
+                assert_eq!(at + "</tool_call>".len(), text.len(), "{text:?}");
+            }
+        }
         // The efficiency reward, from the execution's own cost and latency.
         let (correct, cost, latency) = (
             m["correct"].as_f64().unwrap(),
