@@ -257,6 +257,18 @@ impl AgentContext {
         Ok(reply)
     }
 
+    /// [`AgentContext::ask_helper`] with one user message, no stop strings.
+    pub async fn prompt_helper(
+        &self,
+        name: &str,
+        user: &str,
+        max_tokens: usize,
+    ) -> Result<HelperReply, AgentError> {
+        let message = json!({"role": "user", "content": user});
+        self.ask_helper(name, std::slice::from_ref(&message), max_tokens, &[])
+            .await
+    }
+
     /// Helper calls so far, by helper.
     pub fn helper_usage(&self) -> BTreeMap<String, HelperUsage> {
         self.helper_usage.lock().expect("never poisoned").clone()

@@ -156,14 +156,7 @@ impl AgentflowAgent {
                 "{task}\nWrite Python code that achieves the sub-goal and prints the result, in \
                  one ```python block."
             );
-            let reply = ctx
-                .ask_helper(
-                    "executor",
-                    &[json!({"role": "user", "content": ask})],
-                    tokens,
-                    &[],
-                )
-                .await?;
+            let reply = ctx.prompt_helper("executor", &ask, tokens).await?;
             match code_block(&reply.text, &["python", "py", ""]) {
                 Some(Ok(code)) => {
                     let run = self
@@ -178,14 +171,7 @@ impl AgentflowAgent {
             }
         } else {
             let ask = format!("{task}\nAchieve the sub-goal. Be brief.");
-            let reply = ctx
-                .ask_helper(
-                    "executor",
-                    &[json!({"role": "user", "content": ask})],
-                    tokens,
-                    &[],
-                )
-                .await?;
+            let reply = ctx.prompt_helper("executor", &ask, tokens).await?;
             Ok(reply.text)
         }
     }
@@ -233,14 +219,7 @@ impl Agent for AgentflowAgent {
                      steps? Reply STOP if it is, CONTINUE if more steps are needed.",
                     memory_text(&memory)
                 );
-                let verdict = ctx
-                    .ask_helper(
-                        "verifier",
-                        &[json!({"role": "user", "content": check})],
-                        16,
-                        &[],
-                    )
-                    .await?;
+                let verdict = ctx.prompt_helper("verifier", &check, 16).await?;
                 if verdict.text.to_ascii_uppercase().contains("STOP") {
                     stopped = true;
                     break;
@@ -250,27 +229,13 @@ impl Agent for AgentflowAgent {
                 "Problem: {problem}\nSteps and results:\n{}\nGive the final answer.",
                 memory_text(&memory)
             );
-            let answer = ctx
-                .ask_helper(
-                    "generator",
-                    &[json!({"role": "user", "content": ask})],
-                    tokens,
-                    &[],
-                )
-                .await?;
+            let answer = ctx.prompt_helper("generator", &ask, tokens).await?;
             let judge = format!(
                 "Question: {problem}\nReference answer: {}\nResponse: {}\nDoes the response give \
                  the reference answer? Reply yes or no.",
                 prompt.label, answer.text
             );
-            let verdict = ctx
-                .ask_helper(
-                    "judge",
-                    &[json!({"role": "user", "content": judge})],
-                    8,
-                    &[],
-                )
-                .await?;
+            let verdict = ctx.prompt_helper("judge", &judge, 8).await?;
             let judged = judge_verdict(&verdict.text);
             let reward = (judged == Some(true)) as u8 as f64;
             let metrics = BTreeMap::from([

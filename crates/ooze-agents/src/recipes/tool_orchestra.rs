@@ -179,12 +179,7 @@ impl ToolOrchestraAgent {
         text: String,
     ) -> Result<String, AgentError> {
         let reply = ctx
-            .ask_helper(
-                expert,
-                &[json!({"role": "user", "content": text})],
-                self.config.expert_tokens,
-                &[],
-            )
+            .prompt_helper(expert, &text, self.config.expert_tokens)
             .await?;
         let mut latency = self.latency.lock().expect("never poisoned");
         let e = latency.entry(expert.to_owned()).or_default();

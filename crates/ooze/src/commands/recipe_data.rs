@@ -96,47 +96,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        "retool" => {
-            use ooze_agents::recipes::retool;
-            let test_n = (args.n / 10).max(1);
-            let mut rows = retool::synthetic(args.n + test_n, args.seed);
-            let test = rows.split_off(args.n);
-            std::fs::create_dir_all(&args.out)
-                .with_context(|| format!("creating {}", args.out.display()))?;
-            write_split(&args.out, "train", &rows)?;
-            write_split(&args.out, "test", &test)?;
-            if args.demonstrations {
-                let demos: Vec<serde_json::Value> = rows
-                    .iter()
-                    .map(|row| {
-                        serde_json::json!({"messages": [
-                            row["prompt"][0],
-                            {"role": "assistant", "content": retool::demonstration(row)},
-                        ]})
-                    })
-                    .collect();
-                write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
-            }
-            eprintln!(
-                "wrote {} train and {} test problems to {}",
-                rows.len(),
-                test.len(),
-                args.out.display()
-            );
-            Ok(())
-        }
-        "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args),
+        "retool" | "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args),
         "memagent" => memagent(&args),
         other => anyhow::bail!("unknown recipe `{other}`; expected search_r1, retool, multi_agent, memagent, agentflow or tool_orchestra"),
     }
 }
 
-/// The arithmetic recipes whose agents build their own prompts.
+/// The arithmetic recipes (DAPO-Math rows).
 fn math_recipe(args: &Args) -> anyhow::Result<()> {
-    use ooze_agents::recipes::{agentflow, multi_agent, tool_orchestra};
+    use ooze_agents::recipes::{agentflow, multi_agent, retool, tool_orchestra};
     let test_n = (args.n / 10).max(1);
     let total = args.n + test_n;
     let mut rows = match args.recipe.as_str() {
+        "retool" => retool::synthetic(total, args.seed),
         "multi_agent" => multi_agent::synthetic(total, args.seed),
         "agentflow" => agentflow::synthetic(total, args.seed),
         _ => tool_orchestra::synthetic(total, args.seed),
@@ -148,6 +120,15 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
     write_split(&args.out, "test", &test)?;
     if args.demonstrations {
         let demos: Vec<serde_json::Value> = match args.recipe.as_str() {
+            "retool" => rows
+                .iter()
+                .map(|row| {
+                    serde_json::json!({"messages": [
+                        row["prompt"][0],
+                        {"role": "assistant", "content": retool::demonstration(row)},
+                    ]})
+                })
+                .collect(),
             "multi_agent" => rows
                 .iter()
                 .flat_map(|row| multi_agent::demonstrations(row, 2))
