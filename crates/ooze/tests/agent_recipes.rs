@@ -3,6 +3,8 @@
 //! mask 1 exactly on the engine's tokens, appended text whole and masked, no trained token after
 //! a stop tag, one sample per execution, eval through the agent.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -407,46 +409,6 @@ fn memagent_reads_in_chunks_and_broadcasts_the_reward() {
     }
 }
 
-/// `ooze serve` on `model` until dropped.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `ooze serve` on a free port; returns it with its OpenAI base URL.
-fn serve(model: &Path) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--device",
-            "cpu",
-            "--context-len",
-            "2048",
-            "--model",
-        ])
-        .arg(model)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    let server = Server(child);
-    let addr = loop {
-        let line = lines.next().expect("ooze serve exited").unwrap();
-        if let Some(addr) = line.split("on http://").nth(1) {
-            break addr.trim().to_owned();
-        }
-    };
-    // Keep reading its log so that the server never writes into a closed pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (server, format!("http://{addr}/v1"))
-}
-
 #[test]
 fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
     let mut judge = None;
@@ -463,7 +425,7 @@ fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
         ],
         |model| {
             // The judge is an OpenAI-compatible server: `ooze serve` on the warm-started model.
-            let (server, url) = serve(model);
+            let (server, url) = common::serve(model, &["--context-len", "2048"]);
             judge = Some(server);
             vec![format!("helpers.judge={{url = \"{url}\", max_tokens = 8}}")]
         },

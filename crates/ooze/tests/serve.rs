@@ -2,55 +2,22 @@
 //! for the API surface, and a scripted model that answers every chat with a tool call, so the
 //! `tool_calls` path is exercised end to end (generated text → parser → response → client).
 
+mod common;
+
 use ooze_model::checkpoint::{save_weights, SaveOptions};
 use ooze_model::init::{init_model, random_weights, InitOptions, Size};
 use ooze_model::{Family, ModelConfig, Tokenizer};
 use ooze_torch::tch::{Kind, Tensor};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::Command;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Starts `ooze serve` on a free port; returns it with its OpenAI base URL.
-fn serve(model: &Path) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--device",
-            "cpu",
-            "--context-len",
-            "1024",
-            "--max-running",
-            "8",
-            "--model",
-        ])
-        .arg(model)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    for line in BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if let Some(addr) = line.split("on http://").nth(1) {
-            return (server, format!("http://{}/v1", addr.trim()));
-        }
-    }
-    panic!("ooze serve did not print its address");
+/// `ooze serve` as these tests run it.
+fn serve(model: &Path) -> (common::Server, String) {
+    common::serve(model, &["--context-len", "1024", "--max-running", "8"])
 }
 
 /// Runs one of the Python client checks against `url`.

@@ -13,7 +13,6 @@
 //! groups over every turn of the n executions of a question.
 
 use super::problem_text;
-use crate::parse::code_block;
 use crate::sandbox::Sandbox;
 use ooze_rollout::agent::{Agent, AgentContext, AgentError, AgentFuture, AgentOutput};
 use ooze_rollout::prompts::PromptItem;
@@ -157,18 +156,12 @@ impl AgentflowAgent {
                  one ```python block."
             );
             let reply = ctx.prompt_helper("executor", &ask, tokens).await?;
-            match code_block(&reply.text, &["python", "py", ""]) {
-                Some(Ok(code)) => {
-                    let run = self
-                        .sandbox
-                        .run_python(code)
-                        .await
-                        .map_err(|e| AgentError::Agent(e.to_string()))?;
-                    Ok(run.observation())
-                }
-                Some(Err(e)) => Ok(format!("the executor's code was malformed: {}", e.0)),
-                None => Ok("the executor wrote no code".into()),
-            }
+            Ok(
+                match super::run_written_code(&self.sandbox, &reply.text).await? {
+                    Ok((_, run)) => run.observation(),
+                    Err(nothing) => format!("executor: {nothing}"),
+                },
+            )
         } else {
             let ask = format!("{task}\nAchieve the sub-goal. Be brief.");
             let reply = ctx.prompt_helper("executor", &ask, tokens).await?;

@@ -7,6 +7,8 @@ pub mod retool;
 pub mod search_r1;
 pub mod tool_orchestra;
 
+use crate::parse::code_block;
+use crate::sandbox::{Execution, Sandbox};
 use ooze_rollout::agent::AgentError;
 use ooze_rollout::prompts::PromptItem;
 
@@ -25,6 +27,25 @@ pub fn problem_text(prompt: &PromptItem) -> Result<&str, AgentError> {
                 prompt.source_line
             ))
         })
+}
+
+/// Runs the Python block a helper model wrote in `reply` (fenced as `python`, `py` or untagged):
+/// the code and its execution, or why there was nothing to run (worded for the model's context).
+pub async fn run_written_code<'r>(
+    sandbox: &Sandbox,
+    reply: &'r str,
+) -> Result<Result<(&'r str, Execution), String>, AgentError> {
+    match code_block(reply, &["python", "py", ""]) {
+        Some(Ok(code)) => {
+            let run = sandbox
+                .run_python(code)
+                .await
+                .map_err(|e| AgentError::Agent(e.to_string()))?;
+            Ok(Ok((code, run)))
+        }
+        Some(Err(e)) => Ok(Err(format!("the code was malformed: {}", e.0))),
+        None => Ok(Err("no code was written".into())),
+    }
 }
 
 /// A math problem set in the DAPO-Math / ReTool row layout: `prompt` chat messages (the problem

@@ -12,7 +12,7 @@
 //! clips group z-scores at ±3 and drops groups whose reward std is ≤ 0.1.
 
 use super::problem_text;
-use crate::parse::{code_block, tool_calls};
+use crate::parse::tool_calls;
 use crate::sandbox::Sandbox;
 use crate::search::{format_documents, Searcher};
 use ooze_rollout::agent::{Agent, AgentContext, AgentError, AgentFuture, AgentOutput};
@@ -247,17 +247,12 @@ impl Agent for ToolOrchestraAgent {
                         let reply = self
                             .ask(ctx, &expert, format!("{brief}\nWrite Python that solves the problem and prints the answer, in one ```python block."))
                             .await?;
-                        let result = match code_block(&reply, &["python", "py", ""]) {
-                            Some(Ok(code)) => {
-                                let run = self
-                                    .sandbox
-                                    .run_python(code)
-                                    .await
-                                    .map_err(|e| AgentError::Agent(e.to_string()))?;
+                        let result = match super::run_written_code(&self.sandbox, &reply).await? {
+                            Ok((code, run)) => {
                                 tool_seconds += run.duration.as_secs_f64();
                                 format!("{code}\n# output:\n{}", run.observation())
                             }
-                            _ => format!("{expert} wrote no runnable code"),
+                            Err(nothing) => format!("{expert}: {nothing}"),
                         };
                         known
                             .code

@@ -57,3 +57,17 @@ pub fn read_json_file(path: &Path) -> anyhow::Result<serde_json::Value> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
 }
+
+/// Writes `rows` as JSON lines to `path`, atomically, creating its directory.
+pub fn write_jsonl(path: &Path, rows: &[serde_json::Value]) -> anyhow::Result<()> {
+    let mut body = String::new();
+    for row in rows {
+        body.push_str(&row.to_string());
+        body.push('\n');
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    ooze_train::checkpoint::write_atomic(path, body.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}

@@ -17,6 +17,7 @@
 //!   `test_<words>` sets at 1, 2, 4 and 8 times that, for evaluation at growing context lengths;
 //!   demonstrations: each memory update and the boxed answer, reading ~200-word sections.
 
+use super::write_jsonl;
 use anyhow::Context;
 use std::path::PathBuf;
 
@@ -47,16 +48,6 @@ fn write_split(
     write_jsonl(&dir.join(format!("{name}.jsonl")), rows)?;
     let parquet = dir.join(format!("{name}.parquet"));
     ooze_rollout::parquet_out::write_rows(&parquet, rows).map_err(anyhow::Error::msg)
-}
-
-fn write_jsonl(path: &std::path::Path, rows: &[serde_json::Value]) -> anyhow::Result<()> {
-    let mut body = String::new();
-    for row in rows {
-        body.push_str(&row.to_string());
-        body.push('\n');
-    }
-    ooze_train::checkpoint::write_atomic(path, body.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

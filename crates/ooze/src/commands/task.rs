@@ -2,7 +2,6 @@
 //! (`{"prompt", "label"}`, for `[data] path`) or, with `--demonstrations`, chat rows with an
 //! assistant answer for `ooze sft` (a share `--error-rate` of them deliberately wrong).
 
-use anyhow::Context;
 use ooze_core::SplitMix64;
 use ooze_rollout::Task;
 use serde_json::json;
@@ -40,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let items = args.task.generate(args.n, args.seed);
     let mut rng = SplitMix64::new(args.seed ^ 0xde70);
-    let mut body = String::new();
+    let mut rows = Vec::with_capacity(items.len());
     let mut wrong = 0;
     for item in &items {
         let row = if args.demonstrations {
@@ -55,13 +54,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             json!({"prompt": item.prompt, "label": item.label})
         };
-        body.push_str(&row.to_string());
-        body.push('\n');
+        rows.push(row);
     }
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    ooze_train::checkpoint::write_atomic(&args.out, body.as_bytes())?;
+    super::write_jsonl(&args.out, &rows)?;
     eprintln!(
         "wrote {} {} rows to {}{}",
         items.len(),
