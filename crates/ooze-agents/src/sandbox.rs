@@ -7,6 +7,9 @@
 //! - wall clock: on timeout the whole process tree is killed;
 //! - output: stdout and stderr are read up to a cap; a program that writes more is stopped.
 //!
+//! At most [`SandboxLimits::concurrent`] programs of a sandbox run at once; the others wait for a
+//! slot, and their wall clock starts when they do.
+//!
 //! Run as root (CI, the GPU machines, containers), it is also isolated: a new network namespace
 //! (loopback only, down: no network), a new mount namespace in which `/tmp` is its own directory and
 //! `/dev/shm` and `/var/tmp` are private, and a user id of its own from a pool (so it cannot write
@@ -24,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 
 /// Limits of one execution.
 #[derive(Debug, Clone)]
@@ -38,6 +42,20 @@ pub struct SandboxLimits {
     pub file_bytes: u64,
     /// Processes (threads included) of the sandbox at once.
     pub processes: u64,
+    /// Programs of one `Sandbox` (and its clones) running at once; more wait for a slot before
+    /// they start, so their wall clock counts from their start, not from their queueing. Many
+    /// hundred trajectories calling tools at once would otherwise starve each other of CPU and
+    /// time out programs that need a few milliseconds.
+    pub concurrent: usize,
+}
+
+impl SandboxLimits {
+    /// Twice the CPUs this process may use, at least 4: programs that wait (on I/O, on sleep)
+    /// overlap, and CPU-bound ones get at least half a core.
+    pub fn default_concurrent() -> usize {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (2 * cpus).max(4)
+    }
 }
 
 impl Default for SandboxLimits {
@@ -49,6 +67,7 @@ impl Default for SandboxLimits {
             output_bytes: 64 << 10,
             file_bytes: 64 << 20,
             processes: 64,
+            concurrent: SandboxLimits::default_concurrent(),
         }
     }
 }
@@ -131,6 +150,8 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
     #[error("sandbox: no Python interpreter at {0} (set the sandbox's python path)")]
     NoPython(PathBuf),
+    #[error("sandbox: `concurrent` is 0; at least one program must be allowed to run")]
+    NoSlots,
 }
 
 /// The uids sandboxes run as under root: one process-wide pool of 1024, placed by the process id
@@ -161,6 +182,8 @@ pub struct Sandbox {
     python: PathBuf,
     limits: SandboxLimits,
     isolation: Isolation,
+    /// `limits.concurrent` permits, shared by clones.
+    slots: Arc<Semaphore>,
 }
 
 impl Sandbox {
@@ -184,11 +207,16 @@ impl Sandbox {
         if !python.exists() {
             return Err(SandboxError::NoPython(python));
         }
+        if limits.concurrent == 0 {
+            return Err(SandboxError::NoSlots);
+        }
         let isolation = probe_isolation();
+        let slots = Arc::new(Semaphore::new(limits.concurrent));
         Ok(Sandbox {
             python,
             limits,
             isolation,
+            slots,
         })
     }
 
@@ -200,17 +228,42 @@ impl Sandbox {
         &self.limits
     }
 
-    /// Runs `code` on a blocking thread; the async caller is never held past the wall limit plus
-    /// the time to kill the tree.
+    /// Waits for a free slot, then runs `code` on a blocking thread: once started, the async
+    /// caller is never held past the wall limit plus the time to kill the tree. Dropping the
+    /// future while it waits for a slot gives up its place; nothing runs.
     pub async fn run_python(&self, code: &str) -> Result<Execution, SandboxError> {
-        let (this, code) = (self.clone(), code.to_owned());
-        tokio::task::spawn_blocking(move || this.run_python_blocking(&code))
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
             .await
-            .expect("invariant: the sandbox thread does not panic")
+            .expect("invariant: the semaphore is never closed");
+        let (this, code) = (self.clone(), code.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let result = this.run_started(&code);
+            drop(slot);
+            result
+        })
+        .await
+        .expect("invariant: the sandbox thread does not panic")
     }
 
-    /// Runs `code` and waits for it.
+    /// Waits for a free slot (polling; for callers off the async runtime), runs `code` and waits
+    /// for it.
     pub fn run_python_blocking(&self, code: &str) -> Result<Execution, SandboxError> {
+        let slot = loop {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => break slot,
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let result = self.run_started(code);
+        drop(slot);
+        result
+    }
+
+    /// Runs `code` now, holding a slot.
+    fn run_started(&self, code: &str) -> Result<Execution, SandboxError> {
         let dir = tempfile::Builder::new().prefix("ooze-sandbox-").tempdir()?;
         std::fs::write(dir.path().join("main.py"), code)?;
         let uid = match self.isolation {

@@ -1,6 +1,8 @@
 //! 256 agent executions at once on the CPU, each calling the sandbox (some tools loop forever, some
 //! never return, some flood their output), through the rollout manager: every execution finishes,
-//! with its tool's observation in its tokens, and none is stuck.
+//! with its tool's observation in its tokens, and none is stuck. The sandbox runs its default
+//! number of programs at once (twice the CPUs, at least 4); the rest queue, so even on 2 loaded
+//! cores `print(6 * 7)` gets the CPU it needs within its 2 s.
 
 use ooze_agents::sandbox::{Sandbox, SandboxLimits};
 use ooze_engine::{start, EngineConfig, SamplingParams};

@@ -12,6 +12,7 @@ fn sandbox() -> Sandbox {
         output_bytes: 16 << 10,
         file_bytes: 1 << 20,
         processes: 32,
+        concurrent: 4,
     })
     .unwrap();
     if unsafe { libc::geteuid() } == 0 {
@@ -194,4 +195,61 @@ fn many_at_once_all_finish() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// With two slots, six programs that each sleep 0.6 s under a 1.5 s wall limit never run more than
+/// two at a time, and all finish: a queued program's wall clock starts when it runs.
+#[test]
+fn programs_beyond_the_slots_wait_and_keep_their_wall_clock() {
+    let sandbox = Sandbox::new(SandboxLimits {
+        wall: Duration::from_millis(1500),
+        concurrent: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let program = "import time\nstart = time.time()\ntime.sleep(0.6)\nprint(start, time.time())\n";
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let runs = rt.block_on(futures_util::future::join_all(
+        (0..6).map(|_| sandbox.run_python(program)),
+    ));
+    let mut spans = Vec::new();
+    for run in runs {
+        let e = run.unwrap();
+        assert!(e.success(), "{e:?}");
+        let times: Vec<f64> = e
+            .stdout
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        spans.push((times[0], times[1]));
+    }
+    for &(start, _) in &spans {
+        // The programs running at the instant this one started (itself included).
+        let running = spans
+            .iter()
+            .filter(|&&(s, e)| s <= start && start < e)
+            .count();
+        assert!(running <= 2, "{running} programs ran at once: {spans:?}");
+    }
+    // Each program is timed from its own start, though the last ones were queued past 1.5 s.
+    let first = spans.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+    let last = spans.iter().map(|s| s.1).fold(0.0, f64::max);
+    assert!(
+        last - first > 1.5,
+        "the six runs overlapped more than two slots allow: {spans:?}"
+    );
+}
+
+#[test]
+fn zero_slots_is_refused() {
+    let err = Sandbox::new(SandboxLimits {
+        concurrent: 0,
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("concurrent"), "{err}");
 }

@@ -39,11 +39,16 @@ fn sandbox(a: &AgentSection) -> anyhow::Result<Sandbox> {
         wall: Duration::from_secs_f64(a.tool_timeout_secs),
         cpu_seconds: a.tool_timeout_secs.ceil() as u64,
         memory_bytes: a.tool_memory_mb << 20,
+        concurrent: match a.tool_concurrency {
+            0 => SandboxLimits::default_concurrent(),
+            n => n,
+        },
         ..Default::default()
     })?;
     eprintln!(
-        "agent: Python sandbox with {:?} isolation",
-        sandbox.isolation()
+        "agent: Python sandbox with {:?} isolation, {} programs at once",
+        sandbox.isolation(),
+        sandbox.limits().concurrent
     );
     Ok(sandbox)
 }

@@ -126,6 +126,9 @@ pub struct AgentSection {
     /// retool: the Python sandbox's wall clock and memory per run.
     pub tool_timeout_secs: f64,
     pub tool_memory_mb: u64,
+    /// Sandbox programs running at once across all executions (0: twice the CPUs, at least 4);
+    /// more wait for a slot.
+    pub tool_concurrency: usize,
     /// search_r1: Search-R1's format-aware reward (absent: exact match only).
     pub format_reward: Option<FormatRewardSection>,
     /// multi_agent: parallel solvers (and as many rewriters).
@@ -170,6 +173,7 @@ impl Default for AgentSection {
             max_observation_tokens: 500,
             tool_timeout_secs: 10.0,
             tool_memory_mb: 1024,
+            tool_concurrency: 0,
             format_reward: None,
             solvers: 5,
             chunk_tokens: 5000,
