@@ -12,10 +12,11 @@ use ooze_agents::recipes::tool_orchestra::{OrchestraConfig, ToolOrchestraAgent};
 use ooze_agents::sandbox::{Sandbox, SandboxLimits};
 use ooze_agents::search::{Bm25Index, Searcher};
 use ooze_engine::{EngineConfig, EngineHandle};
-use ooze_model::{Decoder, Tokenizer};
+use ooze_model::{Decoder, SlotCache, Tokenizer};
 use ooze_rollout::agent::{Agent, AgentLimits, AgentRollout};
 use ooze_rollout::helpers::{Helper, HelperBackend, Helpers};
 use ooze_torch::tch::{Device, Kind};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -160,20 +161,94 @@ pub fn agent_rollout(recipe: &Recipe, max_context: usize) -> anyhow::Result<Opti
     }))
 }
 
-/// The recipe's helper models: `policy = true` ones over the policy's engine, `path` ones each in
-/// an engine of their own on the policy's device (sequences of `slot_len` tokens), `url` ones as
-/// HTTP clients.
-pub fn build_helpers(
+/// A `path` helper's weights, tokenizer and stop ids, loaded before the policy's engine is sized
+/// so that its weights and its cache are counted out of the policy's memory.
+pub struct LoadedHelper {
+    name: String,
+    decoder: Decoder,
+    tokenizer: Arc<Tokenizer>,
+    eos: Vec<u32>,
+    slots: i64,
+}
+
+impl LoadedHelper {
+    /// The key/value cache its engine will hold: `slots` sequences of `slot_len` tokens.
+    pub fn cache_bytes(&self, slot_len: i64, kind: Kind) -> i64 {
+        SlotCache::bytes_per_token(&self.decoder.config, kind) * slot_len * self.slots
+    }
+}
+
+/// Loads every `path` helper of the recipe onto `device`.
+pub fn load_helper_models(
     recipe: &Recipe,
-    policy: &EngineHandle,
-    policy_tokenizer: &Arc<Tokenizer>,
     device: Device,
     kind: Kind,
+) -> anyhow::Result<Vec<LoadedHelper>> {
+    let mut loaded = Vec::new();
+    for (name, h) in &recipe.helpers {
+        let Some(path) = h.path.as_ref().filter(|_| !h.policy) else {
+            continue;
+        };
+        let t = Instant::now();
+        let decoder = Decoder::load(path, device, kind)
+            .with_context(|| format!("helpers.{name}.path: loading {}", path.display()))?;
+        let tokenizer = Arc::new(Tokenizer::load(path).with_context(|| {
+            format!("helpers.{name}.path: the tokenizer of {}", path.display())
+        })?);
+        let eos = ooze_model::config::load_generation_eos(path)?
+            .unwrap_or_else(|| decoder.config.eos_token_ids.clone());
+        eprintln!(
+            "helper {name}: {} ({:.1}M parameters), {:.1}s",
+            path.display(),
+            decoder.config.num_parameters() as f64 / 1e6,
+            t.elapsed().as_secs_f64()
+        );
+        loaded.push(LoadedHelper {
+            name: name.clone(),
+            decoder,
+            tokenizer,
+            eos,
+            slots: h.slots,
+        });
+    }
+    Ok(loaded)
+}
+
+/// The recipe's helper models: `policy = true` ones over the policy's engine, `path` ones (already
+/// loaded) each in an engine of their own (sequences of `slot_len` tokens), `url` ones as HTTP
+/// clients.
+pub fn build_helpers(
+    recipe: &Recipe,
+    loaded: Vec<LoadedHelper>,
+    policy: &EngineHandle,
+    policy_tokenizer: &Arc<Tokenizer>,
     slot_len: i64,
 ) -> anyhow::Result<Helpers> {
+    let mut engines: HashMap<String, HelperBackend> = loaded
+        .into_iter()
+        .map(|m| {
+            eprintln!(
+                "helper {}: its own engine, {} sequences × {slot_len} tokens",
+                m.name, m.slots
+            );
+            let engine = ooze_engine::start(
+                m.decoder,
+                Some(m.tokenizer.clone()),
+                EngineConfig::new(m.slots, slot_len, m.eos),
+            );
+            let backend = HelperBackend::Engine {
+                engine,
+                tokenizer: m.tokenizer,
+            };
+            (m.name, backend)
+        })
+        .collect();
     let mut helpers = Vec::new();
     for (name, h) in &recipe.helpers {
-        let backend = helper_backend(name, h, policy, policy_tokenizer, device, kind, slot_len)?;
+        let backend = match engines.remove(name) {
+            Some(engine) => engine,
+            None => remote_or_policy(name, h, policy, policy_tokenizer)?,
+        };
         helpers.push(Helper {
             name: name.clone(),
             backend,
@@ -187,14 +262,11 @@ pub fn build_helpers(
     Ok(Helpers::new(helpers))
 }
 
-fn helper_backend(
+fn remote_or_policy(
     name: &str,
     h: &HelperSection,
     policy: &EngineHandle,
     policy_tokenizer: &Arc<Tokenizer>,
-    device: Device,
-    kind: Kind,
-    slot_len: i64,
 ) -> anyhow::Result<HelperBackend> {
     if h.policy {
         eprintln!("helper {name}: the policy's engine (untrained calls)");
@@ -203,52 +275,28 @@ fn helper_backend(
             tokenizer: policy_tokenizer.clone(),
         });
     }
-    if let Some(url) = &h.url {
-        let api_key = match &h.api_key_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("helpers.{name}.api_key_env: the environment variable {var} is not set")
-            })?),
-            None => None,
-        };
-        let model = match &h.model {
-            Some(m) => m.clone(),
-            None => served_model(url, api_key.as_deref()).with_context(|| {
-                format!("helpers.{name}: asking {url}/models which model it serves (set helpers.{name}.model to skip this)")
-            })?,
-        };
-        eprintln!("helper {name}: {model} at {url}");
-        return Ok(HelperBackend::Http {
-            base_url: url.clone(),
-            model,
-            api_key,
-        });
-    }
-    let path = h
-        .path
+    let url = h
+        .url
         .as_ref()
-        .expect("invariant: the recipe check requires a source");
-    let t = Instant::now();
-    let decoder = Decoder::load(path, device, kind)
-        .with_context(|| format!("helpers.{name}.path: loading {}", path.display()))?;
-    let tokenizer =
-        Arc::new(Tokenizer::load(path).with_context(|| {
-            format!("helpers.{name}.path: the tokenizer of {}", path.display())
-        })?);
-    let eos = ooze_model::config::load_generation_eos(path)?
-        .unwrap_or_else(|| decoder.config.eos_token_ids.clone());
-    eprintln!(
-        "helper {name}: {} ({:.1}M parameters) in its own engine, {} sequences × {slot_len} tokens, {:.1}s",
-        path.display(),
-        decoder.config.num_parameters() as f64 / 1e6,
-        h.slots,
-        t.elapsed().as_secs_f64()
-    );
-    let engine = ooze_engine::start(
-        decoder,
-        Some(tokenizer.clone()),
-        EngineConfig::new(h.slots, slot_len, eos),
-    );
-    Ok(HelperBackend::Engine { engine, tokenizer })
+        .expect("invariant: the recipe check requires one source, and path helpers are loaded");
+    let api_key = match &h.api_key_env {
+        Some(var) => Some(std::env::var(var).with_context(|| {
+            format!("helpers.{name}.api_key_env: the environment variable {var} is not set")
+        })?),
+        None => None,
+    };
+    let model = match &h.model {
+        Some(m) => m.clone(),
+        None => served_model(url, api_key.as_deref()).with_context(|| {
+            format!("helpers.{name}: asking {url}/models which model it serves (set helpers.{name}.model to skip this)")
+        })?,
+    };
+    eprintln!("helper {name}: {model} at {url}");
+    Ok(HelperBackend::Http {
+        base_url: url.clone(),
+        model,
+        api_key,
+    })
 }
 
 /// The first model an OpenAI-compatible server lists at `GET {base_url}/models`.

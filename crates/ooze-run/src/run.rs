@@ -13,11 +13,11 @@
 //! Everything random is a function of the recipe's seeds and the run's counters, which checkpoints
 //! save: a resumed run takes the same steps as an uninterrupted one.
 
-use crate::agents::{agent_context_len, agent_rollout, build_helpers};
+use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
 use crate::eval::{evaluate, EvalResult, EvalSet};
 use crate::metrics_log::MetricsLog;
 use crate::progress::Progress;
-use crate::recipe::{Mode, Recipe};
+use crate::recipe::{AgentKind, Mode, Recipe};
 use anyhow::{bail, Context};
 use ooze_engine::{EngineConfig, EngineHandle, Sampling, SamplingParams, StopStrings};
 use ooze_model::{Decoder, SlotCache, Tokenizer};
@@ -371,15 +371,35 @@ pub fn run(
         .max()
         .unwrap_or(1)
         .min(r.concurrency) as i64;
+    // Helpers with weights of their own are loaded first: their weights are then out of the free
+    // memory measured below, and their caches are taken out of the policy's share.
+    let helper_models = if recipe.agent.kind == AgentKind::None {
+        Vec::new()
+    } else {
+        load_helper_models(&recipe, device, kind)?
+    };
+    let helper_cache: i64 = helper_models
+        .iter()
+        .map(|m| m.cache_bytes(slot_len, kind))
+        .sum();
     let slots = match (r.max_running, device) {
         (Some(n), _) => n,
         (None, Device::Cuda(i)) => {
             let (free, _) =
                 ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
             let per_slot = SlotCache::bytes_per_token(&engine_decoder.config, kind) * slot_len;
-            ((free as f64 * r.mem_fraction) as i64 / per_slot)
-                .clamp(1, 1024)
-                .min(needed)
+            let share = (free as f64 * r.mem_fraction) as i64 - helper_cache;
+            if share < per_slot {
+                bail!(
+                    "GPU memory: {:.1} GiB free × rollout.mem_fraction {} leaves no room for one \
+                     policy sequence of {slot_len} tokens once the helpers' caches ({:.1} GiB) are \
+                     counted; lower helpers.*.slots or raise rollout.mem_fraction",
+                    free as f64 / f64::from(1 << 30),
+                    r.mem_fraction,
+                    helper_cache as f64 / f64::from(1 << 30)
+                );
+            }
+            (share / per_slot).clamp(1, 1024).min(needed)
         }
         (None, _) => 64.min(needed),
     };
@@ -393,7 +413,7 @@ pub fn run(
         EngineConfig::new(slots, slot_len, eos),
     );
     if let Some(agent) = settings.agent.as_mut() {
-        agent.helpers = build_helpers(&recipe, &engine, &tokenizer, device, kind, slot_len)?;
+        agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
