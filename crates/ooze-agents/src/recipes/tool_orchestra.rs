@@ -109,6 +109,29 @@ pub fn orchestrator_prompt(tools: &str, problem: &str, known: &str) -> String {
     )
 }
 
+/// What the orchestrator asks an expert for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertTask {
+    Answer,
+    Reason,
+    Search,
+}
+
+/// The one user message an expert gets: the problem, what is known so far, the task.
+pub fn expert_request(task: ExpertTask, problem: &str, known: &str) -> String {
+    let ask = match task {
+        ExpertTask::Answer => "Give the final answer in \\boxed{}.",
+        ExpertTask::Reason => {
+            "Write Python that solves the problem and prints the answer, in one ```python block."
+        }
+        ExpertTask::Search => {
+            "Write one short search query that would find what is missing. Reply with the query \
+             only."
+        }
+    };
+    format!("Problem: {problem}\n{known}\n{ask}")
+}
+
 /// The efficiency reward: `correct − min(max_penalty, cost_weight·cost + latency/scale)`.
 pub fn reward(correct: bool, cost: f64, latency_secs: f64, config: &OrchestraConfig) -> f64 {
     let penalty = (config.cost_weight * cost + latency_secs / config.latency_scale_secs)
@@ -230,23 +253,15 @@ impl Agent for ToolOrchestraAgent {
                     }
                 };
                 *counts.entry(format!("calls/{expert}")).or_default() += 1.0;
-                let brief = format!("Problem: {problem}\n{}", known.text());
+                let request = |tool| expert_request(tool, &problem, &known.text());
                 match tool.as_str() {
                     "answer" => {
-                        let reply = self
-                            .ask(
-                                ctx,
-                                &expert,
-                                format!("{brief}\nGive the final answer in \\boxed{{}}."),
-                            )
-                            .await?;
+                        let reply = self.ask(ctx, &expert, request(ExpertTask::Answer)).await?;
                         answer = Some(reply);
                         break;
                     }
                     "reason" => {
-                        let reply = self
-                            .ask(ctx, &expert, format!("{brief}\nWrite Python that solves the problem and prints the answer, in one ```python block."))
-                            .await?;
+                        let reply = self.ask(ctx, &expert, request(ExpertTask::Reason)).await?;
                         let result = match super::run_written_code(&self.sandbox, &reply).await? {
                             Ok((code, run)) => {
                                 tool_seconds += run.duration.as_secs_f64();
@@ -259,9 +274,7 @@ impl Agent for ToolOrchestraAgent {
                             .push(ctx.truncate(&result, self.config.max_observation_tokens)?);
                     }
                     "search" if self.searcher.is_some() => {
-                        let query = self
-                            .ask(ctx, &expert, format!("{brief}\nWrite one short search query that would find what is missing. Reply with the query only."))
-                            .await?;
+                        let query = self.ask(ctx, &expert, request(ExpertTask::Search)).await?;
                         let searcher = self.searcher.as_ref().expect("checked");
                         let docs = searcher
                             .search(&[query.trim().to_owned()], self.config.topk)
@@ -323,6 +336,29 @@ pub fn demonstration(row: &Value) -> Value {
     ]})
 }
 
+/// Expert demonstrations for a [`synthetic`] row, to warm-start expert models: the boxed answer
+/// to an `answer` request, and a program printing the expression to a `reason` request.
+pub fn expert_demonstrations(row: &Value) -> [Value; 2] {
+    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
+    let expression = problem.strip_prefix("Compute ").unwrap_or(problem);
+    let answer = row["reward_model"]["ground_truth"]
+        .as_str()
+        .unwrap_or_default();
+    let conversation = |task, reply: String| {
+        json!({"messages": [
+            {"role": "user", "content": expert_request(task, problem, "")},
+            {"role": "assistant", "content": reply},
+        ]})
+    };
+    [
+        conversation(ExpertTask::Answer, format!("\\boxed{{{answer}}}")),
+        conversation(
+            ExpertTask::Reason,
+            format!("```python\nprint({expression})\n```"),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,5 +381,26 @@ mod tests {
         assert!((reward(true, 10.0, 1e6, &config) - 0.2).abs() < 1e-12);
         assert!((reward(false, 0.0, 100.0, &config) + 0.2).abs() < 1e-12);
         assert!(is_correct("14", "14") && is_correct("Paris", r#"["paris", "Lutetia"]"#));
+    }
+
+    #[test]
+    fn expert_demonstrations_answer_and_print_the_label() {
+        for row in synthetic(20, 3) {
+            let label = row["reward_model"]["ground_truth"].as_str().unwrap();
+            let problem = row["extra_info"]["problem"].as_str().unwrap();
+            let [answer, reason] = expert_demonstrations(&row);
+            assert_eq!(
+                answer["messages"][0]["content"],
+                expert_request(ExpertTask::Answer, problem, "")
+            );
+            let boxed = last_boxed(answer["messages"][1]["content"].as_str().unwrap());
+            assert!(boxed.is_some_and(|a| is_correct(a, label)), "{answer}");
+            let reply = reason["messages"][1]["content"].as_str().unwrap();
+            let code = crate::parse::code_block(reply, &["python"])
+                .unwrap()
+                .unwrap();
+            let expression = problem.strip_prefix("Compute ").unwrap();
+            assert_eq!(code.trim(), format!("print({expression})"));
+        }
     }
 }

@@ -11,7 +11,9 @@
 //! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
 //!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
 //!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a planner step
-//!   (agentflow), a call to the first expert's `answer` (tool_orchestra).
+//!   (agentflow), a call to the first expert's `answer` (tool_orchestra); tool_orchestra also
+//!   writes `experts.jsonl`, an expert's reply to an `answer` and a `reason` request per problem,
+//!   to warm-start expert models.
 //! - `memagent`: long-document QA rows (`context` document, `question`, gold answers in
 //!   `reward_model.ground_truth`): `train` at `--words` words per document and
 //!   `test_<words>` sets at 1, 2, 4 and 8 times that, for evaluation at growing context lengths;
@@ -128,6 +130,13 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
             _ => rows.iter().map(tool_orchestra::demonstration).collect(),
         };
         write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
+        if args.recipe == "tool_orchestra" {
+            let experts: Vec<serde_json::Value> = rows
+                .iter()
+                .flat_map(tool_orchestra::expert_demonstrations)
+                .collect();
+            write_jsonl(&args.out.join("experts.jsonl"), &experts)?;
+        }
     }
     eprintln!(
         "wrote {} train and {} test problems to {}",
