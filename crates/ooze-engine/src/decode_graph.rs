@@ -161,7 +161,7 @@ impl DecodeGraphs {
         };
         // Warm-up outside the capture: cuBLAS handles, workspaces and kernels get created here.
         let _ = run(cache);
-        ooze_torch::tch::Cuda::synchronize(self.device as i64);
+        ooze_torch::cuda_graph::synchronize(self.device);
         let share = self.graphs.values().next().map(|c| &c.graph);
         let (graph, logits) = CudaGraph::capture(self.device, share, || run(cache))?;
         Ok(Captured {

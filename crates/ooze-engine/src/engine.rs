@@ -222,7 +222,7 @@ impl EngineLoop {
         self.graphs = None;
         self.cache = None;
         if let ooze_torch::tch::Device::Cuda(i) = self.decoder.device() {
-            ooze_torch::tch::Cuda::synchronize(i as i64);
+            ooze_torch::cuda_graph::synchronize(i);
         }
         let _ = reply.send(());
     }
@@ -653,7 +653,7 @@ impl EngineLoop {
         // The forward pass is queued on the GPU: deliver the previous step's tokens meanwhile.
         self.send_outbox();
         if let (true, ooze_torch::tch::Device::Cuda(i)) = (profile, self.decoder.device()) {
-            ooze_torch::tch::Cuda::synchronize(i as i64);
+            ooze_torch::cuda_graph::synchronize(i);
         }
         let t1 = std::time::Instant::now();
         for r in &mut self.running {

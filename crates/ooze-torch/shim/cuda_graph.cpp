@@ -73,4 +73,16 @@ int ooze_graph_replay(OozeGraph* g) {
 
 void ooze_graph_free(OozeGraph* g) { delete g; }
 
+// Waits for the calling thread's current stream on `device`. Unlike cudaDeviceSynchronize, this
+// is allowed while another thread captures a graph on a stream of its own.
+int ooze_stream_synchronize(int device) {
+  try {
+    c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).synchronize();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
 }  // extern "C"

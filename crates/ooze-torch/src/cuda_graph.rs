@@ -35,6 +35,7 @@ mod ffi {
         pub fn ooze_graph_capture_end(g: *mut OozeGraph) -> c_int;
         pub fn ooze_graph_replay(g: *mut OozeGraph) -> c_int;
         pub fn ooze_graph_free(g: *mut OozeGraph);
+        pub fn ooze_stream_synchronize(device: c_int) -> c_int;
     }
 }
 
@@ -46,6 +47,34 @@ fn failed(stage: &'static str) -> GraphError {
         .to_string_lossy()
         .into_owned();
     GraphError::Failed { stage, message }
+}
+
+/// Held while a graph is captured or destroyed: several engines in one process (a policy and its
+/// helpers) capture on their own threads, and a capture must not overlap another's, nor a graph's
+/// destruction.
+static CAPTURE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
+    // A panic during another capture leaves nothing to repair: the guard protects no data.
+    CAPTURE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits until the work this thread queued on `device` (its current stream) is done. Use it
+/// instead of `tch::Cuda::synchronize`, which synchronises the whole device: that is refused while
+/// another thread captures a CUDA graph, and it breaks that capture.
+pub fn synchronize(device: usize) {
+    #[cfg(ooze_cuda_graphs)]
+    // SAFETY: the shim takes a device index and reports failures through its return value.
+    unsafe {
+        if ffi::ooze_stream_synchronize(device as c_int) != 0 {
+            panic!(
+                "CUDA stream synchronisation failed: {}",
+                failed("synchronize")
+            );
+        }
+    }
+    #[cfg(not(ooze_cuda_graphs))]
+    tch::Cuda::synchronize(device as i64);
 }
 
 /// A captured CUDA graph.
@@ -73,7 +102,7 @@ impl CudaGraph {
         work: impl FnOnce() -> R,
     ) -> Result<(CudaGraph, R), GraphError> {
         // SAFETY: the shim's functions take the pointer ooze_graph_new returned; the graph is freed
-        // exactly once, by Drop.
+        // exactly once, by Drop (which takes the capture lock, so it is released before any return).
         unsafe {
             let raw = ffi::ooze_graph_new();
             if raw.is_null() {
@@ -81,14 +110,20 @@ impl CudaGraph {
             }
             let graph = CudaGraph { raw };
             let share = share.map_or(std::ptr::null_mut(), |g| g.raw);
+            let capturing = capture_lock();
             if ffi::ooze_graph_capture_begin(raw, device as c_int, share) != 0 {
-                return Err(failed("capture begin"));
+                let err = failed("capture begin");
+                drop(capturing);
+                return Err(err);
             }
             let result = work();
-            if ffi::ooze_graph_capture_end(raw) != 0 {
-                return Err(failed("capture"));
+            let ended = ffi::ooze_graph_capture_end(raw);
+            let err = (ended != 0).then(|| failed("capture"));
+            drop(capturing);
+            match err {
+                Some(err) => Err(err),
+                None => Ok((graph, result)),
             }
-            Ok((graph, result))
         }
     }
 
@@ -119,9 +154,10 @@ impl CudaGraph {
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         #[cfg(ooze_cuda_graphs)]
-        // SAFETY: freed once; `raw` came from ooze_graph_new.
-        unsafe {
-            ffi::ooze_graph_free(self.raw)
+        {
+            let _capturing = capture_lock();
+            // SAFETY: freed once; `raw` came from ooze_graph_new.
+            unsafe { ffi::ooze_graph_free(self.raw) }
         }
     }
 }

@@ -583,7 +583,7 @@ impl Trainer {
         }
         self.step += 1;
         if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
+            ooze_torch::cuda_graph::synchronize(i);
         }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
         metrics.response_tokens = samples.iter().map(|s| s.response_len()).sum();
@@ -637,7 +637,7 @@ impl Phases {
 
     fn sync(&self) {
         if let Device::Cuda(i) = self.device {
-            tch::Cuda::synchronize(i as i64);
+            ooze_torch::cuda_graph::synchronize(i);
         }
     }
 

@@ -244,6 +244,66 @@ fn gpu_cuda_graph_decode_matches_eager() {
     eprintln!("graph vs eager: max |log-prob diff| {worst:.2e}");
 }
 
+/// Engines of one process sharing a GPU (a policy and its helper models) start together and
+/// decode together, each capturing CUDA graphs (up front, and lazily as sequences grow into longer
+/// key buckets) while the others run: every one finishes and draws the tokens an eager engine
+/// draws alone.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
+    require_gpu();
+    use ooze_engine::{start, EngineConfig, SamplingParams};
+    let dir = tempfile::tempdir().unwrap();
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(0, 50_000),
+        &InitOptions::new(Family::Qwen2, Size::Small),
+    )
+    .unwrap();
+    let params = SamplingParams {
+        seed: Some(11),
+        max_new_tokens: Some(300),
+        ignore_eos: Some(true),
+        ..Default::default()
+    }
+    .validate()
+    .unwrap();
+    let prompts = sequences(600);
+    let engine = |graphs: bool| {
+        let mut config = EngineConfig::new(16, 1024, vec![]);
+        config.cuda_graphs = graphs;
+        start(
+            Decoder::load(dir.path(), Device::Cuda(0), Kind::Float).unwrap(),
+            None,
+            config,
+        )
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    };
+    let alone = generate_all(&runtime(), &engine(false), &prompts, &params);
+    let engines: Vec<_> = (0..3).map(|_| engine(true)).collect();
+    let together: Vec<Vec<ooze_engine::Output>> = std::thread::scope(|scope| {
+        let running: Vec<_> = engines
+            .iter()
+            .map(|e| scope.spawn(|| generate_all(&runtime(), e, &prompts, &params)))
+            .collect();
+        running.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for outs in &together {
+        assert_eq!(outs.len(), prompts.len());
+        for (shared, solo) in outs.iter().zip(&alone) {
+            assert_eq!(shared.tokens.len(), 300);
+            assert_eq!(
+                shared.tokens, solo.tokens,
+                "an engine sharing the GPU drew other tokens"
+            );
+        }
+    }
+}
+
 /// ooze's CUDA kernels against the libtorch operations they replace: a Qwen3 model (q/k norms in
 /// the rotary kernel) decoding in fp32 draws the same seeded tokens with the kernels on and off;
 /// the sampling kernel on random bf16-model-sized logits gives the same greedy tokens and the same

@@ -89,7 +89,7 @@ struct ForwardArgs {
 
 fn sync(device: Device) {
     if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
+        ooze_torch::cuda_graph::synchronize(i);
     }
 }
 
