@@ -9,6 +9,9 @@
 #   tool_orchestra  orchestrator over two experts warm-started on expert demonstrations: `small`
 #                   (tiny model, few steps, cheap) and `large` (small model, more steps, 15× the
 #                   price); the orchestrator's demonstrations always call `small`
+# The recipes whose models answer without a tool (multi_agent, agentflow's fixed modules,
+# tool_orchestra's experts) get two-number sums (`--task addition`); retool gets multi-step
+# expressions, which need its Python tool. TASK=arithmetic|addition sets one task for all.
 # Each run's metrics are in OUT/NAME/grpo/metrics.jsonl; a line per recipe reports the times.
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
 #        (env: OOZE, ROLLOUTS=20, LR=1e-4, SFT_STEPS=400, N=5000 problems, DEVICE=cuda)
@@ -49,7 +52,8 @@ for recipe in "$@"; do
       sets+=(--set "eval.datasets=[${evals%, }]" --set agent.chunk_tokens=256)
       ;;
     retool | multi_agent | agentflow | tool_orchestra)
-      $ooze recipe-data "$recipe" "$dir/data" --n "$n" --demonstrations
+      task=${TASK:-$([ "$recipe" = retool ] && echo arithmetic || echo addition)}
+      $ooze recipe-data "$recipe" "$dir/data" --n "$n" --task "$task" --demonstrations
       sets+=(--set "eval.datasets=[$(eval_set test "$dir/data/test.parquet" 4)]")
       ;;
     *) echo "unknown recipe $recipe" >&2; exit 2 ;;

@@ -252,14 +252,14 @@ impl Agent for AgentflowAgent {
 
 /// `n` generated problems in the DAPO-Math row layout (see [`super::math_rows`]), the problem
 /// alone as the user message (the planner's prompt is built by the agent).
-pub fn synthetic(n: usize, seed: u64) -> Vec<Value> {
-    super::math_rows(n, seed, str::to_owned)
+pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
+    super::math_rows(n, seed, task, str::to_owned)
 }
 
 /// A planner demonstration for a [`synthetic`] row: a first step that computes the expression.
 pub fn demonstration(row: &Value) -> Value {
     let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = problem.strip_prefix("Compute ").unwrap_or(problem);
+    let expression = super::expression(problem);
     let step = format!(
         "Justification: the expression has several operations and must be exact.\n\
          Context: the expression is {expression}\nSub-goal: compute {expression}\nTool: python_coder"
@@ -288,7 +288,10 @@ mod tests {
         assert!(parse_plan("Tool: base_generator")
             .unwrap_err()
             .contains("Sub-goal"));
-        for row in synthetic(5, 1) {
+        for row in crate::recipes::MATH_TASKS
+            .iter()
+            .flat_map(|(_, task)| synthetic(5, 1, *task))
+        {
             let demo = demonstration(&row);
             assert!(parse_plan(demo["messages"][1]["content"].as_str().unwrap()).is_ok());
         }

@@ -11,6 +11,7 @@ use crate::parse::code_block;
 use crate::sandbox::{Execution, Sandbox};
 use ooze_rollout::agent::AgentError;
 use ooze_rollout::prompts::PromptItem;
+use ooze_rollout::Task;
 
 /// The problem statement of `prompt` for agents that write their own prompts around it: the row's
 /// metadata (`data.metadata_key`) when it is a string, else its `problem` or `question` field.
@@ -48,27 +49,48 @@ pub async fn run_written_code<'r>(
     }
 }
 
+/// The generated problems the arithmetic recipes can use: `arithmetic` (multi-step expressions,
+/// which a small model gets right with a tool, rarely without) or `addition` (two numbers below
+/// 100, which it learns to answer directly).
+pub const MATH_TASKS: &[(&str, Task)] = &[
+    ("arithmetic", Task::Arithmetic),
+    ("addition", Task::Addition),
+];
+
+/// The expression of a generated problem (`Compute (3 + 4) * 2` or `What is 3 + 4?`).
+pub fn expression(problem: &str) -> &str {
+    let body = ["Compute ", "What is "]
+        .iter()
+        .find_map(|prefix| problem.strip_prefix(prefix))
+        .unwrap_or(problem);
+    body.trim_end_matches(['?', '.'])
+}
+
 /// A math problem set in the DAPO-Math / ReTool row layout: `prompt` chat messages (the problem
 /// with `instruction` around it), `reward_model.ground_truth`, and the bare problem in
-/// `extra_info.problem` (the agents' `data.metadata_key = "extra_info"`).
+/// `extra_info.problem` (the agents' `data.metadata_key = "extra_info"`). `task` is one of
+/// [`MATH_TASKS`].
 pub fn math_rows(
     n: usize,
     seed: u64,
+    task: Task,
     instruction: impl Fn(&str) -> String,
 ) -> Vec<serde_json::Value> {
-    ooze_rollout::Task::Arithmetic
-        .generate(n, seed)
+    let source = format!("ooze_synthetic_{task:?}").to_lowercase();
+    task.generate(n, seed)
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
+            // The bare question, without the task's answer-format instruction.
             let problem = item
                 .prompt
                 .split(". Show your steps")
                 .next()
+                .and_then(|p| p.split(" Answer with").next())
                 .unwrap_or(&item.prompt)
                 .to_owned();
             serde_json::json!({
-                "data_source": "ooze_synthetic_arithmetic",
+                "data_source": source,
                 "prompt": [{"role": "user", "content": instruction(&problem)}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": item.label},

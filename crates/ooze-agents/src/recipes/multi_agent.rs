@@ -169,8 +169,8 @@ impl Agent for MultiAgent {
 }
 
 /// `n` generated problems in the DAPO-Math row layout (see [`super::math_rows`]).
-pub fn synthetic(n: usize, seed: u64) -> Vec<Value> {
-    super::math_rows(n, seed, solver_instruction)
+pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
+    super::math_rows(n, seed, task, solver_instruction)
 }
 
 /// SFT demonstrations for a [`synthetic`] row, one per role: a solver's and a rewriter's worked
@@ -180,7 +180,7 @@ pub fn demonstrations(row: &Value, solvers: usize) -> Vec<Value> {
     let answer = row["reward_model"]["ground_truth"]
         .as_str()
         .unwrap_or_default();
-    let expression = problem.strip_prefix("Compute ").unwrap_or(problem);
+    let expression = super::expression(problem);
     let solution = format!("{expression} = {answer}, so the answer is \\boxed{{{answer}}}.");
     let solutions = vec![solution.clone(); solvers];
     let chat = |user: String, assistant: String| json!({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]});
@@ -209,7 +209,10 @@ mod tests {
 
     #[test]
     fn demonstrations_are_right() {
-        for row in synthetic(10, 1) {
+        for row in crate::recipes::MATH_TASKS
+            .iter()
+            .flat_map(|(_, task)| synthetic(10, 1, *task))
+        {
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             let demos = demonstrations(&row, 3);
             let reply = |d: &Value| d["messages"][1]["content"].as_str().unwrap().to_owned();

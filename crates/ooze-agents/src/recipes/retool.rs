@@ -157,15 +157,15 @@ pub fn instruction(problem: &str) -> String {
 
 /// `n` generated problems (multi-step arithmetic) in the row layout of DAPO-Math / ReTool's
 /// parquet files: `prompt` chat messages and `reward_model.ground_truth`.
-pub fn synthetic(n: usize, seed: u64) -> Vec<Value> {
-    super::math_rows(n, seed, instruction)
+pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
+    super::math_rows(n, seed, task, instruction)
 }
 
 /// A worked trajectory for a [`synthetic`] row: one tool call that computes the expression, its
 /// output, and the boxed answer.
 pub fn demonstration(row: &Value) -> String {
     let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = problem.strip_prefix("Compute ").unwrap_or(problem);
+    let expression = super::expression(problem);
     let answer = row["reward_model"]["ground_truth"]
         .as_str()
         .unwrap_or_default();
@@ -204,7 +204,10 @@ mod tests {
 
     #[test]
     fn demonstrations_compute_the_label() {
-        for row in synthetic(20, 3) {
+        for row in crate::recipes::MATH_TASKS
+            .iter()
+            .flat_map(|(_, task)| synthetic(20, 3, *task))
+        {
             let demo = demonstration(&row);
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             assert_eq!(reward(&demo, label, 1), 1.0, "{demo}");

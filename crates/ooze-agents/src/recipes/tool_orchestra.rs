@@ -319,15 +319,24 @@ impl Agent for ToolOrchestraAgent {
 }
 
 /// `n` generated problems in the DAPO-Math row layout (see [`super::math_rows`]).
-pub fn synthetic(n: usize, seed: u64) -> Vec<Value> {
-    super::math_rows(n, seed, str::to_owned)
+pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
+    super::math_rows(n, seed, task, str::to_owned)
 }
 
 /// An orchestrator demonstration for a [`synthetic`] row, on the first turn's prompt with the
-/// [`default_experts`]: ask the cheapest expert to answer.
+/// [`default_experts`]: ask the cheapest expert to answer. The prompt shows the experts' latencies
+/// as a run does: unmeasured in one row of four, else measured (0.05–2 s, varied by row), so a
+/// model warm-started on them reads prompts from the whole run.
 pub fn demonstration(row: &Value) -> Value {
     let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let experts = default_experts();
+    let index = row["extra_info"]["index"].as_u64().unwrap_or(0);
+    let mut experts = default_experts();
+    if !index.is_multiple_of(4) {
+        let mut rng = ooze_core::SplitMix64::new(index);
+        for e in &mut experts {
+            e.latency_secs = Some(0.05 + rng.below(1951) as f64 / 1000.0);
+        }
+    }
     let prompt = orchestrator_prompt(&tools_description(&experts, false), problem, "");
     let call = json!({"name": "answer", "arguments": {"model": experts[0].name}});
     json!({"messages": [
@@ -340,7 +349,7 @@ pub fn demonstration(row: &Value) -> Value {
 /// to an `answer` request, and a program printing the expression to a `reason` request.
 pub fn expert_demonstrations(row: &Value) -> [Value; 2] {
     let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = problem.strip_prefix("Compute ").unwrap_or(problem);
+    let expression = super::expression(problem);
     let answer = row["reward_model"]["ground_truth"]
         .as_str()
         .unwrap_or_default();
@@ -384,8 +393,32 @@ mod tests {
     }
 
     #[test]
+    fn demonstrations_show_measured_and_unmeasured_latencies() {
+        let prompts: Vec<String> = synthetic(8, 1, ooze_rollout::Task::Addition)
+            .iter()
+            .map(|row| {
+                demonstration(row)["messages"][0]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            prompts
+                .iter()
+                .filter(|p| p.contains("latency unmeasured"))
+                .count(),
+            2
+        );
+        assert!(prompts.iter().any(|p| p.contains(" s)")));
+    }
+
+    #[test]
     fn expert_demonstrations_answer_and_print_the_label() {
-        for row in synthetic(20, 3) {
+        for row in crate::recipes::MATH_TASKS
+            .iter()
+            .flat_map(|(_, task)| synthetic(20, 3, *task))
+        {
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             let problem = row["extra_info"]["problem"].as_str().unwrap();
             let [answer, reason] = expert_demonstrations(&row);
@@ -399,7 +432,7 @@ mod tests {
             let code = crate::parse::code_block(reply, &["python"])
                 .unwrap()
                 .unwrap();
-            let expression = problem.strip_prefix("Compute ").unwrap();
+            let expression = crate::recipes::expression(problem);
             assert_eq!(code.trim(), format!("print({expression})"));
         }
     }

@@ -8,6 +8,7 @@
 //! - `retool`: `train` and `test` (`.jsonl` and `.parquet`), multi-step arithmetic problems in the DAPO-Math /
 //!   ReTool row layout (`prompt` messages, `reward_model.ground_truth`); with `--demonstrations`,
 //!   `sft.jsonl` holds a worked solution with one `code_interpreter` call each.
+//!   `--task addition` writes two-number sums instead (for all four arithmetic recipes).
 //! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
 //!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
 //!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a planner step
@@ -36,6 +37,14 @@ pub struct Args {
     /// Also write `sft.jsonl`: chat rows with a worked trajectory for each train question.
     #[arg(long)]
     demonstrations: bool,
+    /// retool, multi_agent, agentflow, tool_orchestra: the problems, `arithmetic` (multi-step
+    /// expressions) or `addition` (two numbers below 100).
+    #[arg(long)]
+    task: Option<String>,
+    /// multi_agent: solutions the rewriter and selector demonstrations show (the recipe's
+    /// `agent.solvers`).
+    #[arg(long, default_value_t = 5)]
+    solvers: usize,
     /// memagent: words per training document.
     #[arg(long, default_value_t = 600)]
     words: usize,
@@ -53,6 +62,17 @@ fn write_split(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.task.is_some()
+        && !matches!(
+            args.recipe.as_str(),
+            "retool" | "multi_agent" | "agentflow" | "tool_orchestra"
+        )
+    {
+        anyhow::bail!(
+            "--task applies to retool, multi_agent, agentflow and tool_orchestra, not {}",
+            args.recipe
+        );
+    }
     match args.recipe.as_str() {
         "search_r1" => {
             let test_n = (args.n / 10).max(1);
@@ -100,11 +120,17 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
     use ooze_agents::recipes::{agentflow, multi_agent, retool, tool_orchestra};
     let test_n = (args.n / 10).max(1);
     let total = args.n + test_n;
+    let name = args.task.as_deref().unwrap_or("arithmetic");
+    let task = ooze_agents::recipes::MATH_TASKS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, task)| *task)
+        .with_context(|| format!("--task {name}: expected arithmetic or addition"))?;
     let mut rows = match args.recipe.as_str() {
-        "retool" => retool::synthetic(total, args.seed),
-        "multi_agent" => multi_agent::synthetic(total, args.seed),
-        "agentflow" => agentflow::synthetic(total, args.seed),
-        _ => tool_orchestra::synthetic(total, args.seed),
+        "retool" => retool::synthetic(total, args.seed, task),
+        "multi_agent" => multi_agent::synthetic(total, args.seed, task),
+        "agentflow" => agentflow::synthetic(total, args.seed, task),
+        _ => tool_orchestra::synthetic(total, args.seed, task),
     };
     let test = rows.split_off(args.n);
     std::fs::create_dir_all(&args.out)
@@ -124,7 +150,7 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
                 .collect(),
             "multi_agent" => rows
                 .iter()
-                .flat_map(|row| multi_agent::demonstrations(row, 2))
+                .flat_map(|row| multi_agent::demonstrations(row, args.solvers))
                 .collect(),
             "agentflow" => rows.iter().map(agentflow::demonstration).collect(),
             _ => rows.iter().map(tool_orchestra::demonstration).collect(),
