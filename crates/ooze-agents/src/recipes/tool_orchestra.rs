@@ -324,7 +324,8 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 }
 
 /// An orchestrator demonstration for a [`synthetic`] row, on the first turn's prompt with the
-/// [`default_experts`]: ask the cheapest expert to answer. The prompt shows the experts' latencies
+/// [`default_experts`]: ask an expert to answer, each expert as often (by row), so a warm-started
+/// orchestrator tries both and RL learns which pays. The prompt shows the experts' latencies
 /// as a run does: unmeasured in one row of four, else measured (0.05–2 s, varied by row), so a
 /// model warm-started on them reads prompts from the whole run.
 pub fn demonstration(row: &Value) -> Value {
@@ -338,7 +339,8 @@ pub fn demonstration(row: &Value) -> Value {
         }
     }
     let prompt = orchestrator_prompt(&tools_description(&experts, false), problem, "");
-    let call = json!({"name": "answer", "arguments": {"model": experts[0].name}});
+    let chosen = &experts[(index / 4) as usize % experts.len()].name;
+    let call = json!({"name": "answer", "arguments": {"model": chosen}});
     json!({"messages": [
         {"role": "user", "content": prompt},
         {"role": "assistant", "content": format!("<tool_call>{call}</tool_call>")},

@@ -12,7 +12,7 @@
 //! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
 //!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
 //!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a planner step
-//!   (agentflow), a call to the first expert's `answer` (tool_orchestra); tool_orchestra also
+//!   (agentflow), a call to an expert's `answer`, each expert as often (tool_orchestra); tool_orchestra also
 //!   writes `experts.jsonl`, an expert's reply to an `answer` and a `reason` request per problem,
 //!   to warm-start expert models.
 //! - `memagent`: long-document QA rows (`context` document, `question`, gold answers in
