@@ -389,7 +389,7 @@ pub fn run(
                 ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
             let per_slot = SlotCache::bytes_per_token(&engine_decoder.config, kind) * slot_len;
             let share = (free as f64 * r.mem_fraction) as i64 - helper_cache;
-            if share < per_slot {
+            if helper_cache > 0 && share < per_slot {
                 bail!(
                     "GPU memory: {:.1} GiB free × rollout.mem_fraction {} leaves no room for one \
                      policy sequence of {slot_len} tokens once the helpers' caches ({:.1} GiB) are \
