@@ -57,6 +57,16 @@ pub const MATH_TASKS: &[(&str, Task)] = &[
     ("addition", Task::Addition),
 ];
 
+/// A [`math_rows`] row's bare problem, its expression and its answer (empty where missing), for
+/// the recipes' demonstrations.
+pub fn worked_problem(row: &serde_json::Value) -> (&str, &str, &str) {
+    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
+    let answer = row["reward_model"]["ground_truth"]
+        .as_str()
+        .unwrap_or_default();
+    (problem, expression(problem), answer)
+}
+
 /// The expression of a generated problem (`Compute (3 + 4) * 2` or `What is 3 + 4?`).
 pub fn expression(problem: &str) -> &str {
     let body = ["Compute ", "What is "]

@@ -176,11 +176,7 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// SFT demonstrations for a [`synthetic`] row, one per role: a solver's and a rewriter's worked
 /// answer, and a selector's judgment. Each is `{"messages": [user, assistant]}`.
 pub fn demonstrations(row: &Value, solvers: usize) -> Vec<Value> {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let answer = row["reward_model"]["ground_truth"]
-        .as_str()
-        .unwrap_or_default();
-    let expression = super::expression(problem);
+    let (problem, expression, answer) = super::worked_problem(row);
     let solution = format!("{expression} = {answer}, so the answer is \\boxed{{{answer}}}.");
     let solutions = vec![solution.clone(); solvers];
     let chat = |user: String, assistant: String| json!({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]});

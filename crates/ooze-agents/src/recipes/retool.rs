@@ -164,11 +164,7 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// A worked trajectory for a [`synthetic`] row: one tool call that computes the expression, its
 /// output, and the boxed answer.
 pub fn demonstration(row: &Value) -> String {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = super::expression(problem);
-    let answer = row["reward_model"]["ground_truth"]
-        .as_str()
-        .unwrap_or_default();
+    let (_, expression, answer) = super::worked_problem(row);
     let call = json!({"name": TOOL, "arguments": {"code": format!("print({expression})")}});
     format!(
         "<tool_call>{call}</tool_call>\n<interpreter>\n{answer}\n\n</interpreter>\nThe result is \\boxed{{{answer}}}"

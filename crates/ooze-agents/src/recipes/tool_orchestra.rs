@@ -350,11 +350,7 @@ pub fn demonstration(row: &Value) -> Value {
 /// Expert demonstrations for a [`synthetic`] row, to warm-start expert models: the boxed answer
 /// to an `answer` request, and a program printing the expression to a `reason` request.
 pub fn expert_demonstrations(row: &Value) -> [Value; 2] {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = super::expression(problem);
-    let answer = row["reward_model"]["ground_truth"]
-        .as_str()
-        .unwrap_or_default();
+    let (problem, expression, answer) = super::worked_problem(row);
     let conversation = |task, reply: String| {
         json!({"messages": [
             {"role": "user", "content": expert_request(task, problem, "")},
