@@ -1,8 +1,10 @@
 //! ooze-run: `ooze train`, the RL loop end to end.
 //!
 //! - [`recipe`]: the TOML recipe, its defaults, `--set` overrides and checks.
-//! - [`run`]: the colocated loop (rollout → train → in-place weight update), checkpoints, resume,
-//!   rollout-only and replay modes.
+//! - [`run`]: the loop as a [`run::Run`] with named stages, each in its own module:
+//!   [`prepare`], [`roll_out`], [`reward`], [`train`], [`eval`], [`checkpoint`]; rollout-only and
+//!   replay modes.
+//! - [`teacher`]: an on-policy distillation teacher behind an SGLang-compatible `/generate`.
 //! - [`agents`]: the `[agent]` and `[helpers]` sections as the running agent and helper models.
 //! - [`eval`]: held-out pass@k.
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
@@ -10,14 +12,20 @@
 //! - [`report`], [`plot`]: the HTML report with PNG plots.
 
 pub mod agents;
+pub mod checkpoint;
 pub mod eval;
 pub mod metrics_log;
 pub mod plot;
+pub mod prepare;
 pub mod progress;
 pub mod recipe;
 pub mod report;
+pub mod reward;
+pub mod roll_out;
 pub mod run;
+pub mod teacher;
 pub mod tensorboard;
+pub mod train;
 
 pub use recipe::Recipe;
 pub use run::{run, run_dir_for, RunState, RunSummary};

@@ -6,11 +6,64 @@
 
 use crate::batch::TrainSample;
 use crate::forward::response_hidden;
+use crate::schedule::Schedule;
 use crate::TrainError;
 use ooze_model::checkpoint::{export_model, SaveOptions, WeightSet};
 use ooze_model::{Decoder, ModelConfig};
 use ooze_torch::tch::{Device, Kind, Tensor};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// How the critic learns: its own learning-rate schedule (the policy's shape with its own peak)
+/// and a warm-up in which only the critic learns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriticConfig {
+    pub schedule: Schedule,
+    /// Optimizer steps at the start of training in which the critic learns and the policy's
+    /// weights stay as they are (values fitted before they steer the policy).
+    pub warmup_steps: u64,
+}
+
+impl Default for CriticConfig {
+    fn default() -> Self {
+        CriticConfig {
+            schedule: Schedule {
+                lr: 1e-5,
+                ..Schedule::default()
+            },
+            warmup_steps: 0,
+        }
+    }
+}
+
+/// The share of the return's variance the critic's values explain over trained tokens:
+/// `1 − Var(G − V) / Var(G)` (1 is perfect, 0 no better than the mean, negative worse); `None`
+/// when the returns do not vary.
+pub fn explained_variance(
+    masks: &[&[f32]],
+    values: &[Vec<f64>],
+    returns: &[Vec<f64>],
+) -> Option<f64> {
+    let mut pairs = Vec::new();
+    for ((mask, v), g) in masks.iter().zip(values).zip(returns) {
+        for ((&m, &v), &g) in mask.iter().zip(v).zip(g) {
+            if m != 0.0 {
+                pairs.push((v, g));
+            }
+        }
+    }
+    let n = pairs.len() as f64;
+    if n < 2.0 {
+        return None;
+    }
+    let mean = |f: &dyn Fn(&(f64, f64)) -> f64| pairs.iter().map(f).sum::<f64>() / n;
+    let g_mean = mean(&|p| p.1);
+    let r_mean = mean(&|p| p.1 - p.0);
+    let var_g = mean(&|p| (p.1 - g_mean).powi(2));
+    let var_r = mean(&|p| (p.1 - p.0 - r_mean).powi(2));
+    (var_g > 1e-12).then(|| 1.0 - var_r / var_g)
+}
 
 pub const VALUE_HEAD: &str = "score.weight";
 
@@ -72,5 +125,21 @@ impl Critic {
         let _guard = ooze_torch::tch::no_grad_guard();
         self.head.copy_(&head.view([hidden]));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::explained_variance;
+
+    #[test]
+    fn explained_variance_of_perfect_mean_and_masked_values() {
+        let mask = [1.0f32, 1.0, 1.0, 0.0];
+        let g = vec![vec![1.0, 2.0, 3.0, 100.0]];
+        assert_eq!(explained_variance(&[&mask], &g, &g), Some(1.0));
+        let mean = vec![vec![2.0, 2.0, 2.0, -7.0]];
+        assert!(explained_variance(&[&mask], &mean, &g).unwrap().abs() < 1e-12);
+        let flat = vec![vec![1.0; 4]];
+        assert_eq!(explained_variance(&[&mask], &mean, &flat), None);
     }
 }

@@ -6,7 +6,8 @@
 //!   global-norm clipping.
 //! - [`schedule`]: learning-rate schedules (warmup; constant, linear or cosine decay).
 //! - [`trainer`]: RL and SFT steps, with step metrics.
-//! - [`critic`]: the PPO critic (decoder body + value head).
+//! - [`critic`]: the PPO critic (decoder body + value head) and its settings.
+//! - [`teacher`]: the on-policy distillation teacher (a model in process or a remote scorer).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
 
@@ -17,11 +18,14 @@ pub mod forward;
 pub mod optimizer;
 pub mod schedule;
 pub mod sft_data;
+pub mod teacher;
 pub mod trainer;
 
 pub use batch::TrainSample;
+pub use critic::{Critic, CriticConfig};
 pub use optimizer::OptimizerConfig;
 pub use schedule::{Decay, Schedule};
+pub use teacher::{Teacher, TeacherScorer};
 pub use trainer::{StepMetrics, Trainer, TrainerConfig};
 
 use std::path::PathBuf;
@@ -36,6 +40,8 @@ pub enum TrainError {
     NonFinite(String),
     #[error("optimizer: {0}")]
     Optimizer(String),
+    #[error("teacher: {0}")]
+    Teacher(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     #[error("{path}: {source}")]

@@ -9,10 +9,11 @@
 //! not depend on the micro-batch split.
 
 use crate::batch::{pack, TrainSample};
-use crate::critic::Critic;
+use crate::critic::{explained_variance, Critic, CriticConfig};
 use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
+use crate::teacher::{check_shape, distillation_gap, Teacher};
 use crate::TrainError;
 use ooze_algo::loss::loss;
 use ooze_algo::{
@@ -69,6 +70,19 @@ pub struct StepMetrics {
     /// The critic's clipped value loss (ppo).
     pub value_loss: Option<f64>,
     pub critic_grad_norm: Option<f64>,
+    /// The critic's learning rate this step.
+    pub critic_lr: Option<f64>,
+    /// `1 − Var(G − V) / Var(G)` of the values before the update over trained tokens.
+    pub explained_variance: Option<f64>,
+    /// Share of trained tokens (aggregation-weighted) whose value moved past the value clip.
+    pub value_clipfrac: Option<f64>,
+    /// A critic warm-up step: the critic learned, the policy's weights were left as they were.
+    #[serde(default)]
+    pub policy_frozen: bool,
+    /// On-policy distillation: mean student − teacher log-prob over trained tokens, and the k3
+    /// estimate of KL(student ‖ teacher).
+    pub teacher_logp_gap: Option<f64>,
+    pub teacher_kl: Option<f64>,
     pub clipfrac: f64,
     pub approx_kl: f64,
     pub importance_weight: Option<f64>,
@@ -101,10 +115,11 @@ pub struct Trainer {
     pub policy: Decoder,
     reference: Option<Decoder>,
     optimizer: Optimizer,
-    /// The PPO critic and its own optimizer (same schedule and settings).
+    /// The PPO critic, its own optimizer (the policy's settings) and its schedule and warm-up.
     critic: Option<(Critic, Optimizer)>,
+    critic_config: CriticConfig,
     /// A teacher for on-policy distillation (`advantage.opd_coef`).
-    teacher: Option<Decoder>,
+    teacher: Option<Teacher>,
     /// Replaces the built-in group normalisation of the rewards.
     reward_hook: Option<Box<RewardHookFn>>,
     /// The GPU's bf16 peak, for MFU.
@@ -156,6 +171,7 @@ impl Trainer {
             reference,
             optimizer,
             critic: None,
+            critic_config: CriticConfig::default(),
             teacher: None,
             reward_hook: None,
             peak_flops,
@@ -164,17 +180,43 @@ impl Trainer {
         })
     }
 
-    /// Adds a critic (needed by ppo); it trains on the value loss with its own AdamW state.
-    pub fn set_critic(&mut self, critic: Critic) {
+    /// Adds a critic (needed by ppo); it trains on the value loss with its own AdamW state, its
+    /// own learning-rate schedule, and alone for `config.warmup_steps` steps.
+    pub fn set_critic(&mut self, critic: Critic, config: CriticConfig) -> Result<(), TrainError> {
+        config
+            .schedule
+            .check()
+            .map_err(|e| TrainError::Config(format!("critic {e}")))?;
         let optimizer =
             Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
         self.critic = Some((critic, optimizer));
+        self.critic_config = config;
+        Ok(())
     }
 
     /// Adds a frozen teacher: its log-probs of the responses enter the advantages as
     /// `−opd_coef·(logp_old − logp_teacher)` (on-policy distillation).
-    pub fn set_teacher(&mut self, teacher: Decoder) {
+    pub fn set_teacher(&mut self, teacher: Teacher) {
         self.teacher = Some(teacher);
+    }
+
+    /// The teacher's log-probs of the samples' responses.
+    fn teacher_log_probs(
+        &self,
+        samples: &[TrainSample],
+    ) -> Result<Option<Vec<Vec<f64>>>, TrainError> {
+        let Some(teacher) = &self.teacher else {
+            return Ok(None);
+        };
+        let scores = match teacher {
+            Teacher::Model(decoder) => self.score(decoder, samples),
+            Teacher::Remote(scorer) => {
+                let scores = scorer.response_log_probs(samples, self.config.temperature)?;
+                check_shape(samples, &scores, "the remote teacher")?;
+                scores
+            }
+        };
+        Ok(Some(scores))
     }
 
     /// Replaces the built-in group normalisation of rewards with `hook` (slime's custom reward
@@ -333,7 +375,7 @@ impl Trainer {
         }
         let old = self.score(&self.policy, samples);
         let reference = self.reference.as_ref().map(|r| self.score(r, samples));
-        let teacher = self.teacher.as_ref().map(|t| self.score(t, samples));
+        let teacher = self.teacher_log_probs(samples)?;
         let old_values = self
             .critic
             .as_ref()
@@ -369,19 +411,28 @@ impl Trainer {
         for &size in step_sizes {
             let r = start..start + size;
             start += size;
-            steps.push(
-                self.run_step(
-                    &samples[r.clone()],
-                    &advantages.advantages[r.clone()],
-                    Some(&old[r.clone()]),
-                    reference.as_ref().map(|x| &x[r.clone()]),
-                    old_values
-                        .as_ref()
-                        .map(|v| (&v[r.clone()], &returns[r.clone()])),
-                    &loss_config,
-                    aggregation,
-                )?,
-            );
+            let chunk = &samples[r.clone()];
+            let mut metrics = self.run_step(
+                chunk,
+                &advantages.advantages[r.clone()],
+                Some(&old[r.clone()]),
+                reference.as_ref().map(|x| &x[r.clone()]),
+                old_values
+                    .as_ref()
+                    .map(|v| (&v[r.clone()], &returns[r.clone()])),
+                &loss_config,
+                aggregation,
+            )?;
+            if let Some(values) = &old_values {
+                let masks: Vec<&[f32]> = chunk.iter().map(|s| s.loss_mask.as_slice()).collect();
+                metrics.explained_variance =
+                    explained_variance(&masks, &values[r.clone()], &returns[r.clone()]);
+            }
+            if let Some(teacher) = &teacher {
+                let (gap, kl) = distillation_gap(chunk, &old[r.clone()], &teacher[r.clone()]);
+                (metrics.teacher_logp_gap, metrics.teacher_kl) = (Some(gap), Some(kl));
+            }
+            steps.push(metrics);
         }
         Ok(steps)
     }
@@ -429,8 +480,13 @@ impl Trainer {
             samples: samples.len(),
             ..Default::default()
         };
-        let (mut kl, mut obs, mut iw, mut value) =
-            (None::<f64>, None::<f64>, None::<f64>, None::<f64>);
+        let (mut kl, mut obs, mut iw, mut value, mut value_clipped) = (
+            None::<f64>,
+            None::<f64>,
+            None::<f64>,
+            None::<f64>,
+            None::<f64>,
+        );
         let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
         metrics.micro_batches = ranges.len();
         let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
@@ -550,6 +606,13 @@ impl Trainer {
             add(&mut obs, &terms.observation);
             add(&mut iw, &terms.importance_weight);
             add(&mut value, &terms.value);
+            if let Some((v, v_old, _)) = &critic_inputs {
+                let moved = (v.detach() - v_old)
+                    .abs()
+                    .gt(loss_config.value_clip)
+                    .to_kind(weights_t.kind());
+                add(&mut value_clipped, &Some((moved * &weights_t).sum(kind)));
+            }
             if let Some(roll) = &rollout {
                 let diff = (&logp_old - roll).abs() * &mask;
                 let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
@@ -572,13 +635,22 @@ impl Trainer {
             metrics.importance_weight,
         ) = (kl, obs, iw);
         metrics.value_loss = value;
+        metrics.value_clipfrac = value_clipped;
         let phase = Phases::start(device);
-        metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+        // A critic warm-up step leaves the policy as it is (its gradients are dropped).
+        metrics.policy_frozen = critic_targets.is_some()
+            && self.critic.is_some()
+            && self.step < self.critic_config.warmup_steps;
+        if !metrics.policy_frozen {
+            metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+        }
         let optimizer_done = phase.mark();
         phase.report(optimizer_done, "optimizer", "-");
         self.optimizer.zero_grad();
         if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), critic_targets) {
-            metrics.critic_grad_norm = Some(optimizer.step(metrics.lr)?);
+            let lr = self.critic_config.schedule.lr_at(self.step);
+            metrics.critic_lr = Some(lr);
+            metrics.critic_grad_norm = Some(optimizer.step(lr)?);
             optimizer.zero_grad();
         }
         self.step += 1;

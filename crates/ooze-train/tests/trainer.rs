@@ -394,7 +394,14 @@ fn ppo_trains_a_critic_and_resumes_it() {
 
     let with_critic = |config: &TrainerConfig| {
         let mut t = trainer(config);
-        t.set_critic(Critic::load(dir.path(), Device::Cpu, Kind::Float).unwrap());
+        t.set_critic(
+            Critic::load(dir.path(), Device::Cpu, Kind::Float).unwrap(),
+            ooze_train::CriticConfig {
+                schedule: t.config.schedule.clone(),
+                warmup_steps: 0,
+            },
+        )
+        .unwrap();
         t
     };
     let mut t = with_critic(&config);
@@ -476,7 +483,7 @@ fn teacher_and_reward_hook_reach_the_advantages() {
     let err = missing.rl_step(&rl_samples()).unwrap_err();
     assert!(err.to_string().contains("logp_teacher"), "{err}");
     let mut distilled = Trainer::new(load(dir.path()), None, config).unwrap();
-    distilled.set_teacher(load(teacher_dir.path()));
+    distilled.set_teacher(ooze_train::Teacher::Model(load(teacher_dir.path())));
     distilled.set_reward_hook(Box::new(|_, rewards| {
         rewards.iter_mut().for_each(|r| *r = 0.0)
     }));

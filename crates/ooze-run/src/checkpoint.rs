@@ -1,0 +1,105 @@
+//! Stage *checkpoint*: every `trainer.save_interval` rollouts (and after the last) the trainer —
+//! policy, optimizer, critic — and the run's counters are saved atomically
+//! (`ooze_train::checkpoint`); a rollout-only run saves its counters alone
+//! (`RUN/rollout_state.json`). A resumed run restores both, so it draws the same prompts and
+//! samples and takes the same steps as one that was never stopped.
+
+use crate::recipe::{Mode, Recipe};
+use crate::run::{Run, RunState};
+use anyhow::{bail, Context};
+use ooze_train::{checkpoint, Trainer};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+fn rollout_state_path(run_dir: &Path) -> PathBuf {
+    run_dir.join("rollout_state.json")
+}
+
+/// Refuses to start a fresh run over one that has made progress.
+pub(crate) fn refuse_to_overwrite(run_dir: &Path, resume: bool) -> anyhow::Result<()> {
+    let has_progress =
+        checkpoint::latest(run_dir)?.is_some() || rollout_state_path(run_dir).exists();
+    if has_progress && !resume {
+        bail!(
+            "{} already holds a run; continue it with `ooze train --resume {}`, or set logging.run_dir to a new directory",
+            run_dir.display(),
+            run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The counters of a resumed run (with the trainer restored from its checkpoint), or a fresh
+/// start.
+pub(crate) fn restore(
+    recipe: &Recipe,
+    run_dir: &Path,
+    resume: bool,
+    trainer: Option<&mut Trainer>,
+) -> anyhow::Result<RunState> {
+    if !resume {
+        return Ok(RunState::default());
+    }
+    let rollout_only_state = rollout_state_path(run_dir);
+    if let Some(trainer) = trainer {
+        if let Some(dir) = checkpoint::latest(run_dir)? {
+            let extra = checkpoint::load(&dir, trainer)?;
+            let state: RunState = serde_json::from_value(extra)
+                .with_context(|| format!("{}: the run state is unreadable", dir.display()))?;
+            eprintln!(
+                "resumed from {} after rollout {}",
+                dir.display(),
+                state.rollout
+            );
+            return Ok(state);
+        }
+    } else if recipe.trainer.mode == Mode::RolloutOnly && rollout_only_state.exists() {
+        let text = std::fs::read_to_string(&rollout_only_state)
+            .with_context(|| format!("reading {}", rollout_only_state.display()))?;
+        let state: RunState = serde_json::from_str(&text)
+            .with_context(|| format!("{}: unreadable", rollout_only_state.display()))?;
+        eprintln!("resumed rollout-only run after rollout {}", state.rollout);
+        return Ok(state);
+    }
+    eprintln!(
+        "nothing to resume in {}; starting from the beginning",
+        run_dir.display()
+    );
+    Ok(RunState::default())
+}
+
+/// The metrics lines a (resumed) run keeps: those of the rollouts it restored.
+pub(crate) fn metrics_kept_through(state: &RunState, _resume: bool) -> u64 {
+    state.rollout
+}
+
+impl Run {
+    /// Saves after rollout `index` when due: a checkpoint every `trainer.save_interval` rollouts
+    /// and after the last; a rollout-only run's counters after every rollout.
+    pub(crate) fn checkpoint(&self, index: u64) -> anyhow::Result<()> {
+        let total = self.recipe.rollout.num_rollouts;
+        let save = index == total || index % self.recipe.trainer.save_interval.max(1) == 0;
+        match self.trainer.as_ref() {
+            Some(trainer) if save => {
+                let t = Instant::now();
+                let dir = checkpoint::save(
+                    &self.run_dir,
+                    &self.recipe.model.path,
+                    trainer,
+                    serde_json::to_value(self.state)?,
+                )?;
+                eprintln!(
+                    "checkpoint: {} ({:.1}s)",
+                    dir.display(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            Some(_) => {}
+            None => checkpoint::write_atomic(
+                &rollout_state_path(&self.run_dir),
+                serde_json::to_string(&self.state)?.as_bytes(),
+            )?,
+        }
+        Ok(())
+    }
+}

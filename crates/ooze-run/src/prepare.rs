@@ -1,0 +1,390 @@
+//! Stage *prepare*: everything a run needs before its first rollout — the device, the tokenizer,
+//! the training prompts and held-out eval sets, the policy (with its critic, reference and teacher
+//! when the recipe uses them), the trainer, the restored state of a resumed run, and the engine,
+//! sized from the free memory once helper models are loaded.
+
+use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
+use crate::eval::EvalSet;
+use crate::metrics_log::MetricsLog;
+use crate::recipe::{AgentKind, Mode, Recipe};
+use crate::run::Run;
+use anyhow::{bail, Context};
+use ooze_engine::{EngineConfig, Sampling, SamplingParams, StopStrings};
+use ooze_model::{Decoder, SlotCache, Tokenizer};
+use ooze_rollout::data::{self, DataConfig, PromptOrder};
+use ooze_rollout::manager::RolloutSettings;
+use ooze_rollout::prompts::{prepare, task_rows, PromptFormat, PromptItem};
+use ooze_rollout::scorer::Registry;
+use ooze_torch::tch::{Device, Kind};
+use ooze_torch::{DeviceSpec, DtypeSpec};
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Run {
+    /// Prepares the run in `run_dir` (continuing it with `resume`).
+    pub(crate) fn prepare(
+        recipe: Recipe,
+        run_dir: &Path,
+        resume: bool,
+        registry: &Registry,
+    ) -> anyhow::Result<Run> {
+        let started = Instant::now();
+        crate::checkpoint::refuse_to_overwrite(run_dir, resume)?;
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        ooze_train::checkpoint::write_atomic(
+            &run_dir.join("recipe.toml"),
+            recipe.to_toml().as_bytes(),
+        )?;
+
+        let (device, kind) = device_and_kind(&recipe)?;
+        let model_path = &recipe.model.path;
+        let tokenizer = Arc::new(Tokenizer::load(model_path).with_context(|| {
+            format!(
+                "model.path: loading the tokenizer in {}",
+                model_path.display()
+            )
+        })?);
+        let prompts = training_prompts(&recipe, &tokenizer)?;
+        let scorer = crate::reward::train_scorer(&recipe, registry)?;
+        let evals = eval_sets(&recipe, &tokenizer, &prompts, registry)?;
+        let mut settings = rollout_settings(&recipe)?;
+
+        let policy = load_model(model_path, "model.path", device, kind)?;
+        let engine_decoder = policy.share();
+        let mut trainer = crate::train::build_trainer(&recipe, policy, device, kind)?;
+        let state = crate::checkpoint::restore(&recipe, run_dir, resume, trainer.as_mut())?;
+        let order = PromptOrder::new(
+            prompts.len(),
+            recipe.data.seed,
+            recipe.data.shuffle,
+            state.position,
+        );
+
+        // The engine: slots long enough for the longest prompt and response (an agent's
+        // conversations included), as many as fit.
+        let slot_len = slot_len(&recipe, &prompts, &evals);
+        // Helpers with weights of their own are loaded first: their weights are then out of the
+        // free memory measured below, and their caches are taken out of the policy's share.
+        let helper_models = if recipe.agent.kind == AgentKind::None {
+            Vec::new()
+        } else {
+            load_helper_models(&recipe, device, kind)?
+        };
+        let helper_cache: i64 = helper_models
+            .iter()
+            .map(|m| m.cache_bytes(slot_len, kind))
+            .sum();
+        let slots = engine_slots(
+            &recipe,
+            &settings,
+            &evals,
+            &engine_decoder,
+            (device, kind),
+            slot_len,
+            helper_cache,
+        )?;
+        let eos = ooze_model::config::load_generation_eos(model_path)?
+            .unwrap_or_else(|| engine_decoder.config.eos_token_ids.clone());
+        eprintln!("engine: {slots} sequences × {slot_len} tokens");
+        settings.agent = agent_rollout(&recipe, slot_len as usize)?;
+        let engine = ooze_engine::start(
+            engine_decoder,
+            Some(tokenizer.clone()),
+            EngineConfig::new(slots, slot_len, eos),
+        );
+        if let Some(agent) = settings.agent.as_mut() {
+            agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let log = MetricsLog::open(
+            run_dir,
+            crate::checkpoint::metrics_kept_through(&state, resume),
+            recipe.logging.tensorboard,
+        )?;
+        Ok(Run {
+            recipe,
+            run_dir: run_dir.to_owned(),
+            started,
+            tokenizer,
+            prompts,
+            order,
+            evals,
+            scorer,
+            settings,
+            trainer,
+            engine,
+            runtime,
+            log,
+            state,
+            first_eval: Vec::new(),
+            last_eval: Vec::new(),
+        })
+    }
+}
+
+/// `model.device` and `model.dtype` resolved (`auto`: bf16 on a GPU, fp32 on the CPU).
+fn device_and_kind(recipe: &Recipe) -> anyhow::Result<(Device, Kind)> {
+    let device = recipe
+        .model
+        .device
+        .parse::<DeviceSpec>()
+        .and_then(DeviceSpec::resolve)
+        .map_err(|e| anyhow::anyhow!("model.device: {e}"))?;
+    let kind = match recipe.model.dtype.as_str() {
+        "auto" if device.is_cuda() => Kind::BFloat16,
+        "auto" => Kind::Float,
+        other => other
+            .parse::<DtypeSpec>()
+            .map_err(|e| anyhow::anyhow!("model.dtype: {e} (or auto)"))?
+            .kind(),
+    };
+    Ok((device, kind))
+}
+
+/// Loads a model directory named by recipe key `what`.
+pub(crate) fn load_model(
+    path: &Path,
+    what: &str,
+    device: Device,
+    kind: Kind,
+) -> anyhow::Result<Decoder> {
+    let t = Instant::now();
+    let decoder = Decoder::load(path, device, kind)
+        .with_context(|| format!("{what}: loading {}", path.display()))?;
+    eprintln!(
+        "model: {} ({:.1}M parameters, {kind:?}) on {device:?} in {:.1}s",
+        path.display(),
+        decoder.config.num_parameters() as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(decoder)
+}
+
+/// The sampling of a recipe section, checked once.
+pub(crate) fn sampling(params: SamplingParams, section: &str) -> anyhow::Result<Sampling> {
+    params.validate().map_err(|e| {
+        anyhow::anyhow!(
+            "{section}: {}",
+            e.to_string().trim_start_matches("sampling_params.")
+        )
+    })
+}
+
+fn data_config(recipe: &Recipe, path: &str) -> DataConfig {
+    let d = &recipe.data;
+    DataConfig {
+        path: path.to_owned(),
+        input_key: d.input_key.clone(),
+        label_key: d.label_key.clone(),
+        metadata_key: d.metadata_key.clone(),
+        tools_key: d.tools_key.clone(),
+        skip_bad_rows: d.skip_bad_rows,
+    }
+}
+
+fn prompt_format(recipe: &Recipe) -> PromptFormat {
+    PromptFormat {
+        apply_chat_template: recipe.data.apply_chat_template,
+        system_prompt: recipe.data.system_prompt.clone(),
+    }
+}
+
+fn task_items(task: ooze_rollout::Task, n: usize, seed: u64) -> Vec<data::PromptRow> {
+    task_rows(task.generate(n, seed))
+}
+
+/// The training prompts of `data.task` or `data.path` (none for a replay).
+fn training_prompts(recipe: &Recipe, tokenizer: &Tokenizer) -> anyhow::Result<Vec<PromptItem>> {
+    let d = &recipe.data;
+    let format = prompt_format(recipe);
+    let (prompts, origin) = match (&d.task, &d.path) {
+        (Some(task), _) => {
+            let origin = format!("data.task {}", serde_json::to_string(task)?);
+            let (items, too_long) = prepare(
+                task_items(*task, d.task_size, d.task_seed),
+                tokenizer,
+                &format,
+                d.max_prompt_tokens,
+                &origin,
+            )
+            .map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "data: {} {origin} prompts ({too_long} over data.max_prompt_tokens left out)",
+                items.len()
+            );
+            (items, origin)
+        }
+        (None, Some(path)) => {
+            let loaded = data::load(&data_config(recipe, path))?;
+            let (items, too_long) =
+                prepare(loaded.rows, tokenizer, &format, d.max_prompt_tokens, path)
+                    .map_err(anyhow::Error::msg)?;
+            eprintln!(
+                "data: {} prompts from {path} ({} bad rows skipped, {too_long} over data.max_prompt_tokens left out)",
+                items.len(),
+                loaded.skipped,
+            );
+            (items, path.clone())
+        }
+        (None, None) => (Vec::new(), String::new()),
+    };
+    if prompts.is_empty() && recipe.trainer.mode != Mode::Replay {
+        bail!("{origin}: no prompts left to train on");
+    }
+    Ok(prompts)
+}
+
+/// The held-out eval sets: their prompts less those in the training set, each with its scorer
+/// and sampling.
+fn eval_sets(
+    recipe: &Recipe,
+    tokenizer: &Tokenizer,
+    train: &[PromptItem],
+    registry: &Registry,
+) -> anyhow::Result<Vec<EvalSet>> {
+    let d = &recipe.data;
+    let format = prompt_format(recipe);
+    let train_texts: HashSet<&str> = train.iter().map(|p| p.text.as_str()).collect();
+    let mut evals = Vec::new();
+    for (i, e) in recipe.eval.datasets.iter().enumerate() {
+        let at = format!("eval.datasets[{i}] ({})", e.name);
+        let (rows, task) = match (&e.task, &e.path) {
+            (Some(task), _) => (task_items(*task, e.task_size, e.task_seed), Some(*task)),
+            (None, Some(path)) => (data::load(&data_config(recipe, path))?.rows, d.task),
+            _ => unreachable!("the recipe check requires one source"),
+        };
+        let (items, too_long) = prepare(rows, tokenizer, &format, d.max_prompt_tokens, &at)
+            .map_err(anyhow::Error::msg)?;
+        let before = items.len();
+        let prompts: Vec<PromptItem> = items
+            .into_iter()
+            .filter(|p| !train_texts.contains(p.text.as_str()))
+            .collect();
+        eprintln!(
+            "eval {}: {} held-out prompts ({} also in the training set and {too_long} too long left out)",
+            e.name,
+            prompts.len(),
+            before - prompts.len()
+        );
+        if prompts.is_empty() {
+            bail!("{at}: no held-out prompts left");
+        }
+        let r = &recipe.rollout;
+        evals.push(EvalSet {
+            name: e.name.clone(),
+            prompts,
+            scorer: crate::reward::eval_scorer(recipe, task, registry, &at)?,
+            n_samples: e.n_samples,
+            sampling: sampling(
+                SamplingParams {
+                    temperature: Some(e.temperature),
+                    top_p: Some(e.top_p),
+                    max_new_tokens: Some(e.max_new_tokens.unwrap_or(r.max_new_tokens)),
+                    stop: (!r.stop.is_empty()).then(|| StopStrings::Many(r.stop.clone())),
+                    ..Default::default()
+                },
+                &at,
+            )?,
+            pass_k: e.pass_k.clone(),
+        });
+    }
+    Ok(evals)
+}
+
+/// The `[rollout]` section as the manager's settings (the agent is added with the engine).
+fn rollout_settings(recipe: &Recipe) -> anyhow::Result<RolloutSettings> {
+    let r = &recipe.rollout;
+    let rollout_sampling = sampling(
+        SamplingParams {
+            temperature: Some(r.temperature),
+            top_p: Some(r.top_p),
+            top_k: Some(r.top_k),
+            max_new_tokens: Some(r.max_new_tokens),
+            stop: (!r.stop.is_empty()).then(|| StopStrings::Many(r.stop.clone())),
+            ..Default::default()
+        },
+        "rollout",
+    )?;
+    Ok(RolloutSettings {
+        n_samples_per_prompt: r.n_samples_per_prompt,
+        sampling: rollout_sampling,
+        concurrency: r.concurrency,
+        seed: r.seed,
+        dynamic_sampling: r.dynamic_sampling,
+        min_reward_std: r.min_reward_std,
+        drop_truncated_groups: r.drop_truncated_groups,
+        mask_truncated: r.mask_truncated,
+        over_sampling_batch_size: r.over_sampling_batch_size.unwrap_or(r.batch_size),
+        max_rounds: r.max_rounds,
+        agent: None,
+    })
+}
+
+/// Tokens per engine slot: the longest prompt plus the longest response (or agent conversation).
+fn slot_len(recipe: &Recipe, prompts: &[PromptItem], evals: &[EvalSet]) -> i64 {
+    let r = &recipe.rollout;
+    let max_new = evals
+        .iter()
+        .map(|e| e.sampling.max_new_tokens)
+        .chain([r.max_new_tokens])
+        .max()
+        .unwrap_or(r.max_new_tokens);
+    let longest_prompt = prompts
+        .iter()
+        .chain(evals.iter().flat_map(|e| &e.prompts))
+        .map(|p| p.input_ids.len())
+        .max()
+        .unwrap_or(1);
+    // An agent's conversations: their own prompts and responses (observations included).
+    let agent_context = agent_context_len(&recipe.agent);
+    EngineConfig::aligned_slot_len((longest_prompt + max_new.max(agent_context)) as i64)
+}
+
+/// Sequences the policy's engine runs at once: `rollout.max_running`, or what fits in
+/// `rollout.mem_fraction` of the free GPU memory less the helpers' caches (64 on the CPU), never
+/// more than the run ever has in flight.
+fn engine_slots(
+    recipe: &Recipe,
+    settings: &RolloutSettings,
+    evals: &[EvalSet],
+    decoder: &Decoder,
+    (device, kind): (Device, Kind),
+    slot_len: i64,
+    helper_cache: i64,
+) -> anyhow::Result<i64> {
+    let r = &recipe.rollout;
+    let needed = evals
+        .iter()
+        .map(|e| e.prompts.len() * e.n_samples)
+        .chain([r.batch_size.max(settings.over_sampling_batch_size) * r.n_samples_per_prompt])
+        .max()
+        .unwrap_or(1)
+        .min(r.concurrency) as i64;
+    Ok(match (r.max_running, device) {
+        (Some(n), _) => n,
+        (None, Device::Cuda(i)) => {
+            let (free, _) =
+                ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
+            let per_slot = SlotCache::bytes_per_token(&decoder.config, kind) * slot_len;
+            let share = (free as f64 * r.mem_fraction) as i64 - helper_cache;
+            if helper_cache > 0 && share < per_slot {
+                bail!(
+                    "GPU memory: {:.1} GiB free × rollout.mem_fraction {} leaves no room for one \
+                     policy sequence of {slot_len} tokens once the helpers' caches ({:.1} GiB) are \
+                     counted; lower helpers.*.slots or raise rollout.mem_fraction",
+                    free as f64 / f64::from(1 << 30),
+                    r.mem_fraction,
+                    helper_cache as f64 / f64::from(1 << 30)
+                );
+            }
+            (share / per_slot).clamp(1, 1024).min(needed)
+        }
+        (None, _) => 64.min(needed),
+    })
+}

@@ -1,0 +1,112 @@
+//! Stage *roll out*: one rollout's groups — `rollout.batch_size` prompts drawn from the prompt
+//! order, `n_samples_per_prompt` samples each, through the engine or the recipe's agent, scored as
+//! they finish, filtered groups dropped and more prompts drawn until the batch is full. A replay
+//! reads the groups another run saved instead. Saved rollouts (`RUN/rollouts/rollout-NNNNNN.jsonl`,
+//! one group per line) are what replays and inspection read.
+
+use crate::progress::Progress;
+use crate::recipe::Mode;
+use crate::run::Run;
+use anyhow::Context;
+use ooze_rollout::manager::{fill_batch, Batch, Group};
+use ooze_rollout::prompts::PromptItem;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+impl Run {
+    /// Generates (or, in a replay, reads) rollout `index`; returns it with its seconds.
+    pub(crate) fn roll_out(&mut self, index: u64) -> anyhow::Result<(Batch, f64)> {
+        let t = Instant::now();
+        let batch = if self.mode() == Mode::Replay {
+            let from = self
+                .recipe
+                .trainer
+                .replay_from
+                .as_ref()
+                .expect("invariant: the recipe check requires replay_from");
+            read_rollout(from, index)?
+        } else {
+            self.generate(index)?
+        };
+        let seconds = t.elapsed().as_secs_f64();
+        if self.recipe.logging.save_rollouts && self.mode() != Mode::Replay {
+            write_rollout(&self.run_dir.join("rollouts"), index, &batch)?;
+        }
+        Ok((batch, seconds))
+    }
+
+    fn generate(&mut self, index: u64) -> anyhow::Result<Batch> {
+        let r = &self.recipe.rollout;
+        let progress = Progress::new(
+            format!("rollout {index}/{}", r.num_rollouts),
+            r.batch_size * r.n_samples_per_prompt,
+            self.recipe.logging.progress,
+        );
+        let mut next_group = self.state.next_group;
+        let (order, prompts) = (&mut self.order, &self.prompts);
+        let mut next = |k: usize| -> Vec<(u64, PromptItem)> {
+            order
+                .take(k)
+                .into_iter()
+                .map(|i| {
+                    next_group += 1;
+                    (next_group - 1, prompts[i].clone())
+                })
+                .collect()
+        };
+        let batch = self.runtime.block_on(fill_batch(
+            &self.engine,
+            &self.tokenizer,
+            self.scorer.as_ref().expect("invariant: not a replay"),
+            r.batch_size,
+            &self.settings,
+            &mut next,
+            &|| progress.tick(),
+        ))?;
+        progress.finish();
+        self.state.next_group = next_group;
+        self.state.position = self.order.position();
+        Ok(batch)
+    }
+}
+
+fn rollout_file(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("rollout-{index:06}.jsonl"))
+}
+
+/// Saves a rollout's groups, one JSON object per line (atomically).
+fn write_rollout(dir: &Path, index: u64, batch: &Batch) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut body = String::new();
+    for g in &batch.groups {
+        body.push_str(&serde_json::to_string(g)?);
+        body.push('\n');
+    }
+    ooze_train::checkpoint::write_atomic(&rollout_file(dir, index), body.as_bytes())?;
+    Ok(())
+}
+
+/// Reads a saved rollout for replay.
+fn read_rollout(run_dir: &Path, index: u64) -> anyhow::Result<Batch> {
+    let path = rollout_file(&run_dir.join("rollouts"), index);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "trainer.replay_from: reading {} (was the run saved with logging.save_rollouts?)",
+            path.display()
+        )
+    })?;
+    let groups = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str::<Group>(l)
+                .with_context(|| format!("{}:{}: not a saved rollout group", path.display(), i + 1))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Batch {
+        generated_groups: groups.len(),
+        groups,
+        ..Default::default()
+    })
+}

@@ -1,0 +1,265 @@
+//! Stage *train*: a rollout's groups become the trainer's samples, and whole groups go into each
+//! optimizer step (`trainer.global_batch_size` samples; an agent's sibling samples stay with their
+//! group). `logp_old`, the reference's and the teacher's log-probs, the critic's values and the
+//! advantages are computed once per rollout, under the weights that generated it. Then the engine
+//! is told its weights changed (they are the trainer's own tensors).
+//!
+//! The trainer is built here too: the policy with its frozen reference (when a KL coefficient is
+//! set), its critic (`estimator = "ppo"`: `[critic]`, or the policy's weights with a fresh value
+//! head) and its distillation teacher (`advantage.opd_coef`: `[teacher]`, a model in process or a
+//! `/generate` endpoint).
+
+use crate::prepare::load_model;
+use crate::recipe::{Mode, Recipe};
+use crate::reward::mean;
+use crate::run::Run;
+use ooze_algo::Estimator;
+use ooze_rollout::manager::{Batch, Group};
+use ooze_torch::tch::{Device, Kind};
+use ooze_train::{
+    Critic, CriticConfig, Schedule, StepMetrics, Teacher, TrainSample, Trainer, TrainerConfig,
+};
+use serde_json::{json, Map, Value};
+use std::time::Instant;
+
+/// The recipe's trainer over `policy` (none in rollout-only mode).
+pub(crate) fn build_trainer(
+    recipe: &Recipe,
+    policy: ooze_model::Decoder,
+    device: Device,
+    kind: Kind,
+) -> anyhow::Result<Option<Trainer>> {
+    if recipe.trainer.mode == Mode::RolloutOnly {
+        return Ok(None);
+    }
+    let a = &recipe.algorithm;
+    let model_path = &recipe.model.path;
+    let needs_reference = a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0;
+    let reference = if needs_reference {
+        let path = recipe.model.reference.as_ref().unwrap_or(model_path);
+        Some(load_model(path, "model.reference", device, kind)?)
+    } else {
+        None
+    };
+    let t = &recipe.trainer;
+    let r = &recipe.rollout;
+    let steps_per_rollout =
+        (r.batch_size * r.n_samples_per_prompt / recipe.global_batch_size()) as u64;
+    let schedule = |lr: f64| Schedule {
+        lr,
+        warmup_steps: t.warmup_steps,
+        decay: t.decay,
+        total_steps: (r.num_rollouts * steps_per_rollout).max(t.warmup_steps + 1),
+        min_lr_ratio: t.min_lr_ratio,
+    };
+    let mut loss = a.loss.clone();
+    let critic_settings = recipe.critic_settings();
+    loss.value_clip = critic_settings.value_clip;
+    let config = TrainerConfig {
+        optimizer: t.optimizer.clone(),
+        schedule: schedule(t.lr),
+        max_tokens_per_micro_batch: t.max_tokens_per_micro_batch,
+        temperature: r.temperature,
+        advantage: a.advantage.clone(),
+        loss,
+        aggregation: a.aggregation,
+        recompute_activations: t.recompute_activations,
+    };
+    let mut trainer =
+        Trainer::new(policy, reference, config).map_err(|e| anyhow::anyhow!("trainer: {e}"))?;
+    if a.advantage.estimator == Estimator::Ppo {
+        let c = &critic_settings;
+        let path = c.path.as_ref().unwrap_or(model_path);
+        let started = Instant::now();
+        let critic = Critic::load(path, device, kind)
+            .map_err(|e| anyhow::anyhow!("critic.path: loading {}: {e}", path.display()))?;
+        eprintln!(
+            "critic: {} ({}), lr {}, value clip {}, {} critic-only steps, in {:.1}s",
+            path.display(),
+            if c.path.is_some() {
+                "its own weights"
+            } else {
+                "the policy's weights, fresh value head"
+            },
+            c.lr.unwrap_or(t.lr),
+            c.value_clip,
+            c.warmup_steps,
+            started.elapsed().as_secs_f64()
+        );
+        trainer
+            .set_critic(
+                critic,
+                CriticConfig {
+                    schedule: schedule(c.lr.unwrap_or(t.lr)),
+                    warmup_steps: c.warmup_steps,
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("critic: {e}"))?;
+    }
+    if a.advantage.opd_coef != 0.0 {
+        let teacher = recipe
+            .teacher
+            .as_ref()
+            .expect("invariant: the recipe check requires [teacher] with opd_coef");
+        trainer.set_teacher(match (&teacher.path, &teacher.url) {
+            (Some(path), _) => Teacher::Model(load_model(path, "teacher.path", device, kind)?),
+            (None, Some(url)) => {
+                eprintln!("teacher: {url}/generate (prompt log-probs)");
+                Teacher::Remote(Box::new(crate::teacher::GenerateEndpoint::new(
+                    url,
+                    teacher.timeout_secs,
+                    teacher.concurrency,
+                )))
+            }
+            (None, None) => unreachable!("the recipe check requires a [teacher] source"),
+        });
+    }
+    Ok(Some(trainer))
+}
+
+impl Run {
+    /// Trains on rollout `index` (whole steps of whole groups) and updates the engine's weights;
+    /// adds the steps' numbers to `line`.
+    pub(crate) fn train(
+        &mut self,
+        index: u64,
+        batch: &Batch,
+        line: &mut Map<String, Value>,
+    ) -> anyhow::Result<()> {
+        let (mut train_seconds, mut sync_seconds) = (0.0, 0.0);
+        if let Some(trainer) = self.trainer.as_mut() {
+            let t_sync = Instant::now();
+            self.runtime.block_on(self.engine.release_memory())?;
+            sync_seconds += t_sync.elapsed().as_secs_f64();
+            let n = self.recipe.rollout.n_samples_per_prompt;
+            let groups_per_step = self.recipe.global_batch_size() / n;
+            let usable = batch.groups.len() / groups_per_step * groups_per_step;
+            if usable < batch.groups.len() {
+                eprintln!(
+                    "rollout {index}: {} groups do not fill a step of {} samples and are left out",
+                    batch.groups.len() - usable,
+                    groups_per_step * n
+                );
+            }
+            let groups = &batch.groups[..usable];
+            let samples = train_samples(groups, n);
+            if !samples.is_empty() {
+                let t_train = Instant::now();
+                let steps = trainer.rl_steps(&samples, &step_sizes(groups, groups_per_step))?;
+                train_seconds = t_train.elapsed().as_secs_f64();
+                train_line(&steps, line);
+                let t_sync = Instant::now();
+                self.runtime
+                    .block_on(self.engine.weights_updated_in_place())?;
+                sync_seconds += t_sync.elapsed().as_secs_f64();
+            }
+            line.insert("step".into(), json!(trainer.step()));
+        }
+        line.insert("time/train".into(), json!(train_seconds));
+        line.insert("time/weight_sync".into(), json!(sync_seconds));
+        Ok(())
+    }
+}
+
+/// Samples per optimizer step: `groups_per_step` whole groups each (their trained samples).
+fn step_sizes(groups: &[Group], groups_per_step: usize) -> Vec<usize> {
+    groups
+        .chunks(groups_per_step)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .flat_map(|g| &g.samples)
+                .filter(|s| !s.response_ids.is_empty())
+                .count()
+        })
+        .filter(|&k| k > 0)
+        .collect()
+}
+
+/// The trainer's samples of `groups`, siblings adjacent, with unique rollout ids.
+pub fn train_samples(groups: &[Group], n: usize) -> Vec<TrainSample> {
+    groups
+        .iter()
+        .flat_map(|g| {
+            g.samples
+                .iter()
+                .filter(|s| !s.response_ids.is_empty())
+                .map(move |s| {
+                    let prompt = s.prompt_ids.as_deref().unwrap_or(&g.prompt.input_ids);
+                    let trained = if s.trained { 1.0 } else { 0.0 };
+                    TrainSample {
+                        tokens: [prompt, &s.response_ids[..]].concat(),
+                        prompt_len: prompt.len(),
+                        // Agent samples: the policy's own tokens only (tool and template tokens 0).
+                        loss_mask: match &s.loss_mask {
+                            Some(mask) => mask.iter().map(|&m| m as f32 * trained).collect(),
+                            None => vec![trained; s.response_ids.len()],
+                        },
+                        rollout_log_probs: Some(s.log_probs.clone()),
+                        reward: s.reward,
+                        group: g.group,
+                        rollout: g.group * n as u64 + s.index as u64,
+                        observation_mask: None,
+                    }
+                })
+        })
+        .collect()
+}
+
+/// The steps' numbers: means over the rollout's steps (maxima for maxima).
+fn train_line(steps: &[StepMetrics], line: &mut Map<String, Value>) {
+    let avg = |f: &dyn Fn(&StepMetrics) -> f64| mean(steps.iter().map(f));
+    let avg_opt = |f: &dyn Fn(&StepMetrics) -> Option<f64>| {
+        let v: Vec<f64> = steps.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| mean(v.into_iter()))
+    };
+    line.insert("train/steps".into(), json!(steps.len()));
+    line.insert("train/loss".into(), json!(avg(&|s| s.loss)));
+    line.insert("train/policy_loss".into(), json!(avg(&|s| s.policy_loss)));
+    line.insert("train/entropy".into(), json!(avg(&|s| s.entropy)));
+    line.insert("train/clipfrac".into(), json!(avg(&|s| s.clipfrac)));
+    line.insert("train/approx_kl".into(), json!(avg(&|s| s.approx_kl)));
+    line.insert("train/grad_norm".into(), json!(avg(&|s| s.grad_norm)));
+    line.insert("train/lr".into(), json!(avg(&|s| s.lr)));
+    line.insert(
+        "train/tokens_per_s".into(),
+        json!(avg(&|s| s.tokens_per_second)),
+    );
+    for (key, v) in [
+        ("train/kl", avg_opt(&|s| s.kl)),
+        ("train/mfu", avg_opt(&|s| s.mfu)),
+        (
+            "train/mismatch_mean",
+            avg_opt(&|s| s.rollout_logp_diff_mean),
+        ),
+        ("train/importance_weight", avg_opt(&|s| s.importance_weight)),
+        ("train/observation_loss", avg_opt(&|s| s.observation_loss)),
+        ("train/value_loss", avg_opt(&|s| s.value_loss)),
+        (
+            "train/explained_variance",
+            avg_opt(&|s| s.explained_variance),
+        ),
+        ("train/value_clipfrac", avg_opt(&|s| s.value_clipfrac)),
+        ("train/critic_grad_norm", avg_opt(&|s| s.critic_grad_norm)),
+        ("train/critic_lr", avg_opt(&|s| s.critic_lr)),
+        ("train/teacher_logp_gap", avg_opt(&|s| s.teacher_logp_gap)),
+        ("train/teacher_kl", avg_opt(&|s| s.teacher_kl)),
+    ] {
+        if let Some(v) = v {
+            line.insert(key.into(), json!(v));
+        }
+    }
+    if steps.iter().any(|s| s.policy_frozen) {
+        line.insert(
+            "train/policy_frozen_steps".into(),
+            json!(steps.iter().filter(|s| s.policy_frozen).count()),
+        );
+    }
+    if let Some(max) = steps
+        .iter()
+        .filter_map(|s| s.rollout_logp_diff_max)
+        .reduce(f64::max)
+    {
+        line.insert("train/mismatch_max".into(), json!(max));
+    }
+}
