@@ -93,15 +93,16 @@ impl Shutdown {
         }
     }
 
-    /// The first call starts draining; any later call aborts. Returns the phase now.
+    /// The first call starts draining; any later call aborts. Returns the phase it moved to.
     pub fn trigger(&self) -> Phase {
+        let mut now = Phase::Aborting;
         self.phase.send_modify(|phase| {
-            *phase = match *phase {
-                Phase::Serving => Phase::Draining,
-                _ => Phase::Aborting,
+            if *phase == Phase::Serving {
+                now = Phase::Draining;
             }
+            *phase = now;
         });
-        self.phase()
+        now
     }
 
     /// Skips (or ends) the drain: running requests are aborted now.
@@ -120,8 +121,9 @@ impl Shutdown {
 
 /// How long the aborted requests' last events have to be written once the drain is over.
 pub const FLUSH_GRACE: Duration = Duration::from_secs(5);
-/// Refused connections being answered at once; beyond this a refused connection is just closed.
-const MAX_REFUSING: usize = 256;
+/// Refused connections lingering until their client has read the 503; beyond this a refused
+/// connection gets its 503 without the wait ([`refuse_now`]).
+const MAX_REFUSING: usize = 1024;
 /// How long a refused connection may take to read its 503.
 const REFUSE_LINGER: Duration = Duration::from_secs(1);
 
@@ -301,9 +303,13 @@ impl Connections {
                     );
                     self.refusal_logged = true;
                 }
-                if let Ok(permit) = self.refusing.clone().try_acquire_owned() {
-                    self.tasks
-                        .spawn(refuse(stream, self.refusal.clone(), permit));
+                match self.refusing.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        self.tasks
+                            .spawn(refuse(stream, self.refusal.clone(), permit));
+                    }
+                    // A flood holds every lingering refusal: answer without waiting.
+                    Err(_) => refuse_now(stream, &self.refusal),
                 }
             }
         }
@@ -341,4 +347,12 @@ async fn refuse(mut stream: TcpStream, response: Arc<[u8]>, _permit: OwnedSemaph
         std::io::Result::Ok(())
     })
     .await;
+}
+
+/// The 503 without waiting: written if the socket takes it now, then what the client already sent
+/// is read off so that the close is a FIN (a reset could discard the 503 unread).
+fn refuse_now(stream: TcpStream, response: &[u8]) {
+    let _ = stream.try_write(response);
+    let mut sink = [0u8; 4096];
+    while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
 }
