@@ -26,6 +26,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             "not_found" => StatusCode::NOT_FOUND,
+            "request_timeout" => StatusCode::REQUEST_TIMEOUT,
             "timeout" => StatusCode::GATEWAY_TIMEOUT,
             "busy" => StatusCode::CONFLICT,
             "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
@@ -35,6 +36,30 @@ impl ApiError {
 }
 
 impl ApiError {
+    /// The response body: `{"error": {"message", "type", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        let kind = if self.status().is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        serde_json::json!({"error": {"message": self.message, "type": kind, "code": self.code}})
+    }
+
+    /// The whole HTTP/1.1 response, for a connection refused before hyper serves it; it asks the
+    /// client to close.
+    pub fn raw_response(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        let status = self.status();
+        format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes()
+    }
+
     /// The error as a chunk of a stream that already started (its status line is long sent).
     pub fn stream_chunk(&self) -> serde_json::Value {
         serde_json::json!({"error": {"message": self.message, "code": self.code}})
@@ -43,18 +68,18 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let kind = if self.status().is_client_error() {
-            "invalid_request_error"
-        } else {
-            "server_error"
-        };
-        let body = serde_json::json!({"error": {"message": self.message, "type": kind, "code": self.code}});
-        (self.status(), axum::Json(body)).into_response()
+        (self.status(), axum::Json(self.body())).into_response()
     }
 }
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> ApiError {
+        if let Some(timeout) = crate::timed_body::caused_by_timeout(&rejection) {
+            return ApiError {
+                code: "request_timeout",
+                message: timeout.to_string(),
+            };
+        }
         ApiError {
             code: "invalid_json",
             message: rejection.body_text(),

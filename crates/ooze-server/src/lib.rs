@@ -8,12 +8,17 @@
 //!   and streaming ([`openai`]).
 //!
 //! Every request has a deadline; a client that goes away aborts its generation (the engine notices
-//! the closed stream); errors have one JSON shape ([`error::ApiError`]).
+//! the closed stream); errors have one JSON shape ([`error::ApiError`]). [`serve_app`] serves the
+//! router with header and body read timeouts, a connection cap and a graceful shutdown
+//! ([`serve`]).
 
 pub mod error;
+pub mod fd_limit;
 pub mod openai;
+pub mod serve;
 pub mod sglang;
 pub mod text_stream;
+pub mod timed_body;
 pub mod tool_calls;
 
 use axum::routing::{get, post};
@@ -207,6 +212,22 @@ pub fn try_send_json(tx: &SseSender, value: &serde_json::Value) -> bool {
         )),
         Err(tokio::sync::mpsc::error::TrySendError::Closed(_))
     )
+}
+
+/// Serves every endpoint of `state` on `listener` (see [`serve::serve`]) until `shutdown` has run
+/// its course; when the drain is over, every running generation is aborted, so open streams end
+/// with a final event (finish reason `abort`) and `[DONE]`.
+pub async fn serve_app(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    config: &serve::ServeConfig,
+    shutdown: &serve::Shutdown,
+) -> std::io::Result<()> {
+    let engine = state.engine.clone();
+    serve::serve(listener, build_app(state), config, shutdown, move || {
+        engine.abort_all()
+    })
+    .await
 }
 
 /// The router with every endpoint.

@@ -5,7 +5,8 @@
 use ooze_engine::EngineConfig;
 use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{Decoder, Family, Tokenizer};
-use ooze_server::{build_app, AppState};
+use ooze_server::serve::{ServeConfig, Shutdown};
+use ooze_server::AppState;
 use ooze_torch::tch::{Device, Kind};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -40,7 +41,13 @@ async fn serve(dir: &Path, slots: i64) -> SocketAddr {
     ));
     let listener = ooze_server::listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, build_app(state)).await.unwrap() });
+    // Served as `ooze serve` serves it: timeouts, connection cap, shutdown handling.
+    tokio::spawn(async move {
+        let (config, shutdown) = (ServeConfig::default(), Shutdown::new());
+        ooze_server::serve_app(listener, state, &config, &shutdown)
+            .await
+            .unwrap()
+    });
     addr
 }
 

@@ -5,7 +5,8 @@ use anyhow::Context;
 use ooze_engine::EngineConfig;
 use ooze_model::config::load_generation_eos;
 use ooze_model::SlotCache;
-use ooze_server::{build_app, AppState};
+use ooze_server::serve::{Phase, ServeConfig, Shutdown};
+use ooze_server::AppState;
 use ooze_torch::tch::Device;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +36,22 @@ pub struct Args {
     /// Requests still running after this many seconds are aborted.
     #[arg(long, default_value_t = 600)]
     request_timeout_secs: u64,
+    /// A connection that has not sent a complete request head within this many seconds (also the
+    /// longest a kept-alive connection may sit idle) is closed.
+    #[arg(long, default_value_t = 10)]
+    header_timeout_secs: u64,
+    /// A request body that has not fully arrived this many seconds after its head gets a 408.
+    #[arg(long, default_value_t = 60)]
+    body_timeout_secs: u64,
+    /// Connections open at once; more are answered with a 503 and closed (lowered to fit the
+    /// open-file limit).
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// On SIGTERM/SIGINT, new requests get 503 and running ones may finish for this many seconds;
+    /// then they are aborted (streams end with finish reason "abort") and the server exits. A
+    /// second signal aborts at once.
+    #[arg(long, default_value_t = 20)]
+    shutdown_drain_secs: u64,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -86,23 +103,80 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Duration::from_secs(args.request_timeout_secs),
         server_info,
     ));
+    let config = ServeConfig {
+        header_read_timeout: Duration::from_secs(args.header_timeout_secs),
+        body_read_timeout: Duration::from_secs(args.body_timeout_secs),
+        max_connections: connection_cap(args.max_connections)?,
+        shutdown_drain: Duration::from_secs(args.shutdown_drain_secs),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         let listener = ooze_server::listen_on(&args.host, args.port).await?;
         eprintln!(
-            "ooze serving {} on http://{}",
+            "ooze serving {} on http://{} (at most {} connections)",
             args.model.display(),
-            listener.local_addr()?
+            listener.local_addr()?,
+            config.max_connections
         );
-        axum::serve(listener, build_app(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        let shutdown = Shutdown::new();
+        tokio::spawn(trigger_on_signals(shutdown.clone()));
+        ooze_server::serve_app(listener, state, &config, &shutdown).await?;
         eprintln!("ooze serve: shutting down");
         engine.shutdown().await;
         anyhow::Ok(())
     })
+}
+
+/// File descriptors kept for everything but connections (model files, the engine, logs).
+const RESERVED_FDS: u64 = 256;
+
+/// Raises the open-file limit to its hard limit and fits `wanted` connections under it.
+fn connection_cap(wanted: usize) -> anyhow::Result<usize> {
+    if wanted == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
+    let limit = match ooze_server::fd_limit::raise_open_file_limit() {
+        Ok(limit) => limit,
+        Err(e) => {
+            eprintln!("warning: could not raise the open-file limit: {e}");
+            ooze_server::fd_limit::open_file_limit().context("reading the open-file limit")?
+        }
+    };
+    eprintln!("open-file limit: {limit}");
+    let fits = usize::try_from(limit.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(usize::MAX);
+    if wanted > fits {
+        eprintln!(
+            "warning: --max-connections {wanted} does not fit the open-file limit {limit}; serving at most {fits}"
+        );
+    }
+    Ok(wanted.min(fits))
+}
+
+/// The first SIGTERM or SIGINT drains; another one aborts what is still running.
+async fn trigger_on_signals(shutdown: Shutdown) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(term), Ok(int)) => (term, int),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("warning: no graceful shutdown on signals: {e}");
+            return;
+        }
+    };
+    loop {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        match shutdown.trigger() {
+            Phase::Draining => {
+                eprintln!("ooze serve: {name}: draining (again to abort running requests)")
+            }
+            _ => eprintln!("ooze serve: {name}: aborting running requests"),
+        }
+    }
 }
