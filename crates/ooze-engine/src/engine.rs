@@ -12,6 +12,11 @@
 //! and puts them back at the head of the queue with what they have drawn so far; when admitted
 //! again they prefill prompt + output (from the kept prefix where it survived) and go on drawing
 //! at the step they had reached.
+//!
+//! A request with `max_new_tokens` 0 is prefilled and finishes there, drawing nothing. One
+//! submitted with prompt log-probs has them computed in its prefill pass from the same hidden
+//! states ([`crate::prompt_scores`]); its prompt is then computed from the requested start even
+//! where a longer cached prefix exists.
 
 use crate::decode_graph::DecodeGraphs;
 use crate::handle::{
@@ -20,7 +25,9 @@ use crate::handle::{
 };
 use crate::params::Sampling;
 use crate::prefix_cache::{common_prefix, PrefixCache};
+use crate::prompt_scores;
 use crate::sampler::{draw, RowSampling};
+use crate::waiting::{Planned, Progress, Reuse, Waiting};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
 use ooze_torch::tch::{self, Tensor};
@@ -44,72 +51,11 @@ struct Running {
     cached: i64,
     output: Vec<u32>,
     log_probs: Vec<f32>,
+    prompt_log_probs: Vec<f32>,
 }
 
 /// Token budget of one prefill pass (rows × longest new prompt, padding included).
 const PREFILL_TOKENS: i64 = 16_384;
-
-/// Where a new request's prompt prefix comes from.
-enum Reuse {
-    /// A kept sequence's slot, taken over: the prefix is already there.
-    InPlace {
-        slot: i64,
-        len: usize,
-    },
-    /// Another slot's first `len` positions, copied into a new slot.
-    Copy {
-        from: i64,
-        len: usize,
-    },
-    Nothing,
-}
-
-impl Reuse {
-    fn len(&self) -> usize {
-        match self {
-            Reuse::InPlace { len, .. } | Reuse::Copy { len, .. } => *len,
-            Reuse::Nothing => 0,
-        }
-    }
-}
-
-/// A waiting request given a slot for the next prefill pass.
-struct Planned {
-    waiting: Waiting,
-    slot: i64,
-    /// Prompt tokens whose keys/values are already in the slot.
-    reused: usize,
-    seed: u64,
-}
-
-struct Waiting {
-    id: RequestId,
-    request: Request,
-    events: async_mpsc::UnboundedSender<Event>,
-    /// Set when the request was preempted after it started.
-    progress: Option<Progress>,
-}
-
-/// What a preempted request had when it gave up its slot.
-struct Progress {
-    seed: u64,
-    output: Vec<u32>,
-    log_probs: Vec<f32>,
-    /// Prompt tokens reused when it was first admitted (reported as cached tokens).
-    reused: usize,
-}
-
-impl Waiting {
-    /// The tokens a prefill must cover: the prompt, and the output of a preempted request.
-    fn sequence(&self) -> Cow<'_, [u32]> {
-        match &self.progress {
-            Some(p) if !p.output.is_empty() => {
-                Cow::Owned([&self.request.input_ids[..], &p.output[..]].concat())
-            }
-            _ => Cow::Borrowed(&self.request.input_ids),
-        }
-    }
-}
 
 /// The engine thread's state.
 struct EngineLoop {
@@ -238,10 +184,12 @@ impl EngineLoop {
             Command::Submit {
                 id,
                 request,
+                prompt_log_probs_from,
                 events,
             } => self.waiting.push_back(Waiting {
                 id,
                 request,
+                prompt_log_probs_from,
                 events,
                 progress: None,
             }),
@@ -344,12 +292,14 @@ impl EngineLoop {
             seed: w.request.sampling.seed.unwrap_or(0),
             output: Vec::new(),
             log_probs: Vec::new(),
+            prompt_log_probs: Vec::new(),
             reused: 0,
         });
         let output = Output {
             id: w.id,
             tokens: progress.output,
             log_probs: progress.log_probs,
+            prompt_log_probs: progress.prompt_log_probs,
             finish,
             prompt_tokens: w.request.input_ids.len(),
             cached_tokens: progress.reused,
@@ -373,11 +323,13 @@ impl EngineLoop {
                     input_ids: r.input_ids,
                     sampling: r.sampling,
                 },
+                prompt_log_probs_from: None,
                 events: r.events,
                 progress: Some(Progress {
                     seed: r.seed,
                     output: r.output,
                     log_probs: r.log_probs,
+                    prompt_log_probs: r.prompt_log_probs,
                     reused: r.reused,
                 }),
             });
@@ -400,6 +352,7 @@ impl EngineLoop {
             id: r.id,
             tokens: r.output,
             log_probs: r.log_probs,
+            prompt_log_probs: r.prompt_log_probs,
             finish,
             prompt_tokens: r.prompt_len,
             cached_tokens: r.reused,
@@ -448,8 +401,13 @@ impl EngineLoop {
             {
                 break;
             }
-            // At least the last prompt token is computed: its logits start the output.
-            let usable = |n: usize| n.min(prompt.len() - 1);
+            // At least the last prompt token is computed: its logits start the output. Scored
+            // prompt positions are computed too.
+            let scored_from = match (&front.progress, front.prompt_log_probs_from) {
+                (None, Some(from)) => from,
+                _ => usize::MAX,
+            };
+            let usable = |n: usize| n.min(prompt.len() - 1).min(scored_from);
             let from_running = self
                 .running
                 .iter()
@@ -547,15 +505,35 @@ impl EngineLoop {
         drop(sequences);
         let slots: Vec<i64> = planned.iter().map(|p| p.slot).collect();
         let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
-        let logits = self.slot_logits(&ids, &positions, width as i64, &slots, &past, &last);
+        let hidden = self.slot_hidden(&ids, &positions, width as i64, &slots, &past);
+        let logits = self.last_logits(&hidden, &last);
         let first = self.running.len();
-        for (p, cached) in planned.into_iter().zip(cached) {
+        // Rows of `logits` whose request draws a token now.
+        let mut drawing = Vec::with_capacity(planned.len());
+        for (b, (p, cached)) in planned.into_iter().zip(cached).enumerate() {
             let prompt_len = p.waiting.request.input_ids.len();
-            let (output, log_probs, reused) = match p.waiting.progress {
-                Some(progress) => (progress.output, progress.log_probs, progress.reused),
-                None => (Vec::new(), Vec::new(), p.reused),
+            let (output, log_probs, prompt_log_probs, reused) = match p.waiting.progress {
+                Some(progress) => (
+                    progress.output,
+                    progress.log_probs,
+                    progress.prompt_log_probs,
+                    progress.reused,
+                ),
+                None => {
+                    let scores = p.waiting.prompt_log_probs_from.map(|from| {
+                        prompt_scores::prompt_log_probs(
+                            &self.decoder,
+                            &hidden.get(b as i64),
+                            p.reused,
+                            from,
+                            &p.waiting.request.input_ids,
+                            p.waiting.request.sampling.log_prob_temperature(),
+                        )
+                    });
+                    (Vec::new(), Vec::new(), scores.unwrap_or_default(), p.reused)
+                }
             };
-            self.running.push(Running {
+            let r = Running {
                 id: p.waiting.id,
                 events: p.waiting.events,
                 sampling: p.waiting.request.sampling,
@@ -567,23 +545,38 @@ impl EngineLoop {
                 cached,
                 output,
                 log_probs,
-            });
+                prompt_log_probs,
+            };
+            if r.output.len() >= r.sampling.max_new_tokens {
+                // max_new_tokens 0: prefilled (and scored), nothing to draw.
+                self.finish(r, FinishReason::Length);
+            } else {
+                self.running.push(r);
+                drawing.push(b as i64);
+            }
         }
+        if drawing.is_empty() {
+            return;
+        }
+        let logits = if drawing.len() == slots.len() {
+            logits
+        } else {
+            logits.index_select(0, &Tensor::from_slice(&drawing).to_device(logits.device()))
+        };
         let rows: Vec<usize> = (first..self.running.len()).collect();
         self.draw_and_check(&logits, &rows);
     }
 
     /// An eager forward over slot rows: `ids` and `positions` are `[B, width]`, row-major, on the
-    /// host; row `b` goes into slot `slots[b]` after `past[b]` tokens. Returns fp32 logits
-    /// `[B, vocab]` at each row's position `last[b]` (prefill and, without CUDA graphs, decode).
-    fn slot_logits(
+    /// host; row `b` goes into slot `slots[b]` after `past[b]` tokens. Returns the hidden states
+    /// `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
+    fn slot_hidden(
         &mut self,
         ids: &[i64],
         positions: &[i64],
         width: i64,
         slots: &[i64],
         past: &[i64],
-        last: &[i64],
     ) -> Tensor {
         let device = self.decoder.device();
         let b = slots.len() as i64;
@@ -592,14 +585,15 @@ impl EngineLoop {
             .view([b, width])
             .to_device(device);
         let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-        let hidden = self.decoder.hidden_states(
-            &tokens,
-            &positions,
-            Attention::Slots { cache, slots, past },
-        );
-        let h = hidden.size()[2];
+        self.decoder
+            .hidden_states(&tokens, &positions, Attention::Slots { cache, slots, past })
+    }
+
+    /// fp32 logits `[B, vocab]` at each row's position `last[b]` of `hidden [B, width, hidden]`.
+    fn last_logits(&self, hidden: &Tensor, last: &[i64]) -> Tensor {
+        let (b, h) = (hidden.size()[0], hidden.size()[2]);
         let index = Tensor::from_slice(last)
-            .to_device(device)
+            .to_device(hidden.device())
             .view([b, 1, 1])
             .expand([b, 1, h], false);
         self.decoder
@@ -648,7 +642,10 @@ impl EngineLoop {
         };
         let logits = match graphed {
             Some(logits) => logits,
-            None => self.slot_logits(&last, &past, 1, &slots, &past, &vec![0; slots.len()]),
+            None => {
+                let hidden = self.slot_hidden(&last, &past, 1, &slots, &past);
+                self.last_logits(&hidden, &vec![0; slots.len()])
+            }
         };
         // The forward pass is queued on the GPU: deliver the previous step's tokens meanwhile.
         self.send_outbox();

@@ -69,6 +69,11 @@ pub struct Output {
     pub tokens: Vec<u32>,
     /// `log_softmax(logits / T)` of each output token (T = 1 for greedy).
     pub log_probs: Vec<f32>,
+    /// For a request submitted with [`EngineHandle::submit_with_prompt_log_probs`] from position
+    /// `s`: the log-prob of each prompt token `s + 1 ..` given the tokens before it, by the same
+    /// definition as `log_probs` (its temperature, fp32). Empty otherwise, and for a request
+    /// aborted before its prefill.
+    pub prompt_log_probs: Vec<f32>,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     /// Prompt tokens served from cache instead of recomputed.
@@ -92,16 +97,38 @@ pub enum EngineError {
     EmptyInput,
     #[error("input_ids has token id {0}, outside the vocabulary of {1}")]
     TokenOutOfVocab(u32, i64),
-    #[error("prompt ({prompt} tokens) + max_new_tokens ({max_new}) exceeds the engine's sequence length {limit}")]
+    #[error("prompt ({prompt} tokens) + max_new_tokens ({max_new}) exceeds the engine's sequence length {limit}: {}", room(*prompt, *limit, "max_new_tokens", 0))]
     TooLong {
         prompt: usize,
         max_new: usize,
         limit: i64,
     },
+    #[error("logprob_start_len {start} must be below the prompt length {prompt}")]
+    PromptLogProbStart { start: usize, prompt: usize },
     #[error("the engine has stopped")]
     Stopped,
     #[error("weight update failed: {0}")]
     WeightUpdate(String),
+}
+
+/// What a prompt of `prompt` tokens leaves for `field` (max_new_tokens, or an API's name for it,
+/// whose smallest value is `lowest`) within a sequence of `limit` tokens, as an error message.
+pub fn room(prompt: usize, limit: i64, field: &str, lowest: usize) -> String {
+    let fits = |p: i64| {
+        i64::try_from(lowest)
+            .ok()
+            .and_then(|l| p.checked_add(l))
+            .is_some_and(|n| n <= limit)
+    };
+    match i64::try_from(prompt) {
+        Ok(p) if fits(p) => {
+            format!(
+                "{field} must be in [{lowest}, {}] for this prompt",
+                limit - p
+            )
+        }
+        _ => format!("the prompt leaves no room: at most {limit} tokens in all"),
+    }
 }
 
 /// What [`EngineHandle::pause`] does with running requests (SGLang's `pause_generation` modes).
@@ -141,6 +168,8 @@ pub(crate) enum Command {
     Submit {
         id: RequestId,
         request: Request,
+        /// Score the prompt from this position on (see [`Output::prompt_log_probs`]).
+        prompt_log_probs_from: Option<usize>,
         events: async_mpsc::UnboundedSender<Event>,
     },
     Abort(RequestId),
@@ -182,6 +211,33 @@ impl EngineHandle {
         &self,
         request: Request,
     ) -> Result<(RequestId, async_mpsc::UnboundedReceiver<Event>), EngineError> {
+        self.send(request, None)
+    }
+
+    /// [`EngineHandle::submit`], also scoring the prompt: the output's `prompt_log_probs` hold the
+    /// log-probs of prompt tokens `from + 1 ..` (SGLang's `logprob_start_len = from`: the token at
+    /// `from` itself has none). With `max_new_tokens` 0 the prompt is only scored. The prompt is
+    /// computed from `from` on even where a cached prefix could have been reused.
+    pub fn submit_with_prompt_log_probs(
+        &self,
+        request: Request,
+        from: usize,
+    ) -> Result<(RequestId, async_mpsc::UnboundedReceiver<Event>), EngineError> {
+        let prompt = request.input_ids.len();
+        if prompt > 0 && from >= prompt {
+            return Err(EngineError::PromptLogProbStart {
+                start: from,
+                prompt,
+            });
+        }
+        self.send(request, Some(from))
+    }
+
+    fn send(
+        &self,
+        request: Request,
+        prompt_log_probs_from: Option<usize>,
+    ) -> Result<(RequestId, async_mpsc::UnboundedReceiver<Event>), EngineError> {
         if request.input_ids.is_empty() {
             return Err(EngineError::EmptyInput);
         }
@@ -189,7 +245,12 @@ impl EngineHandle {
             return Err(EngineError::TokenOutOfVocab(bad, self.vocab));
         }
         let (prompt, max_new) = (request.input_ids.len(), request.sampling.max_new_tokens);
-        if (prompt + max_new) as i64 > self.slot_len {
+        // Checked: a `max_new_tokens` near usize::MAX must not wrap past the limit.
+        let fits = prompt
+            .checked_add(max_new)
+            .and_then(|n| i64::try_from(n).ok())
+            .is_some_and(|n| n <= self.slot_len);
+        if !fits {
             return Err(EngineError::TooLong {
                 prompt,
                 max_new,
@@ -202,6 +263,7 @@ impl EngineHandle {
             .send(Command::Submit {
                 id,
                 request,
+                prompt_log_probs_from,
                 events: tx,
             })
             .map_err(|_| EngineError::Stopped)?;

@@ -1,5 +1,18 @@
 //! Sampling parameters: the wire shape (SGLang's `sampling_params`, every field optional) and the
 //! validated form the engine uses. Parse, don't validate: only [`Sampling`] reaches the engine.
+//!
+//! The rules, in one place (the OpenAI endpoints and `ooze generate` go through them too):
+//! - `temperature`: finite and ≥ 0; 0 is greedy. A temperature in (0, [`MIN_TEMPERATURE`]) is
+//!   raised to [`MIN_TEMPERATURE`]: the log-prob definition is `log_softmax(logits / T)` at the
+//!   drawn token, and in fp32 `logits / 1e-300` is ±inf (its log-softmax NaN). At T = 1e-5 the
+//!   distribution is already a point mass on the argmax unless two logits are within ~1e-4, and the
+//!   argmax's log-prob is ≈ 0, as it is for every smaller T, so the raised value keeps the
+//!   definition (SGLang instead switches to greedy below 1e-5, with log-probs at T = 1).
+//! - `top_p` in (0, 1]; `top_k` ≥ 0, or -1 for off (0 is off too); `min_p` in [0, 1].
+//! - `max_new_tokens` in [0, [`MAX_NEW_TOKENS`]] (0 = no new tokens: the prompt is only
+//!   prefilled, useful for its log-probs); `min_new_tokens` ≤ `max_new_tokens`. Whether prompt +
+//!   `max_new_tokens` fits a sequence is the engine's check at submission.
+//! - stop strings non-empty.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,10 +52,18 @@ pub struct ParamError {
     pub message: String,
 }
 
+/// The smallest sampling temperature; smaller positive ones are raised to it (see the module
+/// header).
+pub const MIN_TEMPERATURE: f64 = 1e-5;
+
+/// The most new tokens a request may ask for: far beyond any sequence an engine holds, small
+/// enough that lengths never overflow.
+pub const MAX_NEW_TOKENS: usize = u32::MAX as usize;
+
 /// Validated sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
-    /// 0 = greedy.
+    /// 0 = greedy; otherwise at least [`MIN_TEMPERATURE`].
     pub temperature: f64,
     /// 1 = off.
     pub top_p: f64,
@@ -68,15 +89,37 @@ impl Default for Sampling {
     }
 }
 
+impl Sampling {
+    /// Greedy: the argmax is drawn. Also true for values only a hand-built `Sampling` can hold
+    /// (negative or NaN), so that they never reach a division.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature.is_nan() || self.temperature <= 0.0
+    }
+
+    /// The `T` of the log-prob definition `log_softmax(logits / T)`: 1 for greedy requests, else
+    /// the temperature, never below [`MIN_TEMPERATURE`] (a hand-built `Sampling` may skip
+    /// [`SamplingParams::validate`]).
+    pub fn log_prob_temperature(&self) -> f64 {
+        if self.is_greedy() {
+            1.0
+        } else {
+            self.temperature.max(MIN_TEMPERATURE)
+        }
+    }
+}
+
 impl SamplingParams {
     pub fn validate(self) -> Result<Sampling, ParamError> {
         let err = |field, message: String| ParamError { field, message };
-        let temperature = self.temperature.unwrap_or(1.0);
+        let mut temperature = self.temperature.unwrap_or(1.0);
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(err(
                 "temperature",
-                format!("must be a finite number ≥ 0, got {temperature}"),
+                format!("must be a finite number ≥ 0 (0 = greedy), got {temperature}"),
             ));
+        }
+        if temperature > 0.0 && temperature < MIN_TEMPERATURE {
+            temperature = MIN_TEMPERATURE;
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
@@ -97,6 +140,12 @@ impl SamplingParams {
             return Err(err("min_p", format!("must be in [0, 1], got {min_p}")));
         }
         let max_new_tokens = self.max_new_tokens.unwrap_or(128);
+        if max_new_tokens > MAX_NEW_TOKENS {
+            return Err(err(
+                "max_new_tokens",
+                format!("must be in [0, {MAX_NEW_TOKENS}], got {max_new_tokens}"),
+            ));
+        }
         let min_new_tokens = self.min_new_tokens.unwrap_or(0);
         if min_new_tokens > max_new_tokens {
             return Err(err(
@@ -168,5 +217,107 @@ mod tests {
                 .to_string()
                 .contains("unknown field `temprature`")
         );
+    }
+
+    fn bad(p: SamplingParams) -> String {
+        p.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn max_new_tokens_out_of_range_is_refused_not_wrapped() {
+        for n in [1usize << 63, usize::MAX, MAX_NEW_TOKENS + 1] {
+            let e = bad(SamplingParams {
+                max_new_tokens: Some(n),
+                ..Default::default()
+            });
+            assert_eq!(
+                e,
+                format!("sampling_params.max_new_tokens: must be in [0, 4294967295], got {n}")
+            );
+        }
+        let zero = SamplingParams {
+            max_new_tokens: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(zero.validate().unwrap().max_new_tokens, 0);
+    }
+
+    #[test]
+    fn temperature_is_finite_non_negative_and_never_below_the_floor() {
+        for t in [-1.0, -1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = bad(SamplingParams {
+                temperature: Some(t),
+                ..Default::default()
+            });
+            assert!(
+                e.starts_with("sampling_params.temperature: must be a finite number ≥ 0"),
+                "{t}: {e}"
+            );
+        }
+        let at = |t: f64| {
+            SamplingParams {
+                temperature: Some(t),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap()
+        };
+        for tiny in [1e-300, 5e-324, 1e-6] {
+            let s = at(tiny);
+            assert_eq!((s.temperature, s.is_greedy()), (MIN_TEMPERATURE, false));
+            assert_eq!(s.log_prob_temperature(), MIN_TEMPERATURE);
+        }
+        let greedy = at(0.0);
+        assert!(greedy.is_greedy());
+        assert_eq!(greedy.log_prob_temperature(), 1.0);
+        assert_eq!(at(0.7).log_prob_temperature(), 0.7);
+        // A hand-built value that skipped validation still never divides by ~0.
+        let raw = Sampling {
+            temperature: 1e-300,
+            ..Sampling::default()
+        };
+        assert_eq!(raw.log_prob_temperature(), MIN_TEMPERATURE);
+        let nan = Sampling {
+            temperature: f64::NAN,
+            ..Sampling::default()
+        };
+        assert!(nan.is_greedy());
+    }
+
+    #[test]
+    fn nan_and_out_of_range_truncation_settings_are_refused() {
+        for (p, field) in [
+            (
+                SamplingParams {
+                    top_p: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    top_p: Some(1.5),
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    top_k: Some(-2),
+                    ..Default::default()
+                },
+                "top_k",
+            ),
+        ] {
+            let e = bad(p);
+            assert!(e.starts_with(&format!("sampling_params.{field}: ")), "{e}");
+        }
     }
 }

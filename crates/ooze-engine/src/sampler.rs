@@ -2,7 +2,8 @@
 //!
 //! Log-prob (one definition everywhere): `log_softmax(logits / T)` at the chosen token, before any
 //! top-k / top-p / min-p truncation and before banning stop tokens under `min_new_tokens`; greedy
-//! requests use T = 1. Sampling draws by inverse CDF over the truncated distribution with a uniform
+//! requests use T = 1, and no T is below [`crate::params::MIN_TEMPERATURE`]
+//! ([`Sampling::log_prob_temperature`]), so the log-probs are finite. Sampling draws by inverse CDF over the truncated distribution with a uniform
 //! number that depends only on the request's seed and the step, so a request's tokens depend only
 //! on its seed and the logits — never on what else shares the batch.
 
@@ -51,19 +52,10 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let on = |v: Vec<f32>| Tensor::from_slice(&v).to_device(device);
     let temps = on(rows
         .iter()
-        .map(|r| {
-            if r.params.temperature > 0.0 {
-                r.params.temperature as f32
-            } else {
-                1.0
-            }
-        })
+        .map(|r| r.params.log_prob_temperature() as f32)
         .collect());
     // Fewer passes over [B, vocab] where the settings allow: no division at T = 1.
-    let scaled = if rows
-        .iter()
-        .all(|r| r.params.temperature == 1.0 || r.params.temperature == 0.0)
-    {
+    let scaled = if rows.iter().all(|r| r.params.log_prob_temperature() == 1.0) {
         logits.shallow_clone()
     } else {
         logits / temps.unsqueeze(1)
@@ -95,8 +87,8 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
             false,
         );
     }
-    let any_greedy = rows.iter().any(|r| r.params.temperature == 0.0);
-    if rows.iter().all(|r| r.params.temperature == 0.0) {
+    let any_greedy = rows.iter().any(|r| r.params.is_greedy());
+    if rows.iter().all(|r| r.params.is_greedy()) {
         return finish(&log_probs, masked.argmax(-1, false));
     }
     // The distribution is exp(log_probs) with banned tokens zeroed (the inverse CDF below scales by
@@ -171,7 +163,7 @@ pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let is_greedy = Tensor::from_slice(
         &rows
             .iter()
-            .map(|r| r.params.temperature == 0.0)
+            .map(|r| r.params.is_greedy())
             .collect::<Vec<bool>>(),
     )
     .to_device(device);
@@ -192,16 +184,10 @@ impl RowSampling<'_> {
 /// same definitions (log-prob of `logits / T`, inverse CDF in vocabulary order with the row's
 /// uniform), one upload of the settings and one download of the results.
 fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
-    let greedy = |r: &RowSampling<'_>| r.params.temperature == 0.0;
+    let greedy = |r: &RowSampling<'_>| r.params.is_greedy();
     let mut params: Vec<f32> = rows
         .iter()
-        .map(|r| {
-            if greedy(r) {
-                1.0
-            } else {
-                r.params.temperature as f32
-            }
-        })
+        .map(|r| r.params.log_prob_temperature() as f32)
         .collect();
     params.extend(rows.iter().map(|r| if greedy(r) { 1.0 } else { 0.0 }));
     params.extend(rows.iter().map(|r| uniform(r.seed, r.step) as f32));
@@ -346,6 +332,43 @@ mod tests {
                 .token,
                 1
             );
+        }
+    }
+
+    #[test]
+    fn tiny_and_hand_built_temperatures_give_finite_log_probs() {
+        let logits = Tensor::from_slice(&[1.0f32, 3.0, 2.0, 0.5]).view([1, 4]);
+        let validated = params(SamplingParams {
+            temperature: Some(1e-300),
+            ..Default::default()
+        });
+        // A `Sampling` built by hand (as in-process callers do) skips validation.
+        let raw = Sampling {
+            temperature: 1e-300,
+            ..Sampling::default()
+        };
+        let truncated = Sampling {
+            top_k: 2,
+            ..raw.clone()
+        };
+        for p in [&validated, &raw, &truncated] {
+            for step in 0..20 {
+                let d = draw(
+                    &logits,
+                    &[RowSampling {
+                        params: p,
+                        seed: 5,
+                        step,
+                        banned: &[],
+                    }],
+                );
+                // The argmax, with log_softmax(logits / 1e-5) ≈ 0 there.
+                assert_eq!(d[0].token, 1, "{p:?}");
+                assert!(
+                    d[0].log_prob.is_finite() && d[0].log_prob.abs() < 1e-6,
+                    "{d:?}"
+                );
+            }
         }
     }
 }

@@ -374,7 +374,8 @@ fn refuses_what_cannot_run() {
     };
     assert_eq!(
         err(request(&prompt(0, 10), long)).to_string(),
-        "prompt (10 tokens) + max_new_tokens (250) exceeds the engine's sequence length 256"
+        "prompt (10 tokens) + max_new_tokens (250) exceeds the engine's sequence length 256: \
+         max_new_tokens must be in [0, 246] for this prompt"
     );
 }
 

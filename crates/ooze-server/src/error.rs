@@ -96,7 +96,9 @@ impl From<ParamError> for ApiError {
 impl From<EngineError> for ApiError {
     fn from(err: EngineError) -> ApiError {
         let code = match err {
-            EngineError::EmptyInput | EngineError::TokenOutOfVocab(..) => "invalid_request",
+            EngineError::EmptyInput
+            | EngineError::TokenOutOfVocab(..)
+            | EngineError::PromptLogProbStart { .. } => "invalid_request",
             EngineError::TooLong { .. } => "context_length_exceeded",
             EngineError::WeightUpdate(_) => "invalid_request",
             EngineError::Stopped => "unavailable",

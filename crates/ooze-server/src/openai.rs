@@ -1,16 +1,24 @@
 //! OpenAI-compatible endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (chat
 //! template, `tools` with `<tool_call>` parsing into `tool_calls`, `logprobs`, streaming over SSE).
+//!
+//! Requests are checked before anything runs, with errors naming the field at fault in the
+//! request's own terms: sampling settings by [`SamplingParams::validate`] (`max_tokens` for its
+//! `max_new_tokens`), `max_tokens` / `max_completion_tokens` ≥ 1 as in OpenAI's API (scoring a
+//! prompt with no new tokens is SGLang's `/generate` with `max_new_tokens: 0`), `messages[i]`
+//! and `tools[i]` by shape before the chat template sees them.
 
 use crate::error::ApiError;
 use crate::text_stream::TextStream;
 use crate::tool_calls;
-use crate::{follow, new_rid, run_request, send_json, try_send_json, AppState};
+use crate::{follow, new_rid, send_json, try_send_json, AppState};
 use axum::extract::{rejection::JsonRejection, State};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ooze_core::FinishReason;
-use ooze_engine::{Output, Request, Sampling, SamplingParams, StopStrings};
+use ooze_engine::{
+    EngineError, Output, ParamError, Request, Sampling, SamplingParams, StopStrings, MAX_NEW_TOKENS,
+};
 use ooze_model::RenderOptions;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -87,18 +95,30 @@ impl CommonFields {
         Ok(())
     }
 
-    fn sampling(
-        &self,
-        max_tokens: Option<usize>,
-        default_max: usize,
-    ) -> Result<Sampling, ApiError> {
-        Ok(SamplingParams {
+    fn sampling(&self, max: MaxTokens) -> Result<Sampling, ApiError> {
+        match max.value {
+            Some(0) => {
+                return Err(ApiError::invalid(format!(
+                    "{}: must be ≥ 1, got 0 (to score a prompt without generating, use /generate \
+                     with max_new_tokens 0 and return_logprob)",
+                    max.field
+                )))
+            }
+            Some(v) if v > MAX_NEW_TOKENS => {
+                return Err(ApiError::invalid(format!(
+                    "{}: must be in [1, {MAX_NEW_TOKENS}], got {v}",
+                    max.field
+                )))
+            }
+            _ => {}
+        }
+        SamplingParams {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
             min_p: self.min_p,
             seed: self.seed,
-            max_new_tokens: Some(max_tokens.unwrap_or(default_max)),
+            max_new_tokens: Some(max.value.unwrap_or(max.default)),
             min_new_tokens: self.min_tokens,
             stop_token_ids: self.stop_token_ids.clone(),
             stop: self.stop.clone(),
@@ -106,7 +126,8 @@ impl CommonFields {
             skip_special_tokens: Some(true),
             no_stop_trim: None,
         }
-        .validate()?)
+        .validate()
+        .map_err(|e| max.param_error(e))
     }
 
     fn include_usage(&self) -> bool {
@@ -115,6 +136,53 @@ impl CommonFields {
             .and_then(|o| o.get("include_usage"))
             .and_then(Value::as_bool)
             .unwrap_or(false)
+    }
+}
+
+/// The request's length limit: which field gave it (`max_tokens` or `max_completion_tokens`), its
+/// value, and the endpoint's default.
+#[derive(Clone, Copy)]
+struct MaxTokens {
+    field: &'static str,
+    value: Option<usize>,
+    default: usize,
+}
+
+impl MaxTokens {
+    /// A sampling error in this API's field names.
+    fn param_error(self, err: ParamError) -> ApiError {
+        let field = match err.field {
+            "max_new_tokens" => self.field,
+            "min_new_tokens" => "min_tokens",
+            other => other,
+        };
+        ApiError::invalid(format!("{field}: {}", err.message))
+    }
+
+    /// An engine refusal in this API's field names.
+    fn engine_error(self, err: EngineError) -> ApiError {
+        match err {
+            EngineError::TooLong {
+                prompt,
+                max_new,
+                limit,
+            } => {
+                let field = self.field;
+                let given = if self.value.is_some() {
+                    ""
+                } else {
+                    ", the default"
+                };
+                ApiError {
+                    code: "context_length_exceeded",
+                    message: format!(
+                        "{field}: prompt ({prompt} tokens) + {field} ({max_new}{given}) exceeds the engine's sequence length {limit}: {}",
+                        ooze_engine::handle::room(prompt, limit, field, 1)
+                    ),
+                }
+            }
+            other => other.into(),
+        }
     }
 }
 
@@ -131,18 +199,22 @@ async fn run_all(
     prompt: &[u32],
     sampling: &Sampling,
     n: usize,
+    max: MaxTokens,
 ) -> Result<Vec<Output>, ApiError> {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {
-        let (state, request) = (
-            state.clone(),
-            Request {
-                input_ids: prompt.to_vec(),
-                sampling: nth(sampling, i),
-            },
-        );
+        let request = Request {
+            input_ids: prompt.to_vec(),
+            sampling: nth(sampling, i),
+        };
+        // Submitted here, so that a refusal names this API's fields.
+        let submitted = state
+            .engine
+            .submit(request)
+            .map_err(|e| max.engine_error(e))?;
+        let state = state.clone();
         tasks.spawn(async move {
-            run_request(&state, request, &new_rid(), |_, _| true)
+            follow(&state, submitted, &new_rid(), |_, _| true)
                 .await
                 .map(|o| (i, o))
         });
@@ -221,7 +293,12 @@ pub async fn completions(
         PromptInput::Ids(ids) => vec![ids],
         PromptInput::IdLists(lists) => lists,
     };
-    let sampling = req.common.sampling(req.max_tokens, 16)?;
+    let max = MaxTokens {
+        field: "max_tokens",
+        value: req.max_tokens,
+        default: 16,
+    };
+    let sampling = req.common.sampling(max)?;
     let n = req.common.n.unwrap_or(1);
     let id = format!("cmpl-{}", new_rid());
     let model = state.model_name.clone();
@@ -231,10 +308,13 @@ pub async fn completions(
         }
         let include_usage = req.common.include_usage();
         let prompt_tokens = prompts[0].len();
-        let submitted = state.engine.submit(Request {
-            input_ids: prompts[0].clone(),
-            sampling,
-        })?;
+        let submitted = state
+            .engine
+            .submit(Request {
+                input_ids: prompts[0].clone(),
+                sampling,
+            })
+            .map_err(|e| max.engine_error(e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut text = TextStream::new(true, false);
@@ -274,7 +354,7 @@ pub async fn completions(
     let (mut prompt_total, mut completion_total) = (0, 0);
     for prompt in &prompts {
         prompt_total += prompt.len();
-        for out in run_all(&state, prompt, &sampling, n).await? {
+        for out in run_all(&state, prompt, &sampling, n, max).await? {
             completion_total += out.tokens.len();
             let text = state.tokenizer.decode(&out.tokens, true)?;
             let logprobs = req.logprobs.map(|_| json!({"tokens": token_texts(&state, &out.tokens), "token_logprobs": out.log_probs, "top_logprobs": null, "text_offset": Value::Null}));
@@ -305,7 +385,12 @@ pub struct ChatRequest {
     common: CommonFields,
 }
 
-/// Checks each message and flattens content given as a list of text parts into a string.
+/// Message roles a chat request may use; `developer` (OpenAI's newer name) becomes `system`.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Checks each message's shape and normalises it for the chat template: content given as a list of
+/// text parts becomes one string, a missing assistant content null, tool-call arguments given as
+/// JSON strings objects. Errors name `messages[i].field` and what was expected.
 fn normalise_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -315,49 +400,145 @@ fn normalise_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     messages
         .into_iter()
         .enumerate()
-        .map(|(i, mut m)| {
-            let obj = m
-                .as_object_mut()
-                .ok_or_else(|| ApiError::invalid(format!("messages[{i}]: expected an object")))?;
-            if !obj.get("role").is_some_and(Value::is_string) {
-                return Err(ApiError::invalid(format!(
-                    "messages[{i}].role: expected a string"
-                )));
-            }
-            if let Some(Value::Array(parts)) = obj.get("content") {
-                let mut text = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    match (
-                        part.get("type").and_then(Value::as_str),
-                        part.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(t)) => text.push_str(t),
-                        _ => {
-                            return Err(ApiError::invalid(format!(
-                                "messages[{i}].content[{j}]: only text parts are supported"
-                            )))
-                        }
-                    }
-                }
-                obj.insert("content".into(), Value::String(text));
-            }
-            // Tool-call arguments arrive as JSON strings from OpenAI clients; templates expect objects.
-            if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
-                for call in calls {
-                    if let Some(args) = call.pointer_mut("/function/arguments") {
-                        if let Some(parsed) = args
-                            .as_str()
-                            .and_then(|s| serde_json::from_str::<Value>(s).ok())
-                            .filter(Value::is_object)
-                        {
-                            *args = parsed;
-                        }
-                    }
-                }
-            }
-            Ok(m)
-        })
+        .map(|(i, m)| normalise_message(i, m))
         .collect()
+}
+
+fn normalise_message(i: usize, mut m: Value) -> Result<Value, ApiError> {
+    let bad = |field: &str, expected: &str, got: Option<&Value>| {
+        let got = got.map_or("nothing".to_owned(), Value::to_string);
+        ApiError::invalid(format!(
+            "messages[{i}]{field}: expected {expected}, got {got}"
+        ))
+    };
+    if !m.is_object() {
+        return Err(bad("", "an object with `role` and `content`", Some(&m)));
+    }
+    let obj = m.as_object_mut().expect("invariant: checked above");
+    let role = match obj.get("role").and_then(Value::as_str) {
+        Some(r) if ROLES.contains(&r) => r.to_owned(),
+        _ => {
+            return Err(bad(
+                ".role",
+                "one of \"system\", \"developer\", \"user\", \"assistant\", \"tool\"",
+                obj.get("role"),
+            ))
+        }
+    };
+    if role == "developer" {
+        obj.insert("role".into(), json!("system"));
+    }
+    for key in ["name", "tool_call_id"] {
+        if obj.get(key).is_some_and(|v| !v.is_string()) {
+            return Err(bad(&format!(".{key}"), "a string", obj.get(key)));
+        }
+    }
+    let has_calls = match obj.get_mut("tool_calls") {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(calls)) if role == "assistant" => {
+            for (j, call) in calls.iter_mut().enumerate() {
+                normalise_tool_call(call).map_err(|(field, expected)| {
+                    bad(
+                        &format!(".tool_calls[{j}]{field}"),
+                        expected,
+                        call.pointer(&field.replace('.', "/")),
+                    )
+                })?;
+            }
+            !calls.is_empty()
+        }
+        Some(other) => {
+            let expected = if role == "assistant" {
+                "a list of tool calls"
+            } else {
+                "no tool_calls (only assistant messages make tool calls)"
+            };
+            return Err(bad(".tool_calls", expected, Some(other)));
+        }
+    };
+    let content = match obj.get("content") {
+        Some(Value::String(_)) => None,
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(bad(
+                            &format!(".content[{j}]"),
+                            "a text part {\"type\": \"text\", \"text\": \"…\"} (only text is supported)",
+                            Some(part),
+                        ))
+                    }
+                }
+            }
+            Some(Value::String(text))
+        }
+        None | Some(Value::Null) if role == "assistant" && has_calls => Some(Value::Null),
+        other => {
+            let expected = if role == "assistant" {
+                "a string or a list of text parts (null only with tool_calls)"
+            } else {
+                "a string or a list of text parts"
+            };
+            return Err(bad(".content", expected, other));
+        }
+    };
+    if let Some(content) = content {
+        obj.insert("content".into(), content);
+    }
+    Ok(m)
+}
+
+/// Checks one assistant tool call (`{"id"?, "type"?: "function", "function": {"name", "arguments"}}`)
+/// and turns arguments given as a JSON string (OpenAI clients) into the object templates expect.
+/// An error is the field at fault (a JSON-pointer-like path) and what was expected.
+fn normalise_tool_call(call: &mut Value) -> Result<(), (&'static str, &'static str)> {
+    let Some(obj) = call.as_object_mut() else {
+        return Err(("", "an object with `function`"));
+    };
+    if obj.get("type").is_some_and(|t| t != "function") {
+        return Err((".type", "\"function\""));
+    }
+    if obj.get("id").is_some_and(|v| !v.is_string()) {
+        return Err((".id", "a string"));
+    }
+    let Some(function) = obj.get_mut("function").and_then(Value::as_object_mut) else {
+        return Err((".function", "an object with `name` and `arguments`"));
+    };
+    if function
+        .get("name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        return Err((".function.name", "a non-empty string"));
+    }
+    match function.get_mut("arguments") {
+        None | Some(Value::Null) => {
+            function.insert("arguments".into(), json!({}));
+        }
+        Some(Value::Object(_)) => {}
+        // A string that is no JSON object (a model's malformed call, sent back) stays text.
+        Some(args @ Value::String(_)) => {
+            if let Some(parsed) = args
+                .as_str()
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                .filter(Value::is_object)
+            {
+                *args = parsed;
+            }
+        }
+        Some(_) => {
+            return Err((
+                ".function.arguments",
+                "a JSON object, or a string holding one",
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn chat_logprobs(state: &AppState, tokens: &[u32], log_probs: &[f32]) -> Value {
@@ -391,6 +572,11 @@ pub async fn chat_completions(
         }
     }
     let _ = req.parallel_tool_calls;
+    let declared = req.tools.as_deref().unwrap_or_default();
+    tool_calls::check_tools(declared).map_err(ApiError::invalid)?;
+    if let Some(choice) = &req.tool_choice {
+        tool_calls::check_tool_choice(choice, declared).map_err(ApiError::invalid)?;
+    }
     let tools = match req.tool_choice.as_ref().and_then(Value::as_str) {
         Some("none") => None,
         _ => req.tools.clone().filter(|t| !t.is_empty()),
@@ -406,9 +592,19 @@ pub async fn chat_completions(
         .chat_template(tools.is_some())?
         .render(&messages, &options)?;
     let prompt = state.tokenizer.encode(&text, false)?;
-    let sampling = req
-        .common
-        .sampling(req.max_completion_tokens.or(req.max_tokens), 1024)?;
+    let max = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(v), _) => MaxTokens {
+            field: "max_completion_tokens",
+            value: Some(v),
+            default: 1024,
+        },
+        (None, v) => MaxTokens {
+            field: "max_tokens",
+            value: v,
+            default: 1024,
+        },
+    };
+    let sampling = req.common.sampling(max)?;
     let n = req.common.n.unwrap_or(1);
     let rid = new_rid();
     let id = format!("chatcmpl-{rid}");
@@ -417,10 +613,13 @@ pub async fn chat_completions(
     if req.common.stream == Some(true) {
         let include_usage = req.common.include_usage();
         let prompt_tokens = prompt.len();
-        let submitted = state.engine.submit(Request {
-            input_ids: prompt,
-            sampling,
-        })?;
+        let submitted = state
+            .engine
+            .submit(Request {
+                input_ids: prompt,
+                sampling,
+            })
+            .map_err(|e| max.engine_error(e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let chunk = |delta: Value, lp: Option<Value>, finish: Option<&str>| json!({"id": id, "object": "chat.completion.chunk", "created": unix_now(), "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]});
@@ -483,7 +682,7 @@ pub async fn chat_completions(
         });
         return Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).into_response());
     }
-    let outputs = run_all(&state, &prompt, &sampling, n).await?;
+    let outputs = run_all(&state, &prompt, &sampling, n, max).await?;
     let mut completion_tokens = 0;
     let choices: Vec<Value> = outputs
         .iter()

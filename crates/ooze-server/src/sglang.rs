@@ -1,5 +1,14 @@
 //! SGLang-compatible endpoints: the shapes routers and RL frameworks written for SGLang send and
 //! expect (`/generate` with `input_ids` or `text`, `sampling_params`, `return_logprob`, `meta_info`).
+//!
+//! Log-probs (`return_logprob: true`), as SGLang gives them: `meta_info.output_token_logprobs` and
+//! `meta_info.input_token_logprobs`, lists of `[logprob, token_id, text]` (text null unless
+//! `return_text_in_logprobs`). The input list covers prompt positions `logprob_start_len ..`
+//! (default -1: the last prompt token only); its first entry's log-prob is always null (the token
+//! at `logprob_start_len` is where scoring starts), the others are `log_softmax(logits / T)` of each
+//! prompt token given the ones before it, T the request's temperature (1 for greedy) — the
+//! definition of the output log-probs. With `max_new_tokens: 0` the prompt is only scored (a
+//! distillation teacher's call). A stream carries the input list in its last chunk only.
 
 use crate::error::ApiError;
 use crate::text_stream::TextStream;
@@ -10,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ooze_core::{FinishReason, StopMatch};
 use ooze_engine::{Output, PauseMode, Request, SamplingParams};
+use ooze_model::Tokenizer;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -44,12 +54,44 @@ pub struct GenerateRequest {
     #[serde(default)]
     stream: bool,
     rid: Option<OneOrMany<String>>,
-    /// Accepted; ooze returns log-probs of output tokens only.
-    #[allow(dead_code)]
-    logprob_start_len: Option<i64>,
+    /// Where `input_token_logprobs` start in each prompt (one value for all prompts, or one per
+    /// prompt); -1 (the default) for the last prompt token only.
+    logprob_start_len: Option<OneOrMany<i64>>,
     top_logprobs_num: Option<usize>,
-    #[allow(dead_code)]
-    return_text_in_logprobs: Option<bool>,
+    #[serde(default)]
+    return_text_in_logprobs: bool,
+}
+
+/// Each prompt's `logprob_start_len`, checked against nothing but its sign (the engine checks it
+/// against the prompt length).
+fn logprob_starts(
+    given: Option<OneOrMany<i64>>,
+    prompts: &[Vec<u32>],
+) -> Result<Vec<usize>, ApiError> {
+    let given = match given {
+        None => vec![-1; prompts.len()],
+        Some(OneOrMany::One(s)) => vec![s; prompts.len()],
+        Some(OneOrMany::Many(v)) if v.len() == prompts.len() => v,
+        Some(OneOrMany::Many(v)) => {
+            return Err(ApiError::invalid(format!(
+                "logprob_start_len has {} entries for {} prompts",
+                v.len(),
+                prompts.len()
+            )))
+        }
+    };
+    given
+        .into_iter()
+        .zip(prompts)
+        .map(|(start, prompt)| match start {
+            -1 => Ok(prompt.len().saturating_sub(1)),
+            s => usize::try_from(s).map_err(|_| {
+                ApiError::invalid(format!(
+                    "logprob_start_len: must be ≥ 0, or -1 for the last prompt token only, got {s}"
+                ))
+            }),
+        })
+        .collect()
 }
 
 pub fn finish_reason_json(finish: &FinishReason, completion_tokens: usize) -> Value {
@@ -69,13 +111,30 @@ pub fn finish_reason_json(finish: &FinishReason, completion_tokens: usize) -> Va
 #[derive(Clone)]
 struct Reply {
     rid: String,
-    prompt_tokens: usize,
-    return_logprob: bool,
+    prompt: Vec<u32>,
+    /// `logprob_start_len` when log-probs are returned.
+    logprob_start: Option<usize>,
+    text_in_logprobs: bool,
     skip_special: bool,
+}
+
+/// `[logprob, token_id, text]` entries, SGLang's log-prob shape.
+fn logprob_entries<'a>(
+    tokenizer: &Tokenizer,
+    with_text: bool,
+    entries: impl Iterator<Item = (Option<f32>, &'a u32)>,
+) -> Value {
+    entries
+        .map(|(lp, &t)| {
+            let text = with_text.then(|| tokenizer.decode(&[t], false).unwrap_or_default());
+            json!([lp, t, text])
+        })
+        .collect()
 }
 
 fn response_json(
     reply: &Reply,
+    tokenizer: &Tokenizer,
     text: &str,
     tokens: &[u32],
     log_probs: &[f32],
@@ -84,17 +143,27 @@ fn response_json(
     let mut meta = json!({
         "id": reply.rid,
         "finish_reason": out.map(|o| finish_reason_json(&o.finish, o.tokens.len())),
-        "prompt_tokens": reply.prompt_tokens,
+        "prompt_tokens": reply.prompt.len(),
         "completion_tokens": tokens.len(),
         "cached_tokens": out.map_or(0, |o| o.cached_tokens),
         "weight_version": out.map(|o| o.weight_version),
     });
-    if reply.return_logprob {
-        meta["output_token_logprobs"] = tokens
-            .iter()
-            .zip(log_probs)
-            .map(|(t, lp)| json!([lp, t, null]))
-            .collect();
+    if let Some(start) = reply.logprob_start {
+        let with_text = reply.text_in_logprobs;
+        meta["output_token_logprobs"] = logprob_entries(
+            tokenizer,
+            with_text,
+            log_probs.iter().map(|&lp| Some(lp)).zip(tokens),
+        );
+        if let Some(out) = out {
+            // Null where nothing was computed: the first entry, and every entry of a request
+            // aborted before its prefill.
+            let scores = std::iter::once(None)
+                .chain(out.prompt_log_probs.iter().map(|&lp| Some(lp)))
+                .chain(std::iter::repeat(None));
+            let ids = reply.prompt.get(start..).unwrap_or_default();
+            meta["input_token_logprobs"] = logprob_entries(tokenizer, with_text, scores.zip(ids));
+        }
     }
     json!({"text": text, "output_ids": tokens, "meta_info": meta})
 }
@@ -140,47 +209,45 @@ pub async fn generate(
     };
     let sampling = req.sampling_params.validate()?;
     let skip_special = sampling.skip_special_tokens;
+    let starts: Vec<Option<usize>> = if req.return_logprob {
+        logprob_starts(req.logprob_start_len, &prompts)?
+            .into_iter()
+            .map(Some)
+            .collect()
+    } else {
+        vec![None; prompts.len()]
+    };
+    let replies = prompts
+        .into_iter()
+        .zip(rids)
+        .zip(starts)
+        .map(|((prompt, rid), start)| Reply {
+            rid,
+            prompt,
+            logprob_start: start,
+            text_in_logprobs: req.return_text_in_logprobs,
+            skip_special,
+        });
     if req.stream {
-        if batched || prompts.len() != 1 {
+        let mut replies: Vec<Reply> = replies.collect();
+        if batched || replies.len() != 1 {
             return Err(ApiError::invalid("stream: streaming takes one prompt"));
         }
-        let request = Request {
-            input_ids: prompts[0].clone(),
-            sampling,
-        };
-        let reply = Reply {
-            rid: rids[0].clone(),
-            prompt_tokens: request.input_ids.len(),
-            return_logprob: req.return_logprob,
-            skip_special,
-        };
-        return Ok(stream(state, request, reply).await?.into_response());
+        let reply = replies.remove(0);
+        return Ok(stream(state, sampling, reply).await?.into_response());
     }
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, (ids, rid)) in prompts.into_iter().zip(rids).enumerate() {
+    for (i, reply) in replies.enumerate() {
         let state = state.clone();
         let sampling = sampling.clone();
-        let reply = Reply {
-            rid: rid.clone(),
-            prompt_tokens: ids.len(),
-            return_logprob: req.return_logprob,
-            skip_special,
-        };
         tasks.spawn(async move {
-            let out = run_request(
-                &state,
-                Request {
-                    input_ids: ids,
-                    sampling,
-                },
-                &rid,
-                |_, _| true,
-            )
-            .await?;
+            let submitted = submit(&state, &reply, sampling)?;
+            let out = follow(&state, submitted, &reply.rid, |_, _| true).await?;
             Ok::<_, ApiError>((
                 i,
                 response_json(
                     &reply,
+                    &state.tokenizer,
                     &state.tokenizer.decode(&out.tokens, reply.skip_special)?,
                     &out.tokens,
                     &out.log_probs,
@@ -206,14 +273,30 @@ pub async fn generate(
     .into_response())
 }
 
+/// Submits one prompt of a `/generate` call, scoring its prompt when log-probs are asked for.
+fn submit(
+    state: &AppState,
+    reply: &Reply,
+    sampling: ooze_engine::Sampling,
+) -> Result<crate::Submitted, ApiError> {
+    let request = Request {
+        input_ids: reply.prompt.clone(),
+        sampling,
+    };
+    Ok(match reply.logprob_start {
+        Some(start) => state.engine.submit_with_prompt_log_probs(request, start)?,
+        None => state.engine.submit(request)?,
+    })
+}
+
 async fn stream(
     state: Arc<AppState>,
-    request: Request,
+    sampling: ooze_engine::Sampling,
     reply: Reply,
 ) -> Result<Sse<tokio_stream::wrappers::ReceiverStream<Result<SseEvent, Infallible>>>, ApiError> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     // Submitted before the stream starts, so bad input is a plain 4xx.
-    let submitted = state.engine.submit(request)?;
+    let submitted = submit(&state, &reply, sampling)?;
     tokio::spawn(async move {
         let (mut tokens, mut log_probs) = (Vec::new(), Vec::new());
         let mut text = TextStream::new(reply.skip_special, false);
@@ -222,13 +305,27 @@ async fn stream(
             tokens.push(token);
             log_probs.push(lp);
             text.push(&st.tokenizer, token);
-            let chunk = response_json(&reply, text.text(), &tokens, &log_probs, None);
+            let chunk = response_json(
+                &reply,
+                &st.tokenizer,
+                text.text(),
+                &tokens,
+                &log_probs,
+                None,
+            );
             // A slow client misses chunks, not text: they are cumulative.
             try_send_json(&tx, &chunk)
         })
         .await;
         let last = match result {
-            Ok(out) => response_json(&reply, text.text(), &out.tokens, &out.log_probs, Some(&out)),
+            Ok(out) => response_json(
+                &reply,
+                &state.tokenizer,
+                text.text(),
+                &out.tokens,
+                &out.log_probs,
+                Some(&out),
+            ),
             Err(err) => err.stream_chunk(),
         };
         let _ = tx

@@ -1,6 +1,9 @@
 //! Tool calls in generated text: `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks (the
 //! Qwen/Hermes convention ooze's templates also use) become OpenAI `tool_calls`; the text before the
 //! first block is the message content. A block that is not valid JSON stays in the content.
+//!
+//! Also the checks on a request's `tools` and `tool_choice` (OpenAI's shapes), so that a bad tool
+//! is a 400 naming `tools[i].field` rather than an error deep inside the chat template.
 
 use serde_json::{json, Value};
 
@@ -74,6 +77,98 @@ pub fn safe_content_len(text: &str) -> usize {
         .find(|&n| text.ends_with(&OPEN[..n]))
         .unwrap_or(0);
     text.len() - held
+}
+
+/// Checks `tools`: each `{"type": "function", "function": {"name", "description"?, "parameters"?}}`
+/// with a non-empty, distinct name and `parameters` a JSON-schema object. The error names
+/// `tools[i].field` and what was expected.
+pub fn check_tools(tools: &[Value]) -> Result<(), String> {
+    let mut names: Vec<&str> = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let bad = |field: &str, expected: &str, got: Option<&Value>| {
+            let got = got.map_or("nothing".to_owned(), Value::to_string);
+            format!("tools[{i}]{field}: expected {expected}, got {got}")
+        };
+        if !tool.is_object() {
+            return Err(bad(
+                "",
+                "an object {\"type\": \"function\", \"function\": {…}}",
+                Some(tool),
+            ));
+        }
+        if tool.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad(".type", "\"function\"", tool.get("type")));
+        }
+        let Some(function) = tool.get("function").filter(|f| f.is_object()) else {
+            return Err(bad(
+                ".function",
+                "an object with `name` and optional `description` and `parameters`",
+                tool.get("function"),
+            ));
+        };
+        let name = match function.get("name").and_then(Value::as_str) {
+            Some(n) if !n.trim().is_empty() => n,
+            _ => {
+                return Err(bad(
+                    ".function.name",
+                    "a non-empty string",
+                    function.get("name"),
+                ))
+            }
+        };
+        if let Some(j) = names.iter().position(|&n| n == name) {
+            return Err(format!(
+                "tools[{i}].function.name: \"{name}\" is already the name of tools[{j}]"
+            ));
+        }
+        names.push(name);
+        if function
+            .get("description")
+            .is_some_and(|d| !d.is_string() && !d.is_null())
+        {
+            return Err(bad(
+                ".function.description",
+                "a string",
+                function.get("description"),
+            ));
+        }
+        if function.get("parameters").is_some_and(|p| !p.is_object()) {
+            return Err(bad(
+                ".function.parameters",
+                "a JSON schema object",
+                function.get("parameters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks `tool_choice`: `"none"`, `"auto"`, `"required"`, or `{"type": "function", "function":
+/// {"name"}}` naming one of `tools`.
+pub fn check_tool_choice(choice: &Value, tools: &[Value]) -> Result<(), String> {
+    let expected = "tool_choice: expected \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}";
+    match choice {
+        Value::String(s) if ["none", "auto", "required"].contains(&s.as_str()) => Ok(()),
+        Value::Object(obj) if obj.get("type").and_then(Value::as_str) == Some("function") => {
+            let Some(name) = choice.pointer("/function/name").and_then(Value::as_str) else {
+                return Err(format!(
+                    "tool_choice.function.name: expected a string, got {}",
+                    choice.pointer("/function/name").unwrap_or(&Value::Null)
+                ));
+            };
+            if tools
+                .iter()
+                .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "tool_choice.function.name: \"{name}\" is not among the request's tools"
+                ))
+            }
+        }
+        other => Err(format!("{expected}, got {other}")),
+    }
 }
 
 #[cfg(test)]

@@ -357,7 +357,7 @@ async fn openai_completions_and_chat() {
         ),
         (
             json!({"messages": [{"role": "robot", "content": "x"}]}),
-            "Unknown message role: robot",
+            "messages[0].role: expected one of",
         ),
     ] {
         let (status, err) = post(addr, "/v1/chat/completions", body.clone()).await;

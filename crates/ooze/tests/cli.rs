@@ -268,3 +268,42 @@ fn generate_is_reproducible() {
     ]);
     assert!(err.contains("--top-p must be in (0, 1]"), "{err}");
 }
+
+#[test]
+fn generate_refuses_bad_temperatures_and_survives_tiny_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "qwen2");
+    let run = |temperature: &str| {
+        ooze(&[
+            "generate",
+            "--model",
+            &model,
+            "--prompt",
+            "Question: Bob has",
+            "--max-new-tokens",
+            "6",
+            &format!("--temperature={temperature}"),
+            "--ignore-eos",
+            "--device",
+            "cpu",
+        ])
+    };
+    for bad in ["nan", "inf", "-1"] {
+        let out = run(bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--temperature {bad} should fail");
+        assert!(
+            err.contains("--temperature must be a finite number ≥ 0 (0 = greedy)"),
+            "--temperature {bad}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    for tiny in ["1e-300", "1e-7"] {
+        let out = run(tiny);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "--temperature {tiny}: {err}");
+        assert!(err.contains("6 generated tokens"), "{err}");
+    }
+    // Tiny temperatures draw the argmax, as greedy decoding does.
+    assert_eq!(run("1e-300").stdout, run("0").stdout);
+}

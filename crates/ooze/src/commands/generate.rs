@@ -1,12 +1,17 @@
 //! `ooze generate`: text from a prompt with a plain decoding loop (one sequence, KV cache,
 //! temperature / top-k / top-p sampling). The rollout engine is the fast path; this is for
-//! trying a model out.
+//! trying a model out. The settings go through the engine's validation
+//! ([`ooze_engine::SamplingParams::validate`]: a NaN or negative temperature is an error naming
+//! the flag, a tiny one is raised to the engine's floor) and tokens are drawn by the engine's
+//! sampler, seeded the same way.
 
 use super::{load_decoder, load_tokenizer, ComputeArgs};
-use anyhow::bail;
+use anyhow::{anyhow, bail};
+use ooze_engine::sampler::{draw, RowSampling};
+use ooze_engine::{Sampling, SamplingParams};
 use ooze_model::config::load_generation_eos;
 use ooze_model::{KvCache, RenderOptions};
-use ooze_torch::tch::{self, Kind, Tensor};
+use ooze_torch::tch::{self, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -33,7 +38,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
     #[arg(long, default_value_t = 0)]
-    seed: i64,
+    seed: u64,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -41,35 +46,23 @@ pub struct Args {
     compute: ComputeArgs,
 }
 
-/// Picks the next token from fp32 logits `[vocab]`.
-fn sample(logits: &Tensor, args: &Args) -> i64 {
-    if args.temperature <= 0.0 {
-        return logits.argmax(-1, false).int64_value(&[]);
+/// The flags as the engine's validated sampling settings; errors name the flag.
+fn sampling(args: &Args) -> anyhow::Result<Sampling> {
+    SamplingParams {
+        temperature: Some(args.temperature),
+        top_k: Some(args.top_k),
+        top_p: Some(args.top_p),
+        seed: Some(args.seed),
+        max_new_tokens: Some(args.max_new_tokens),
+        ignore_eos: Some(args.ignore_eos),
+        ..Default::default()
     }
-    let mut logits = logits / args.temperature;
-    if args.top_k > 0 && args.top_k < logits.size()[0] {
-        let (top, _) = logits.topk(args.top_k, -1, true, true);
-        let threshold = top.get(args.top_k - 1);
-        logits = logits.masked_fill(&logits.lt_tensor(&threshold), f64::NEG_INFINITY);
-    }
-    if args.top_p < 1.0 {
-        let (sorted, order) = logits.sort(-1, true);
-        let cumulative = sorted.softmax(-1, Kind::Float).cumsum(-1, Kind::Float);
-        // Drop a token when the tokens before it already reach top_p.
-        let drop_sorted = (cumulative - sorted.softmax(-1, Kind::Float)).ge(args.top_p);
-        let drop = drop_sorted.scatter(0, &order, &drop_sorted);
-        logits = logits.masked_fill(&drop, f64::NEG_INFINITY);
-    }
-    logits
-        .softmax(-1, Kind::Float)
-        .multinomial(1, false)
-        .int64_value(&[0])
+    .validate()
+    .map_err(|e| anyhow!("--{} {}", e.field.replace('_', "-"), e.message))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if !(0.0..=1.0).contains(&args.top_p) || args.top_p == 0.0 {
-        bail!("--top-p must be in (0, 1], got {}", args.top_p);
-    }
+    let sampling = sampling(&args)?;
     let tokenizer = load_tokenizer(&args.model)?;
     let prompt = if args.chat {
         let messages = [serde_json::json!({"role": "user", "content": args.prompt})];
@@ -90,7 +83,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let decoder = load_decoder(&args.model, &args.compute)?;
     let eos: Vec<u32> =
         load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
-    tch::manual_seed(args.seed);
     let device = decoder.device();
     let _guard = tch::no_grad_guard();
     let mut cache = KvCache::new(decoder.config.num_layers as usize);
@@ -104,8 +96,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut generated: Vec<u32> = Vec::new();
     let mut printed = 0;
     let stdout = std::io::stdout();
-    for _ in 0..args.max_new_tokens {
-        let next = sample(&logits.get(0), &args) as u32;
+    for step in 0..sampling.max_new_tokens {
+        let row = RowSampling {
+            params: &sampling,
+            seed: args.seed,
+            step: step as u64,
+            banned: &[],
+        };
+        let next = draw(&logits, &[row])[0].token;
         generated.push(next);
         if !args.ignore_eos && eos.contains(&next) {
             break;
@@ -118,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out.flush()?;
             printed = text.len();
         }
-        if generated.len() == args.max_new_tokens {
+        if generated.len() == sampling.max_new_tokens {
             break;
         }
         logits = decoder.decode_step(
