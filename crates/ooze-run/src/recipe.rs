@@ -715,9 +715,9 @@ impl Recipe {
                 return Err(format!("{key} must be at least 1"));
             }
         }
-        if !(r.temperature > 0.0 && r.temperature.is_finite()) {
+        if !(r.temperature >= 1e-5 && r.temperature.is_finite()) {
             return Err(format!(
-                "rollout.temperature must be > 0 for RL (log-probs are of the sampling distribution), got {}",
+                "rollout.temperature must be at least 1e-5 for RL (log-probs are of the sampling distribution, and the engine samples no colder), got {}",
                 r.temperature
             ));
         }

@@ -3,11 +3,12 @@
 //!
 //! ```json
 //! {"input_ids": [...], "sampling_params": {"max_new_tokens": 0, "temperature": T},
-//!  "return_logprob": true, "logprob_start_len": PROMPT_LEN}
+//!  "return_logprob": true, "logprob_start_len": PROMPT_LEN - 1}
 //! ```
 //!
 //! and the answer's `meta_info.input_token_logprobs` — `[logprob, token_id, text]` per position
-//! from `logprob_start_len` on — are the teacher's log-probs of the response tokens. The token ids
+//! from `logprob_start_len` on, the first entry `null` as SGLang writes it — hold the teacher's
+//! log-probs of the response tokens after that first entry. The token ids
 //! that come back are checked against those sent, so a server that re-tokenised or shifted the
 //! positions is an error, not a silent misalignment. The server must compute the log-probs at the
 //! temperature sent (`ooze serve` does; with SGLang use temperature 1 or its temperature-scaled
@@ -50,7 +51,7 @@ impl GenerateEndpoint {
             "input_ids": s.tokens,
             "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
             "return_logprob": true,
-            "logprob_start_len": s.prompt_len,
+            "logprob_start_len": s.prompt_len.saturating_sub(1),
         });
         let at = format!("POST {} (sample {index})", self.url);
         let mut response = self
@@ -78,7 +79,8 @@ fn truncate(text: &str) -> &str {
 }
 
 /// The log-probs of `response` in an SGLang `/generate` answer (`meta_info.input_token_logprobs`
-/// from the response's first position; one object, or a list with one object).
+/// from the prompt's last position, whose entry SGLang leaves `null`, on; one object, or a list
+/// with one object).
 pub fn parse_input_logprobs(answer: &Value, response: &[u32]) -> Result<Vec<f64>, String> {
     let answer = match answer {
         Value::Array(items) if items.len() == 1 => &items[0],
@@ -87,18 +89,19 @@ pub fn parse_input_logprobs(answer: &Value, response: &[u32]) -> Result<Vec<f64>
     let entries = answer["meta_info"]["input_token_logprobs"]
         .as_array()
         .ok_or("the answer has no meta_info.input_token_logprobs list (does the server support return_logprob with logprob_start_len?)")?;
-    if entries.len() != response.len() {
+    if entries.len() != response.len() + 1 {
         return Err(format!(
-            "meta_info.input_token_logprobs has {} entries for {} response tokens",
+            "meta_info.input_token_logprobs has {} entries for the prompt's last token and {} response tokens",
             entries.len(),
             response.len()
         ));
     }
-    entries
+    entries[1..]
         .iter()
         .zip(response)
         .enumerate()
         .map(|(j, (entry, &token))| {
+            let j = j + 1;
             let logprob = entry[0].as_f64().ok_or_else(|| {
                 format!("meta_info.input_token_logprobs[{j}][0] is not a number: {entry}")
             })?;
@@ -158,23 +161,25 @@ mod tests {
 
     #[test]
     fn input_logprobs_are_checked_against_the_response() {
-        let answer =
-            json!({"meta_info": {"input_token_logprobs": [[-0.5, 7, null], [-1.5, 9, null]]}});
-        assert_eq!(
-            parse_input_logprobs(&answer, &[7, 9]).unwrap(),
-            vec![-0.5, -1.5]
-        );
+        let answer = json!({"meta_info": {"input_token_logprobs":
+            [[null, 3, null], [-0.5, 7, null], [-1.5, 9, null]]}});
+        let want = vec![-0.5, -1.5];
+        assert_eq!(parse_input_logprobs(&answer, &[7, 9]).unwrap(), want);
         assert_eq!(
             parse_input_logprobs(&json!([answer.clone()]), &[7, 9]).unwrap(),
-            vec![-0.5, -1.5]
+            want
         );
         let e = parse_input_logprobs(&answer, &[7, 8]).unwrap_err();
-        assert!(e.contains("[1] is for token 9, the response has 8"), "{e}");
+        assert!(e.contains("[2] is for token 9, the response has 8"), "{e}");
         let e = parse_input_logprobs(&answer, &[7]).unwrap_err();
-        assert!(e.contains("2 entries for 1 response tokens"), "{e}");
+        assert!(
+            e.contains("3 entries for the prompt's last token and 1 response tokens"),
+            "{e}"
+        );
         let e = parse_input_logprobs(&json!({"text": ""}), &[7]).unwrap_err();
         assert!(e.contains("no meta_info.input_token_logprobs"), "{e}");
-        let bad = json!({"meta_info": {"input_token_logprobs": [[null, 7, null]]}});
+        let bad =
+            json!({"meta_info": {"input_token_logprobs": [[null, 3, null], [null, 7, null]]}});
         assert!(parse_input_logprobs(&bad, &[7])
             .unwrap_err()
             .contains("not a number"));
