@@ -144,6 +144,7 @@ pub fn run(
         metadata_key: d.metadata_key.clone(),
         tools_key: d.tools_key.clone(),
         skip_bad_rows: d.skip_bad_rows,
+        require_label: recipe.reward.needs_label(),
     };
     let (train_prompts, origin) = match (&d.task, &d.path) {
         (Some(task), _) => {
