@@ -421,7 +421,8 @@ pub fn run(
         .enable_all()
         .build()?;
 
-    let mut log = MetricsLog::open(run_dir, state.rollout, recipe.logging.tensorboard)?;
+    let keep_through = (state.rollout > 0).then_some(state.rollout);
+    let mut log = MetricsLog::open(run_dir, keep_through, recipe.logging.tensorboard)?;
     let eval_seed = r.seed ^ 0xe7a1;
     let run_evals = |engine: &EngineHandle| -> anyhow::Result<Vec<EvalResult>> {
         let mut out = Vec::new();
