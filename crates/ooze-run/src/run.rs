@@ -95,9 +95,9 @@ pub fn run(
 ) -> anyhow::Result<RunSummary> {
     let started = Instant::now();
     let mode = recipe.trainer.mode;
-    let latest = checkpoint::latest(run_dir)?;
+    let has_checkpoint = !checkpoint::candidates(run_dir)?.is_empty();
     let rollout_only_state = rollout_state_path(run_dir);
-    let has_progress = latest.is_some() || rollout_only_state.exists();
+    let has_progress = has_checkpoint || rollout_only_state.exists();
     if has_progress && !resume {
         bail!(
             "{} already holds a run; continue it with `ooze train --resume {}`, or set logging.run_dir to a new directory",
@@ -320,8 +320,11 @@ pub fn run(
     // Restore.
     let mut state = RunState::default();
     if resume {
-        if let (Some(dir), Some(trainer)) = (&latest, trainer.as_mut()) {
-            let extra = checkpoint::load(dir, trainer)?;
+        let restored = match trainer.as_mut() {
+            Some(trainer) => checkpoint::load_newest(run_dir, trainer)?,
+            None => None,
+        };
+        if let Some(checkpoint::Restored { dir, extra, .. }) = restored {
             state = serde_json::from_value(extra)
                 .with_context(|| format!("{}: the run state is unreadable", dir.display()))?;
             eprintln!(
