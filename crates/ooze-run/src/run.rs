@@ -414,7 +414,8 @@ pub fn run(
     let engine = ooze_engine::start(
         engine_decoder,
         Some(tokenizer.clone()),
-        EngineConfig::new(slots, slot_len, eos),
+        EngineConfig::new(slots, slot_len, eos)
+            .with_initial_weight_version(trainer.as_ref().map_or(0, Trainer::step)),
     );
     if let Some(agent) = settings.agent.as_mut() {
         agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
