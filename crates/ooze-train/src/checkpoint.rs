@@ -212,7 +212,7 @@ pub fn candidates(run_dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
             named.push((step, entry.path()));
         }
     }
-    named.sort_by(|a, b| b.0.cmp(&a.0));
+    named.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
     let mut order: Vec<PathBuf> = Vec::new();
     let pointer = run_dir.join("latest");
     // An unreadable pointer only loses the first place; the directories are still tried.
