@@ -222,6 +222,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")] // /dev/full
     fn a_full_disk_is_reported_as_writing_the_path_with_its_cause_once() {
         let dir = scratch("full");
         let path = dir.join("metrics.jsonl");

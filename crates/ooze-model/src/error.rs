@@ -136,11 +136,13 @@ mod tests {
 
     /// The OS's text for ENOTDIR, the cause of every failure under `/dev/full/` (a device, not a
     /// directory).
+    #[cfg(target_os = "linux")] // /dev/full
     fn not_a_directory() -> String {
         std::io::Error::from_raw_os_error(20).to_string()
     }
 
     #[test]
+    #[cfg(target_os = "linux")] // /dev/full
     fn a_failed_write_says_writing_the_path_with_its_cause_once() {
         let path = Path::new("/dev/full/config.json");
         let err = write_atomic(path, b"{}").unwrap_err();
@@ -154,6 +156,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")] // /dev/full
     fn a_failed_directory_creation_says_so_with_its_cause_once() {
         let dir = Path::new("/dev/full/model");
         let err = crate::checkpoint::save_weights(dir, &[], Default::default()).unwrap_err();
