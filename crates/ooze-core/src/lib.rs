@@ -4,6 +4,7 @@
 //! trainer needs to use it and everything a person needs to audit it. This crate knows nothing of
 //! tensors or async runtimes, so data tools, servers and the trainer can all depend on it.
 
+pub mod atomic_file;
 pub mod ids;
 pub mod rng;
 pub mod sample;

@@ -97,6 +97,7 @@ pub fn start(
     } else {
         None
     };
+    let weight_version = config.initial_weight_version;
     let state = EngineLoop {
         decoder,
         tokenizer,
@@ -105,7 +106,7 @@ pub fn start(
         cache,
         waiting: VecDeque::new(),
         running: Vec::new(),
-        weight_version: 0,
+        weight_version,
         seed_counter: 0,
         paused: false,
         preempted: 0,
@@ -264,7 +265,7 @@ impl EngineLoop {
                         self.weight_version += 1;
                         self.weight_version
                     })
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| error_chain(&e));
                 let _ = reply.send(result);
             }
         }
@@ -783,4 +784,16 @@ fn stop_reason(
         return Some(FinishReason::Length);
     }
     None
+}
+
+/// `e` and its causes as one line (a failed weight load names the file, then the OS error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -26,6 +26,10 @@ pub struct EngineConfig {
     /// Print the forward and sampling time of every decode step (synchronises the GPU; set
     /// `OOZE_ENGINE_PROFILE=1`).
     pub profile_steps: bool,
+    /// The weight version the engine starts at (outputs report it until the first update, which
+    /// makes it one more). A resumed run passes the version its restored weights had, so samples
+    /// after a resume do not reuse the numbers of earlier weights. 0 for a fresh run.
+    pub initial_weight_version: u64,
 }
 
 impl EngineConfig {
@@ -47,6 +51,15 @@ impl EngineConfig {
             min_prefix_reuse: 16,
             cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
             profile_steps: std::env::var_os("OOZE_ENGINE_PROFILE").is_some(),
+            initial_weight_version: 0,
+        }
+    }
+
+    /// This config with the engine starting at weight version `version`.
+    pub fn with_initial_weight_version(self, version: u64) -> EngineConfig {
+        EngineConfig {
+            initial_weight_version: version,
+            ..self
         }
     }
 }

@@ -522,6 +522,30 @@ fn aborting_pause_ends_running_and_waiting_requests() {
 }
 
 #[test]
+fn a_resumed_engine_starts_at_its_weight_version() {
+    let dir = model_dir();
+    let greedy = SamplingParams {
+        temperature: Some(0.0),
+        max_new_tokens: Some(4),
+        ..Default::default()
+    };
+    let p = prompt(3, 6);
+    let rt = runtime();
+    let handle = start_engine(
+        dir.path(),
+        EngineConfig::new(2, 256, vec![]).with_initial_weight_version(7),
+    );
+    let out = rt
+        .block_on(handle.generate(request(&p, greedy.clone())))
+        .unwrap();
+    assert_eq!(out.weight_version, 7);
+    assert_eq!(rt.block_on(handle.stats()).unwrap().weight_version, 7);
+    assert_eq!(rt.block_on(handle.weights_updated_in_place()).unwrap(), 8);
+    let out = rt.block_on(handle.generate(request(&p, greedy))).unwrap();
+    assert_eq!(out.weight_version, 8);
+}
+
+#[test]
 fn weights_update_in_place_with_a_version() {
     let dir = model_dir();
     let other = model_with_seed(12);

@@ -242,7 +242,7 @@ pub fn save_weights(
     tensors: &[(String, Tensor)],
     options: SaveOptions,
 ) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(ModelError::io(dir))?;
+    std::fs::create_dir_all(dir).map_err(ModelError::io_doing("create directory", dir))?;
     let mut shards: Vec<Vec<(String, HostTensor)>> = vec![Vec::new()];
     let mut shard_bytes = 0usize;
     let mut total = 0usize;
@@ -295,10 +295,10 @@ pub fn save_weights(
         written.push(index_path);
         let single = dir.join(SINGLE_FILE);
         if single.exists() {
-            std::fs::remove_file(&single).map_err(ModelError::io(&single))?;
+            std::fs::remove_file(&single).map_err(ModelError::io_doing("remove", &single))?;
         }
     } else if index_path.exists() {
-        std::fs::remove_file(&index_path).map_err(ModelError::io(&index_path))?;
+        std::fs::remove_file(&index_path).map_err(ModelError::io_doing("remove", &index_path))?;
     }
     Ok(written)
 }

@@ -5,13 +5,15 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: cannot read: {source}")]
+    /// A file or directory that could not be read, created or removed (`action` says which).
+    #[error("{path}: cannot {action}")]
     Io {
+        action: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: not valid JSON for {what}: {source}")]
+    #[error("{path}: not valid JSON for {what}")]
     Json {
         path: PathBuf,
         what: &'static str,
@@ -60,16 +62,40 @@ pub enum ModelError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// A file that could not be written (replaced atomically; see [`ooze_core::atomic_file`]).
+    #[error(transparent)]
+    Write(#[from] ooze_core::atomic_file::AtomicFileError),
+    /// A libtorch failure. Its message is the whole story (tch errors have no cause of their own),
+    /// so it is printed here and not also exposed as a source for error chains to repeat.
     #[error("libtorch: {0}")]
-    Torch(#[from] ooze_torch::tch::TchError),
+    Torch(ooze_torch::tch::TchError),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
+impl From<ooze_torch::tch::TchError> for ModelError {
+    fn from(e: ooze_torch::tch::TchError) -> ModelError {
+        ModelError::Torch(e)
+    }
+}
+
 impl ModelError {
+    /// Maps a failed read of `path`.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ModelError {
+        ModelError::io_doing("read", path)
+    }
+
+    /// Maps a failure to `action` (`create directory`, `remove`, …) on `path`.
+    pub(crate) fn io_doing(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> ModelError {
         let path = path.into();
-        move |source| ModelError::Io { path, source }
+        move |source| ModelError::Io {
+            action,
+            path,
+            source,
+        }
     }
 }
 
@@ -86,13 +112,85 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Writes a file atomically: a temporary sibling, then a rename.
+/// Replaces `path` with `bytes` atomically (the one writer: [`ooze_core::atomic_file::write`]).
 pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp-{}",
-        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).map_err(ModelError::io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(ModelError::io(path))
+    Ok(ooze_core::atomic_file::write(path, bytes)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+    use std::path::Path;
+
+    /// The error and its causes as the binary prints them (`anyhow`'s `{:#}`).
+    fn chain(e: &dyn Error) -> String {
+        let mut parts = vec![e.to_string()];
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            parts.push(c.to_string());
+            cause = c.source();
+        }
+        parts.join(": ")
+    }
+
+    /// The OS's text for ENOTDIR, the cause of every failure under `/dev/full/` (a device, not a
+    /// directory).
+    #[cfg(target_os = "linux")] // /dev/full
+    fn not_a_directory() -> String {
+        std::io::Error::from_raw_os_error(20).to_string()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")] // /dev/full
+    fn a_failed_write_says_writing_the_path_with_its_cause_once() {
+        let path = Path::new("/dev/full/config.json");
+        let err = write_atomic(path, b"{}").unwrap_err();
+        let text = chain(&err);
+        assert!(
+            text.starts_with("writing /dev/full/config.json: "),
+            "{text}"
+        );
+        assert!(!text.contains("read"), "{text}");
+        assert_eq!(text.matches(&not_a_directory()).count(), 1, "{text}");
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")] // /dev/full
+    fn a_failed_directory_creation_says_so_with_its_cause_once() {
+        let dir = Path::new("/dev/full/model");
+        let err = crate::checkpoint::save_weights(dir, &[], Default::default()).unwrap_err();
+        let text = chain(&err);
+        assert!(
+            text.starts_with("/dev/full/model: cannot create directory: "),
+            "{text}"
+        );
+        assert_eq!(text.matches(&not_a_directory()).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_failed_read_names_the_path_with_its_cause_once() {
+        let path = Path::new("/nonexistent-ooze-dir/config.json");
+        let err = read_json::<serde_json::Value>(path, "a config").unwrap_err();
+        let text = chain(&err);
+        assert!(
+            text.starts_with("/nonexistent-ooze-dir/config.json: cannot read: "),
+            "{text}"
+        );
+        let cause = std::io::Error::from_raw_os_error(2).to_string();
+        assert_eq!(text.matches(&cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn bad_json_prints_the_parse_error_once() {
+        let dir = std::env::temp_dir().join(format!("ooze-model-error-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(&path, "{not json").unwrap();
+        let err = read_json::<serde_json::Value>(&path, "a config").unwrap_err();
+        let text = chain(&err);
+        let parse = err.source().unwrap().to_string();
+        assert_eq!(text.matches(&parse).count(), 1, "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

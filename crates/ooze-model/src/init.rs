@@ -380,7 +380,7 @@ pub fn random_weights(config: &ModelConfig, seed: i64) -> Vec<(String, Tensor)> 
 
 /// Writes a complete model directory into `out` and returns its config.
 pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<ModelConfig> {
-    std::fs::create_dir_all(out).map_err(ModelError::io(out))?;
+    std::fs::create_dir_all(out).map_err(ModelError::io_doing("create directory", out))?;
     let tokens = family_tokens(options.family);
     let tokenizer_json = train_tokenizer(options.family, corpus, options.tokenizer_vocab)?;
     let tokenizer = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes())

@@ -9,8 +9,10 @@
 //! - Keys are configurable: the input (a string, or a list of chat messages), the label, metadata
 //!   and tools. A key with dots (`reward_model.ground_truth`) reaches into nested objects when no
 //!   column has that exact name.
-//! - A row without the input key is an error naming the file and line, or is skipped and counted
-//!   when the recipe says so.
+//! - A row without the input key, or without the label key when the reward reads labels
+//!   (`require_label`), is an error naming the file, line and key, or is skipped and counted when
+//!   the recipe says so. A reward that reads no label gets an empty one.
+//! - A JSONL line that is not UTF-8 is an error naming its line and the byte offset.
 //! - [`PromptOrder`] shuffles each epoch with the seed; its position is two numbers that
 //!   checkpoints save and restore.
 
@@ -29,8 +31,11 @@ pub struct DataConfig {
     /// The row's metadata for rewards and agents: one (dotted) key, or `*` for the whole row.
     pub metadata_key: Option<String>,
     pub tools_key: Option<String>,
-    /// Skip (and count) rows without the input key instead of failing.
+    /// Skip (and count) rows without the input key (or the required label) instead of failing.
     pub skip_bad_rows: bool,
+    /// Every row must have the label key (the reward reads labels; see
+    /// `RewardConfig::needs_label`). Otherwise a row without one gets an empty label.
+    pub require_label: bool,
 }
 
 impl Default for DataConfig {
@@ -42,6 +47,7 @@ impl Default for DataConfig {
             metadata_key: None,
             tools_key: None,
             skip_bad_rows: false,
+            require_label: true,
         }
     }
 }
@@ -60,7 +66,8 @@ pub struct PromptRow {
     /// 1-based line (JSONL) or row (Parquet) in the file.
     pub line: usize,
     pub input: PromptInput,
-    /// The label as text (a JSON string's content, or other JSON as written).
+    /// The label as text (a JSON string's content, or other JSON as written); empty when the row
+    /// has none and none is required.
     pub label: String,
     pub metadata: Value,
     pub tools: Option<Vec<Value>>,
@@ -68,7 +75,7 @@ pub struct PromptRow {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: {source}")]
+    #[error("{path}: cannot read")]
     Io {
         path: PathBuf,
         #[source]
@@ -88,7 +95,7 @@ pub enum DataError {
 #[derive(Debug)]
 pub struct Dataset {
     pub rows: Vec<PromptRow>,
-    /// Rows skipped for lacking the input key (with `skip_bad_rows`).
+    /// Rows skipped for lacking the input key or the required label (with `skip_bad_rows`).
     pub skipped: usize,
 }
 
@@ -159,16 +166,31 @@ fn read_records(path: &Path) -> Result<Vec<Record>, DataError> {
     if path.extension().is_some_and(|e| e == "parquet") {
         return read_parquet(path);
     }
-    let text = std::fs::read_to_string(path).map_err(io)?;
-    Ok(text
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| {
-            let value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"));
-            (i + 1, value)
-        })
-        .collect())
+    let bytes = std::fs::read(path).map_err(io)?;
+    Ok(jsonl_records(&bytes))
+}
+
+/// The non-blank lines of JSONL `bytes`, each checked for UTF-8 on its own so that a bad byte is
+/// reported at its line (and offset) rather than for the whole file.
+fn jsonl_records(bytes: &[u8]) -> Vec<Record> {
+    let mut records = Vec::new();
+    let mut line_start = 0;
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let offset = line_start;
+        line_start += raw.len() + 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        let value = match std::str::from_utf8(raw) {
+            Err(e) => Err(format!(
+                "not UTF-8 (byte offset {} in the file, {} in the line)",
+                offset + e.valid_up_to(),
+                e.valid_up_to()
+            )),
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}")),
+        };
+        records.push((i + 1, value));
+    }
+    records
 }
 
 /// A Parquet file's rows as JSON objects.
@@ -239,13 +261,24 @@ pub fn load(config: &DataConfig) -> Result<Dataset, DataError> {
             Some(Value::Array(t)) => Some(t.clone()),
             Some(_) => return Err(fail("tools must be a list of tool schemas".into())),
         };
+        let label = match lookup(object, &config.label_key).filter(|v| !v.is_null()) {
+            Some(v) => text_of(v),
+            None if !config.require_label => String::new(),
+            None if config.skip_bad_rows => {
+                skipped += 1;
+                continue;
+            }
+            None => {
+                return Err(fail(format!(
+                    "no `{}` (the label key, which the reward reads; set data.label_key, or data.skip_bad_rows = true)",
+                    config.label_key
+                )))
+            }
+        };
         rows.push(PromptRow {
             line,
             input,
-            label: lookup(object, &config.label_key)
-                .filter(|v| !v.is_null())
-                .map(text_of)
-                .unwrap_or_default(),
+            label,
             metadata: match config.metadata_key.as_deref() {
                 Some("*") => Value::Object(object.clone()),
                 Some(k) => lookup(object, k).cloned().unwrap_or(Value::Null),
@@ -394,7 +427,10 @@ mod tests {
 
     #[test]
     fn a_row_without_the_input_is_named_or_skipped() {
-        let f = write(&[r#"{"prompt": "a"}"#, r#"{"text": "b"}"#]);
+        let f = write(&[
+            r#"{"prompt": "a", "label": "1"}"#,
+            r#"{"text": "b", "label": "2"}"#,
+        ]);
         let mut config = DataConfig {
             path: f.path().to_string_lossy().into_owned(),
             ..Default::default()
@@ -409,6 +445,71 @@ mod tests {
         config.skip_bad_rows = true;
         let d = load(&config).unwrap();
         assert_eq!((d.rows.len(), d.skipped), (1, 1));
+    }
+
+    #[test]
+    fn a_row_without_a_required_label_is_named_or_skipped() {
+        let f = write(&[
+            r#"{"prompt": "a", "label": "1"}"#,
+            r#"{"prompt": "b"}"#,
+            r#"{"prompt": "c", "label": null}"#,
+            r#"{"prompt": "d", "label": 4}"#,
+        ]);
+        let path = f.path().to_string_lossy().into_owned();
+        let mut config = DataConfig {
+            path: path.clone(),
+            ..Default::default()
+        };
+        let err = load(&config).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("{path}:2: no `label` (the label key, which the reward reads; set data.label_key, or data.skip_bad_rows = true)")
+        );
+        config.skip_bad_rows = true;
+        let d = load(&config).unwrap();
+        assert_eq!((d.rows.len(), d.skipped), (2, 2));
+        assert_eq!(
+            d.rows
+                .iter()
+                .map(|r| (r.line, r.label.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "1"), (4, "4")]
+        );
+        // A reward that reads no label takes every row, unlabelled ones with an empty label.
+        config.skip_bad_rows = false;
+        config.require_label = false;
+        let d = load(&config).unwrap();
+        assert_eq!(d.rows.len(), 4);
+        assert_eq!(d.rows[1].label, "");
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_named_with_its_byte_offset() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let mut bytes = b"{\"prompt\": \"a\", \"label\": \"1\"}\r\n\n".to_vec();
+        bytes.extend_from_slice(b"{\"prompt\": \"b\xff\", \"label\": \"2\"}\n");
+        std::fs::write(f.path(), &bytes).unwrap();
+        let path = f.path().to_string_lossy().into_owned();
+        let err = load(&DataConfig {
+            path: path.clone(),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        // Line 3 starts at byte 32; the bad byte is its 13th.
+        assert_eq!(
+            err,
+            format!("{path}:3: not UTF-8 (byte offset 45 in the file, 13 in the line)")
+        );
+        // The lines before it (CRLF and a blank one) read as before.
+        std::fs::write(f.path(), &bytes[..32]).unwrap();
+        let d = load(&DataConfig {
+            path,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(d.rows.len(), 1);
+        assert_eq!(d.rows[0].input, PromptInput::Text("a".into()));
     }
 
     #[test]

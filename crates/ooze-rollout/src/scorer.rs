@@ -48,6 +48,26 @@ pub enum RewardConfig {
     },
 }
 
+impl RewardConfig {
+    /// Whether this reward reads each row's label, so a row without one is an error at load (see
+    /// `DataConfig::require_label`). The built-in checks and the task verifiers compare with the
+    /// label; a regex does not read it. A registered function or a remote reward model may or may
+    /// not: rows without a label reach them with an empty one.
+    pub fn needs_label(&self) -> bool {
+        match self {
+            RewardConfig::Task
+            | RewardConfig::Math { .. }
+            | RewardConfig::ExactMatch
+            | RewardConfig::F1
+            | RewardConfig::Contains => true,
+            RewardConfig::Regex { .. }
+            | RewardConfig::Function { .. }
+            | RewardConfig::GroupFunction { .. }
+            | RewardConfig::Remote { .. } => false,
+        }
+    }
+}
+
 fn default_timeout() -> f64 {
     30.0
 }
@@ -320,6 +340,22 @@ mod tests {
             response,
             label,
             metadata: &NULL,
+        }
+    }
+
+    #[test]
+    fn rewards_that_compare_with_the_label_need_one() {
+        let parse = |s: &str| -> RewardConfig { serde_json::from_str(s).unwrap() };
+        for t in ["task", "math", "exact_match", "f1", "contains"] {
+            assert!(parse(&format!(r#"{{"type": "{t}"}}"#)).needs_label(), "{t}");
+        }
+        for c in [
+            r#"{"type": "regex", "pattern": "x"}"#,
+            r#"{"type": "function", "name": "f"}"#,
+            r#"{"type": "group_function", "name": "f"}"#,
+            r#"{"type": "remote", "url": "http://127.0.0.1:1/score"}"#,
+        ] {
+            assert!(!parse(c).needs_label(), "{c}");
         }
     }
 

@@ -18,7 +18,7 @@ fn rollout_state_path(run_dir: &Path) -> PathBuf {
 /// Refuses to start a fresh run over one that has made progress.
 pub(crate) fn refuse_to_overwrite(run_dir: &Path, resume: bool) -> anyhow::Result<()> {
     let has_progress =
-        checkpoint::latest(run_dir)?.is_some() || rollout_state_path(run_dir).exists();
+        !checkpoint::candidates(run_dir)?.is_empty() || rollout_state_path(run_dir).exists();
     if has_progress && !resume {
         bail!(
             "{} already holds a run; continue it with `ooze train --resume {}`, or set logging.run_dir to a new directory",
@@ -42,8 +42,10 @@ pub(crate) fn restore(
     }
     let rollout_only_state = rollout_state_path(run_dir);
     if let Some(trainer) = trainer {
-        if let Some(dir) = checkpoint::latest(run_dir)? {
-            let extra = checkpoint::load(&dir, trainer)?;
+        // The newest checkpoint that loads: a corrupt one is reported and the one before tried.
+        if let Some(checkpoint::Restored { dir, extra, .. }) =
+            checkpoint::load_newest(run_dir, trainer)?
+        {
             let state: RunState = serde_json::from_value(extra)
                 .with_context(|| format!("{}: the run state is unreadable", dir.display()))?;
             eprintln!(
@@ -68,9 +70,10 @@ pub(crate) fn restore(
     Ok(RunState::default())
 }
 
-/// The metrics lines a (resumed) run keeps: those of the rollouts it restored.
-pub(crate) fn metrics_kept_through(state: &RunState, _resume: bool) -> u64 {
-    state.rollout
+/// The metrics lines a (resumed) run keeps: those of the rollouts it restored (none when it
+/// starts from the beginning, so its at-start line is not written twice).
+pub(crate) fn metrics_kept_through(state: &RunState) -> Option<u64> {
+    (state.rollout > 0).then_some(state.rollout)
 }
 
 impl Run {

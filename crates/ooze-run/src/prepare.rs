@@ -90,10 +90,12 @@ impl Run {
             .unwrap_or_else(|| engine_decoder.config.eos_token_ids.clone());
         eprintln!("engine: {slots} sequences × {slot_len} tokens");
         settings.agent = agent_rollout(&recipe, slot_len as usize)?;
+        // A resumed run's engine continues the weight versions from the trainer's step.
         let engine = ooze_engine::start(
             engine_decoder,
             Some(tokenizer.clone()),
-            EngineConfig::new(slots, slot_len, eos),
+            EngineConfig::new(slots, slot_len, eos)
+                .with_initial_weight_version(trainer.as_ref().map_or(0, |t| t.step())),
         );
         if let Some(agent) = settings.agent.as_mut() {
             agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
@@ -104,7 +106,7 @@ impl Run {
             .build()?;
         let log = MetricsLog::open(
             run_dir,
-            crate::checkpoint::metrics_kept_through(&state, resume),
+            crate::checkpoint::metrics_kept_through(&state),
             recipe.logging.tensorboard,
         )?;
         Ok(Run {
@@ -185,6 +187,7 @@ fn data_config(recipe: &Recipe, path: &str) -> DataConfig {
         metadata_key: d.metadata_key.clone(),
         tools_key: d.tools_key.clone(),
         skip_bad_rows: d.skip_bad_rows,
+        require_label: recipe.reward.needs_label(),
     }
 }
 

@@ -4,11 +4,17 @@
 //! safetensors, loadable by transformers), `optimizer/` (fp32 moments, step counters and master
 //! weights as safetensors), with a critic also `critic/` and `critic_optimizer/`, and
 //! `trainer_state.json` (step, trainer config, and the caller's own
-//! state: data position, RNG). It is built under a hidden temporary name and renamed into place;
-//! `RUN/latest` (written atomically) names the newest complete one.
+//! state: data position, RNG). It is built under a hidden temporary name, flushed to disk and
+//! renamed into place (the rename flushed too); `RUN/latest` (written atomically) names the newest
+//! complete one. Every file goes through the one atomic writer, [`ooze_core::atomic_file`].
+//!
+//! Resuming takes the newest checkpoint that loads ([`load_newest`]): `latest`, or when that one is
+//! damaged (a truncated safetensors file, missing files, bad JSON) the ones before it, newest
+//! first, each failure reported on stderr.
 
 use crate::trainer::{Trainer, TrainerConfig};
 use crate::TrainError;
+use ooze_core::atomic_file;
 use ooze_model::checkpoint::{SaveOptions, WeightSet};
 use ooze_torch::tch::Kind;
 use serde::{Deserialize, Serialize};
@@ -22,19 +28,17 @@ struct TrainerState {
     extra: serde_json::Value,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TrainError + 'a {
     move |source| TrainError::Io {
+        action,
         path: path.to_owned(),
         source,
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
-}
+/// Replaces `path` with `bytes` atomically: the one writer, [`ooze_core::atomic_file::write`],
+/// re-exported for the callers that write run files through this module.
+pub use ooze_core::atomic_file::write as write_atomic;
 
 /// Saves the trainer after its current step into `run_dir`; `source_model` is the model directory
 /// the policy was loaded from (its config and tokenizer files are copied). Returns the checkpoint.
@@ -48,9 +52,9 @@ pub fn save(
     let done = run_dir.join(&name);
     let tmp = run_dir.join(format!(".{name}.partial"));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    std::fs::create_dir_all(&tmp).map_err(io("create directory", &tmp))?;
     let model_kind = match trainer.policy.kind() {
         Kind::BFloat16 | Kind::Half => trainer.policy.kind(),
         _ => Kind::Float,
@@ -98,10 +102,12 @@ pub fn save(
     };
     let json = serde_json::to_vec_pretty(&state).expect("invariant: the state serialises");
     write_atomic(&tmp.join("trainer_state.json"), &json)?;
+    // The entries of the hidden directory (model/, optimizer/, …) reach the disk before its rename.
+    atomic_file::sync_dir(&tmp)?;
     if done.exists() {
-        std::fs::remove_dir_all(&done).map_err(io(&done))?;
+        std::fs::remove_dir_all(&done).map_err(io("remove", &done))?;
     }
-    std::fs::rename(&tmp, &done).map_err(io(&done))?;
+    atomic_file::rename(&tmp, &done)?;
     write_atomic(&run_dir.join("latest"), name.as_bytes())?;
     Ok(done)
 }
@@ -116,15 +122,16 @@ pub fn save_final_model(
     let done = run_dir.join("final-model");
     let tmp = run_dir.join(".final-model.partial");
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
     }
     trainer
         .policy
         .save(source_model, &tmp, SaveOptions::default())?;
+    atomic_file::sync_dir(&tmp)?;
     if done.exists() {
-        std::fs::remove_dir_all(&done).map_err(io(&done))?;
+        std::fs::remove_dir_all(&done).map_err(io("remove", &done))?;
     }
-    std::fs::rename(&tmp, &done).map_err(io(&done))?;
+    atomic_file::rename(&tmp, &done)?;
     Ok(done)
 }
 
@@ -134,7 +141,7 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
     if !pointer.exists() {
         return Ok(None);
     }
-    let name = std::fs::read_to_string(&pointer).map_err(io(&pointer))?;
+    let name = std::fs::read_to_string(&pointer).map_err(io("read", &pointer))?;
     let dir = run_dir.join(name.trim());
     if !dir.join("trainer_state.json").exists() {
         return Err(TrainError::Checkpoint(format!(
@@ -150,7 +157,7 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
 /// model shape); returns the caller's saved state.
 pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, TrainError> {
     let path = dir.join("trainer_state.json");
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text = std::fs::read_to_string(&path).map_err(io("read", &path))?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
         TrainError::Checkpoint(format!("{}: not a trainer state: {e}", path.display()))
     })?;
@@ -180,4 +187,110 @@ pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, Trai
     }
     trainer.set_step(state.step);
     Ok(state.extra)
+}
+
+/// The step of a complete checkpoint's directory name (`checkpoint-000042` → 42).
+fn checkpoint_step(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("checkpoint-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The checkpoints of `run_dir` in the order a resume tries them: the one `RUN/latest` names, then
+/// every other `checkpoint-NNNNNN` directory, newest first. (Hidden `.partial` directories are
+/// never complete and never listed.) Empty when the run has none.
+pub fn candidates(run_dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
+    if !run_dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut named = Vec::new();
+    for entry in std::fs::read_dir(run_dir).map_err(io("read", run_dir))? {
+        let entry = entry.map_err(io("read", run_dir))?;
+        if let Some(step) = entry.file_name().to_str().and_then(checkpoint_step) {
+            named.push((step, entry.path()));
+        }
+    }
+    named.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
+    let mut order: Vec<PathBuf> = Vec::new();
+    let pointer = run_dir.join("latest");
+    // An unreadable pointer only loses the first place; the directories are still tried.
+    if let Ok(name) = std::fs::read_to_string(&pointer) {
+        let name = name.trim();
+        if checkpoint_step(name).is_some() {
+            order.push(run_dir.join(name));
+        }
+    }
+    for (_, dir) in named {
+        if !order.contains(&dir) {
+            order.push(dir);
+        }
+    }
+    Ok(order)
+}
+
+/// `e` and its causes, as one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// What [`load_newest`] restored.
+#[derive(Debug)]
+pub struct Restored {
+    /// The checkpoint that loaded.
+    pub dir: PathBuf,
+    /// The caller's state saved with it.
+    pub extra: serde_json::Value,
+    /// The newer checkpoints that did not load, with why (already reported on stderr).
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Restores the newest checkpoint of `run_dir` that loads into `trainer` (see [`candidates`] for
+/// the order); `None` when the run has no checkpoint. Each one that fails to load (missing files,
+/// a corrupt safetensors file, bad JSON) is reported on stderr, naming it and its error, before the
+/// one before it is tried; it is an error only when none loads. A failed attempt may have changed
+/// part of `trainer`; the checkpoint that loads replaces all of it (weights, optimizer state,
+/// critic, step).
+pub fn load_newest(run_dir: &Path, trainer: &mut Trainer) -> Result<Option<Restored>, TrainError> {
+    let order = candidates(run_dir)?;
+    if order.is_empty() {
+        return Ok(None);
+    }
+    let mut skipped = Vec::new();
+    for dir in order {
+        match load(&dir, trainer) {
+            Ok(extra) => {
+                return Ok(Some(Restored {
+                    dir,
+                    extra,
+                    skipped,
+                }))
+            }
+            Err(e) => {
+                let why = error_chain(&e);
+                eprintln!(
+                    "warning: checkpoint {} does not load ({why}); trying the one before it",
+                    dir.display()
+                );
+                skipped.push((dir, why));
+            }
+        }
+    }
+    let tried: Vec<String> = skipped
+        .iter()
+        .map(|(dir, why)| format!("{}: {why}", dir.display()))
+        .collect();
+    Err(TrainError::Checkpoint(format!(
+        "no checkpoint in {} loads ({})",
+        run_dir.display(),
+        tried.join("; ")
+    )))
 }

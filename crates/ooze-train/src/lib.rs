@@ -44,12 +44,17 @@ pub enum TrainError {
     Teacher(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
-    #[error("{path}: {source}")]
+    /// A file or directory that could not be read, created or removed (`action` says which).
+    #[error("{path}: cannot {action}")]
     Io {
+        action: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// A file or directory that could not be written or renamed into place.
+    #[error(transparent)]
+    Write(#[from] ooze_core::atomic_file::AtomicFileError),
     #[error(transparent)]
     Model(#[from] ooze_model::ModelError),
     #[error(transparent)]

@@ -22,6 +22,7 @@ pub fn load_chat_jsonl(
     max_tokens: usize,
 ) -> Result<ChatData, TrainError> {
     let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io {
+        action: "read",
         path: path.to_owned(),
         source,
     })?;

@@ -5,6 +5,8 @@
 //! distilling that warm-started model into a fresh random one lowers the teacher–student log-prob
 //! gap. The runs are seeded: the figures asserted are the run's own before and after.
 
+mod common;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -223,10 +225,9 @@ fn ppo_with_a_critic_learns_addition_and_resumes_exactly() {
     );
 }
 
-#[test]
-fn distillation_from_an_sft_teacher_lowers_the_gap() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("opd");
+/// `ooze train recipes/addition-cpu.toml` distilling `teacher` (a `[teacher]` key) into the
+/// random model for `rollouts` rollouts.
+fn distill(run: &Path, teacher: &str, rollouts: u64) {
     let m = models();
     let out = ooze()
         .arg("train")
@@ -237,11 +238,11 @@ fn distillation_from_an_sft_teacher_lowers_the_gap() {
             "--set",
             &format!("logging.run_dir={:?}", run.display().to_string()),
             "--set",
-            &format!("teacher.path={:?}", m.sft.display().to_string()),
+            teacher,
             "--set",
             "algorithm.advantage.opd_coef=1.0",
             "--set",
-            "rollout.num_rollouts=16",
+            &format!("rollout.num_rollouts={rollouts}"),
             "--set",
             "rollout.batch_size=8",
             "--set",
@@ -258,6 +259,14 @@ fn distillation_from_an_sft_teacher_lowers_the_gap() {
         .output()
         .unwrap();
     check(out, "ooze train (opd)");
+}
+
+#[test]
+fn distillation_from_an_sft_teacher_lowers_the_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("opd");
+    let teacher = format!("teacher.path={:?}", models().sft.display().to_string());
+    distill(&run, &teacher, 16);
     let rows = metrics(&run);
     let gap = series(&rows, "train/teacher_logp_gap");
     let kl = series(&rows, "train/teacher_kl");
@@ -266,5 +275,25 @@ fn distillation_from_an_sft_teacher_lowers_the_gap() {
     assert!(
         mean(&gap[12..]) < mean(&gap[..4]) - 0.5,
         "teacher–student log-prob gap per rollout: {gap:?}"
+    );
+}
+
+#[test]
+fn a_teacher_behind_ooze_serve_scores_as_the_same_model_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = models();
+    let (_server, openai) = common::serve(&m.sft, &[]);
+    let base = openai.trim_end_matches("/v1");
+    distill(&dir.path().join("url"), &format!("teacher.url={base:?}"), 1);
+    distill(
+        &dir.path().join("path"),
+        &format!("teacher.path={:?}", m.sft.display().to_string()),
+        1,
+    );
+    let gap = |run: &str| series(&metrics(&dir.path().join(run)), "train/teacher_logp_gap")[0];
+    let (remote, local) = (gap("url"), gap("path"));
+    assert!(
+        (remote - local).abs() < 1e-4 * local.abs().max(1.0),
+        "teacher gap through /generate {remote}, in process {local}"
     );
 }
