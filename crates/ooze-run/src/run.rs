@@ -17,7 +17,7 @@ use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper
 use crate::eval::{evaluate, EvalResult, EvalSet};
 use crate::metrics_log::MetricsLog;
 use crate::progress::Progress;
-use crate::recipe::{AgentKind, Mode, Recipe};
+use crate::recipe::{Mode, Recipe};
 use anyhow::{bail, Context};
 use ooze_engine::{EngineConfig, EngineHandle, Sampling, SamplingParams, StopStrings};
 use ooze_model::{Decoder, SlotCache, Tokenizer};
@@ -373,7 +373,7 @@ pub fn run(
         .min(r.concurrency) as i64;
     // Helpers with weights of their own are loaded first: their weights are then out of the free
     // memory measured below, and their caches are taken out of the policy's share.
-    let helper_models = if recipe.agent.kind == AgentKind::None {
+    let helper_models = if recipe.agent.spec().is_none() {
         Vec::new()
     } else {
         load_helper_models(&recipe, device, kind)?
