@@ -5,6 +5,7 @@
 //! tensors or async runtimes, so data tools, servers and the trainer can all depend on it.
 
 pub mod ids;
+pub mod order;
 pub mod rng;
 pub mod sample;
 
