@@ -9,6 +9,8 @@
 //! - [`critic`]: the PPO critic (decoder body + value head).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
+//! - [`sft`]: the supervised fine-tuning run (`ooze sft`): batches, steps, held-out loss,
+//!   checkpoints and resume.
 
 pub mod batch;
 pub mod checkpoint;
@@ -16,6 +18,7 @@ pub mod critic;
 pub mod forward;
 pub mod optimizer;
 pub mod schedule;
+pub mod sft;
 pub mod sft_data;
 pub mod trainer;
 
