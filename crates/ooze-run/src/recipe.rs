@@ -575,12 +575,13 @@ impl Recipe {
 mod tests {
     use super::*;
 
-    fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
+    /// Parses `text` with `--set`s, the error as text (also for `recipe::agent`'s tests).
+    pub(super) fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         Recipe::parse(text, Path::new("r.toml"), &sets).map_err(|e| e.to_string())
     }
 
-    const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
+    pub(super) const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
 
     #[test]
     fn defaults_fill_and_round_trip() {

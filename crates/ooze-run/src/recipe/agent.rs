@@ -255,15 +255,9 @@ impl Default for FormatRewardSection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recipe::tests::{parse, MIN};
     use crate::recipe::Recipe;
     use std::path::Path;
-
-    fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        Recipe::parse(text, Path::new("r.toml"), &sets).map_err(|e| e.to_string())
-    }
-
-    const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
 
     #[test]
     fn agent_keys_belong_to_their_type() {
