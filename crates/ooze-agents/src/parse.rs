@@ -8,6 +8,7 @@
 //! meant for the model (what was wrong and what is expected), which agents append as the
 //! observation.
 
+use ooze_model::tool_calls::{self as model_tool_calls, RawToolCall, ToolCallError, EXPECTED};
 use serde_json::Value;
 
 /// A tool call as the model wrote it.
@@ -27,65 +28,37 @@ impl std::fmt::Display for Malformed {
     }
 }
 
-const OPEN_CALL: &str = "<tool_call>";
-const CLOSE_CALL: &str = "</tool_call>";
-
-/// Every `<tool_call>` block in `text`, in order, each parsed or explained.
+/// Every `<tool_call>` block in `text`, in order, each parsed or explained (the blocks are read by
+/// [`ooze_model::tool_calls`]; here the arguments must be an object).
 pub fn tool_calls(text: &str) -> Vec<Result<ToolCall, Malformed>> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(OPEN_CALL) {
-        let body_start = start + OPEN_CALL.len();
-        let Some(len) = rest[body_start..].find(CLOSE_CALL) else {
-            out.push(Err(Malformed(format!(
-                "a {OPEN_CALL} was not closed with {CLOSE_CALL}"
-            ))));
-            break;
-        };
-        out.push(parse_call(rest[body_start..body_start + len].trim()));
-        rest = &rest[body_start + len + CLOSE_CALL.len()..];
-    }
-    out
+    model_tool_calls::tool_calls(text)
+        .into_iter()
+        .map(|block| {
+            let call = block.map_err(|e| Malformed(e.to_string()))?;
+            agent_call(call)
+        })
+        .collect()
 }
 
-fn parse_call(body: &str) -> Result<ToolCall, Malformed> {
-    const EXPECTED: &str = r#"write {"name": "<tool name>", "arguments": {...}}"#;
-    let value: Value = serde_json::from_str(body)
-        .map_err(|e| Malformed(format!("the tool call is not valid JSON ({e}); {EXPECTED}")))?;
-    let Value::Object(mut object) = value else {
-        return Err(Malformed(format!(
-            "the tool call must be a JSON object; {EXPECTED}"
-        )));
+fn agent_call(call: RawToolCall) -> Result<ToolCall, Malformed> {
+    let RawToolCall { name, arguments } = call;
+    if name.trim().is_empty() {
+        return Err(Malformed(ToolCallError::NameNotString.to_string()));
+    }
+    let not_object = || {
+        Malformed(format!(
+            "\"arguments\" of {name} must be a JSON object; {EXPECTED}"
+        ))
     };
-    let name = match object.remove("name") {
-        Some(Value::String(n)) if !n.trim().is_empty() => n,
-        Some(_) => return Err(Malformed(format!("\"name\" must be a string; {EXPECTED}"))),
-        None => {
-            return Err(Malformed(format!(
-                "the tool call has no \"name\"; {EXPECTED}"
-            )))
-        }
-    };
-    let arguments = match object
-        .remove("arguments")
-        .or_else(|| object.remove("parameters"))
-    {
+    let arguments = match arguments {
         None | Some(Value::Null) => serde_json::Map::new(),
         Some(Value::Object(a)) => a,
         // Some models write the arguments object as a JSON string.
         Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
             Ok(Value::Object(a)) => a,
-            _ => {
-                return Err(Malformed(format!(
-                    "\"arguments\" of {name} must be a JSON object; {EXPECTED}"
-                )))
-            }
+            _ => return Err(not_object()),
         },
-        Some(_) => {
-            return Err(Malformed(format!(
-                "\"arguments\" of {name} must be a JSON object; {EXPECTED}"
-            )))
-        }
+        Some(_) => return Err(not_object()),
     };
     Ok(ToolCall { name, arguments })
 }

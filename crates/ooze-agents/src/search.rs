@@ -10,6 +10,7 @@
 //! Scoring is Okapi BM25 with Pyserini's defaults (k1 = 0.9, b = 0.4) over lower-cased
 //! alphanumeric terms without English stop words.
 
+use ooze_rollout::http_client::{HttpError, JsonClient};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -79,6 +80,8 @@ pub enum SearchError {
     },
     #[error("retrieval service {url}: {message}")]
     Remote { url: String, message: String },
+    #[error("retrieval service: {0}")]
+    Http(#[source] HttpError),
 }
 
 const STOP_WORDS: &[&str] = &[
@@ -333,24 +336,9 @@ fn remote_search(
         url: url.to_owned(),
         message,
     };
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
-    let mut response = agent
-        .post(url)
-        .send_json(body)
-        .map_err(|e| fail(e.to_string()))?;
-    let status = response.status();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| fail(e.to_string()))?;
-    if !status.is_success() {
-        return Err(fail(format!("HTTP {status}: {text}")));
-    }
-    let value: Value = serde_json::from_str(&text).map_err(|e| fail(format!("not JSON: {e}")))?;
+    let value = JsonClient::new(timeout)
+        .post(url, None, body)
+        .map_err(SearchError::Http)?;
     let lists = value["result"]
         .as_array()
         .ok_or_else(|| fail("the answer has no \"result\" list".into()))?;

@@ -6,6 +6,7 @@
 
 pub mod atomic_file;
 pub mod ids;
+pub mod order;
 pub mod rng;
 pub mod sample;
 

@@ -6,6 +6,7 @@
 //! - [`attention`]: KV memory (per batch and in engine slots), attention layouts and masks.
 //! - [`scoring`]: per-token log-probs and entropies without materialising full-vocab fp32 logits.
 //! - [`tokenizer`], [`chat_template`]: HF tokenizers and transformers-identical chat templates.
+//! - [`tool_calls`]: the templates' `<tool_call>{json}</tool_call>` calls read back from text.
 //! - [`init`], [`corpus`]: new random-weight models with trained tokenizers, for tests and demos.
 
 pub mod attention;
@@ -19,6 +20,7 @@ pub mod init;
 pub mod rope;
 pub mod scoring;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use chat_template::{AssistantSpan, ChatTemplate, RenderOptions};
 pub use config::{Family, ModelConfig};

@@ -16,21 +16,21 @@
 //! with rewards per sample, per trajectory (broadcast to the siblings), or left to the recipe's
 //! scorer.
 
+use crate::cancel::{wait_output, CancelToken, WaitError};
 use crate::helpers::{HelperError, HelperReply, HelperUsage, Helpers};
-use crate::manager::sample_seed;
 use crate::prompts::PromptItem;
+use crate::seeds::sample_seed;
 use ooze_core::{FinishReason, Prompt, Sample, SplitMix64, Status, StopMatch};
-use ooze_engine::{EngineError, EngineHandle, Event, Output, Request, Sampling};
+use ooze_engine::{EngineError, EngineHandle, Request, Sampling};
 use ooze_model::{RenderOptions, Tokenizer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// What an agent's run returns: its future, boxed so agents can be trait objects.
@@ -70,6 +70,15 @@ pub enum AgentError {
     Agent(String),
 }
 
+impl From<WaitError> for AgentError {
+    fn from(e: WaitError) -> AgentError {
+        match e {
+            WaitError::Engine(e) => AgentError::Engine(e),
+            WaitError::AbortUnanswered => AgentError::Agent(WaitError::AbortUnanswered.to_string()),
+        }
+    }
+}
+
 /// Per-execution limits.
 #[derive(Debug, Clone)]
 pub struct AgentLimits {
@@ -90,32 +99,6 @@ impl Default for AgentLimits {
             max_response_tokens: 4096,
             max_context: 8192,
             deadline: Duration::from_secs(600),
-        }
-    }
-}
-
-/// Cancels an execution from outside: generation in flight is aborted in the engine.
-#[derive(Debug, Clone, Default)]
-pub struct CancelToken(Arc<(AtomicBool, Notify)>);
-
-impl CancelToken {
-    pub fn cancel(&self) {
-        self.0 .0.store(true, Ordering::SeqCst);
-        self.0 .1.notify_waiters();
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0 .0.load(Ordering::SeqCst)
-    }
-
-    /// Resolves once cancelled.
-    pub async fn cancelled(&self) {
-        loop {
-            let notified = self.0 .1.notified();
-            if self.is_cancelled() {
-                return;
-            }
-            notified.await;
         }
     }
 }
@@ -527,61 +510,6 @@ impl AgentContext {
             max_tokens,
             encoding.ids.len()
         ))
-    }
-}
-
-/// Runs `request` on `engine` to its end, aborting it at `deadline` or on `cancel` (the engine then
-/// answers with the partial output, finish `Abort`). Dropping the future aborts it too.
-pub(crate) async fn wait_output(
-    engine: &EngineHandle,
-    request: Request,
-    deadline: Instant,
-    cancel: &CancelToken,
-) -> Result<Output, AgentError> {
-    let (id, mut events) = engine.submit(request)?;
-    let mut guard = AbortOnDrop {
-        engine,
-        id: Some(id),
-    };
-    let mut aborted_at: Option<Instant> = None;
-    loop {
-        // After an abort the engine answers with the partial output; a bounded wait for it.
-        let wake = aborted_at.map_or(deadline, |t| t + Duration::from_secs(30));
-        tokio::select! {
-            event = events.recv() => match event {
-                Some(Event::Done(output)) => {
-                    guard.id = None;
-                    return Ok(output);
-                }
-                Some(Event::Token { .. }) => continue,
-                None => return Err(AgentError::Engine(EngineError::Stopped)),
-            },
-            _ = tokio::time::sleep_until(wake) => {
-                if aborted_at.is_some() {
-                    return Err(AgentError::Agent("the engine did not answer an abort within 30 s".into()));
-                }
-                engine.abort(id);
-                aborted_at = Some(Instant::now());
-            }
-            _ = cancel.cancelled(), if aborted_at.is_none() => {
-                engine.abort(id);
-                aborted_at = Some(Instant::now());
-            }
-        }
-    }
-}
-
-/// Aborts a request that is still running when its waiter goes away.
-struct AbortOnDrop<'a> {
-    engine: &'a EngineHandle,
-    id: Option<ooze_engine::RequestId>,
-}
-
-impl Drop for AbortOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            self.engine.abort(id);
-        }
     }
 }
 

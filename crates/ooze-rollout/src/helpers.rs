@@ -9,7 +9,8 @@
 //! (HTTP) and returns the text with its token counts and latency. Calls obey the execution's
 //! deadline and cancellation like the policy's own generation; they never become training samples.
 
-use crate::agent::{wait_output, CancelToken};
+use crate::cancel::{wait_output, CancelToken};
+use crate::http_client::JsonClient;
 use ooze_engine::{EngineHandle, Request, Sampling};
 use ooze_model::{RenderOptions, Tokenizer};
 use serde_json::{json, Value};
@@ -257,32 +258,13 @@ fn post_chat(
     body: &Value,
     timeout: Duration,
 ) -> Result<(String, usize, usize), String> {
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
-    let mut request = agent.post(url);
-    if let Some(key) = api_key {
-        request = request.header("Authorization", &format!("Bearer {key}"));
-    }
-    let mut response = request
-        .send_json(body)
-        .map_err(|e| format!("POST {url}: {e}"))?;
-    let status = response.status();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| format!("POST {url}: reading the answer: {e}"))?;
-    if !status.is_success() {
-        return Err(format!("POST {url}: HTTP {status}: {text}"));
-    }
-    let value: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("POST {url}: the answer is not JSON: {e}"))?;
+    let value = JsonClient::new(timeout)
+        .post(url, api_key, body)
+        .map_err(|e| e.to_string())?;
     let content = value["choices"][0]["message"]["content"]
         .as_str()
         .ok_or_else(|| {
-            format!("POST {url}: the answer has no choices[0].message.content string: {text}")
+            format!("POST {url}: the answer has no choices[0].message.content string: {value}")
         })?;
     let count = |key: &str| value["usage"][key].as_u64().unwrap_or(0) as usize;
     Ok((

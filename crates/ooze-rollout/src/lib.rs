@@ -1,10 +1,13 @@
 //! ooze-rollout: the rollout side of an RL run: prompts, rewards, the rollout manager and the agent
 //! API.
 //!
+//! - [`cancel`]: cancellation tokens, and engine requests run to a deadline.
+//! - [`seeds`]: per-sample sampling seeds.
 //! - [`agent`]: multi-turn agents, token-in/token-out, with budgets, deadlines and cancellation.
 //! - [`helpers`]: fixed helper models (judges, executors, experts) agents call by name: engines in
 //!   this process or OpenAI-compatible endpoints.
 //!
+//! - [`http_client`]: the blocking JSON-over-HTTP client of every outbound call.
 //! - [`data`]: JSONL prompt datasets (keys, `@[a:b]` slices, bad rows named or skipped) and a
 //!   seeded, resumable prompt order.
 //! - [`reward`]: built-in rewards chosen by name in a recipe.
@@ -18,8 +21,10 @@
 //!   generators and verifiers.
 
 pub mod agent;
+pub mod cancel;
 pub mod data;
 pub mod helpers;
+pub mod http_client;
 pub mod manager;
 pub mod math_answer;
 pub mod parquet_out;
@@ -27,6 +32,7 @@ pub mod prompts;
 pub mod qa;
 pub mod reward;
 pub mod scorer;
+pub mod seeds;
 pub mod tasks;
 
 pub use reward::{Reward, RewardError};

@@ -11,7 +11,8 @@ pub use crate::agent::AgentRollout;
 use crate::agent::{run_one, Trajectory};
 use crate::prompts::PromptItem;
 use crate::scorer::{RewardFailure, RewardInput, Scorer};
-use ooze_core::{FinishReason, SplitMix64, Status, StopMatch};
+use crate::seeds::sample_seed;
+use ooze_core::{FinishReason, Status, StopMatch};
 use ooze_engine::{EngineError, EngineHandle, Request, Sampling};
 use ooze_model::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -125,16 +126,6 @@ pub enum RolloutError {
     Reward { line: usize, failure: RewardFailure },
     #[error("decoding a response: {0}")]
     Decode(String),
-}
-
-/// The sampling seed of sample `index` of group `group`.
-pub fn sample_seed(run_seed: u64, group: u64, index: usize) -> u64 {
-    SplitMix64::new(
-        run_seed
-            ^ group.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            ^ (index as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f),
-    )
-    .next_u64()
 }
 
 /// Generates and scores `prompts` (each with its group number), `n` samples (or agent
@@ -610,14 +601,5 @@ mod tests {
         assert_eq!(drop_reason(&group, &settings), None);
         settings.min_reward_std = 0.5;
         assert_eq!(drop_reason(&group, &settings), Some("low_std"));
-    }
-
-    #[test]
-    fn seeds_differ_per_sample_and_repeat() {
-        let a = sample_seed(1, 5, 0);
-        assert_eq!(a, sample_seed(1, 5, 0));
-        assert_ne!(a, sample_seed(1, 5, 1));
-        assert_ne!(a, sample_seed(1, 6, 0));
-        assert_ne!(a, sample_seed(2, 5, 0));
     }
 }

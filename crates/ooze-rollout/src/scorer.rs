@@ -5,6 +5,7 @@
 //! JSON number or `{"score": number}` (or `{"reward": number}`). Failed calls are retried with
 //! backoff; a call that keeps failing stops the run with the URL and the last error.
 
+use crate::http_client::JsonClient;
 use crate::reward::Reward;
 use crate::tasks::Task;
 use serde::{Deserialize, Serialize};
@@ -140,7 +141,7 @@ pub enum Scorer {
     Sample(Arc<SampleRewardFn>),
     Group(Arc<GroupRewardFn>),
     Remote {
-        agent: ureq::Agent,
+        client: JsonClient,
         url: String,
         max_retries: u32,
     },
@@ -205,13 +206,8 @@ impl Scorer {
                         "reward.timeout_secs: expected a positive number of seconds, got {timeout_secs}"
                     ));
                 }
-                let agent = ureq::Agent::config_builder()
-                    .timeout_global(Some(Duration::from_secs_f64(*timeout_secs)))
-                    .http_status_as_error(false)
-                    .build()
-                    .into();
                 Scorer::Remote {
-                    agent,
+                    client: JsonClient::new(Duration::from_secs_f64(*timeout_secs)),
                     url: url.clone(),
                     max_retries: *max_retries,
                 }
@@ -248,12 +244,12 @@ impl Scorer {
                 r
             }
             Scorer::Remote {
-                agent,
+                client,
                 url,
                 max_retries,
             } => samples
                 .iter()
-                .map(|s| remote_score(agent, url, *max_retries, s))
+                .map(|s| remote_score(client, url, *max_retries, s))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         if let Some(bad) = rewards.iter().find(|r: &&f64| !r.is_finite()) {
@@ -265,7 +261,7 @@ impl Scorer {
 
 /// One call to a remote reward model, retried with exponential backoff.
 fn remote_score(
-    agent: &ureq::Agent,
+    client: &JsonClient,
     url: &str,
     max_retries: u32,
     input: &RewardInput<'_>,
@@ -281,27 +277,18 @@ fn remote_score(
         if attempt > 0 {
             std::thread::sleep(Duration::from_millis(200 << (attempt - 1).min(6)));
         }
-        match agent.post(url).send_json(&payload) {
-            Ok(mut response) => {
-                let status = response.status().as_u16();
-                let body = response
-                    .body_mut()
-                    .read_to_string()
-                    .unwrap_or_else(|e| format!("<unreadable body: {e}>"));
-                if status != 200 {
-                    last = format!(
-                        "HTTP {status}: {}",
-                        body.chars().take(200).collect::<String>()
-                    );
-                    if (400..500).contains(&status) {
-                        break; // the request itself is wrong; retrying will not help
-                    }
-                    continue;
-                }
+        match client.post_text(url, None, &payload) {
+            Ok(body) => {
                 return parse_score(&body)
                     .map_err(|e| RewardFailure(format!("reward model {url}: {e}")));
             }
-            Err(e) => last = e.to_string(),
+            Err(e) => {
+                let status = e.status();
+                last = e.to_string();
+                if status.is_some_and(|s| (400..500).contains(&s)) {
+                    break; // the request itself is wrong; retrying will not help
+                }
+            }
         }
     }
     Err(RewardFailure(format!(

@@ -1,7 +1,10 @@
 //! The recipe's `[agent]` and `[helpers]` sections turned into the running agent and its helper
 //! models.
 
-use crate::recipe::{AgentKind, AgentSection, HelperSection, Recipe};
+use crate::recipe::{
+    AgentLimitsSection, AgentSection, AgentflowSection, HelperSection, MemagentSection,
+    MultiAgentSection, Recipe, RetoolSection, SearchR1Section, ToolOrchestraSection,
+};
 use anyhow::Context;
 use ooze_agents::recipes::agentflow::{AgentflowAgent, AgentflowConfig};
 use ooze_agents::recipes::memagent::{MemAgent, MemAgentConfig};
@@ -15,32 +18,76 @@ use ooze_engine::{EngineConfig, EngineHandle};
 use ooze_model::{Decoder, SlotCache, Tokenizer};
 use ooze_rollout::agent::{Agent, AgentLimits, AgentRollout};
 use ooze_rollout::helpers::{Helper, HelperBackend, Helpers};
+use ooze_rollout::http_client::JsonClient;
 use ooze_torch::tch::{Device, Kind};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Tokens an agent's conversations need beyond the longest dataset prompt: the engine's slot
-/// length is that prompt plus this. Agents that write their own prompts (memories, contexts,
-/// other calls' answers) need room for those too.
-pub fn agent_context_len(a: &AgentSection) -> usize {
-    let turn = a.max_tokens_per_turn;
-    let rebuilt = (a.max_turns + 1) * (a.max_observation_tokens + 64) + turn + 512;
-    match a.kind {
-        AgentKind::None => 0,
-        AgentKind::SearchR1 | AgentKind::Retool => a.max_response_tokens,
-        AgentKind::MultiAgent => a.max_response_tokens.max((a.solvers + 1) * turn + 512),
-        AgentKind::Memagent => a.max_response_tokens.max(a.chunk_tokens + 2 * turn + 512),
-        AgentKind::Agentflow | AgentKind::ToolOrchestra => a.max_response_tokens.max(rebuilt),
+/// One `[agent]` type: its recipe checks, the context it needs, and how it is built. A new agent
+/// type is a variant of [`AgentSection`] (with its section struct) and an impl of this trait.
+pub trait AgentSpec {
+    /// The `type` value, for messages.
+    fn type_name(&self) -> &'static str;
+    /// The limits every agent type has.
+    fn limits(&self) -> AgentLimitsSection;
+    /// Helpers the agent calls by fixed names: each needs a `[helpers.NAME]` section.
+    fn required_helpers(&self) -> &[&str] {
+        &[]
+    }
+    /// Checks what the types cannot (the limits and required helpers are checked by the recipe);
+    /// errors name the key at fault.
+    fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        Ok(())
+    }
+    /// Tokens its conversations need beyond the longest dataset prompt: the engine's slot
+    /// length is that prompt plus this. Agents that write their own prompts (memories, contexts,
+    /// other calls' answers) need room for those too.
+    fn context_len(&self) -> usize;
+    /// The running agent (sandboxes started, corpora indexed).
+    fn build(&self, ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>>;
+}
+
+/// What building an agent may read besides its own section.
+pub struct AgentBuildContext<'a> {
+    /// The recipe's `[helpers.NAME]` sections.
+    pub helpers: &'a BTreeMap<String, HelperSection>,
+}
+
+impl AgentSection {
+    /// The agent type's behaviour; `None` without an agent.
+    pub fn spec(&self) -> Option<&dyn AgentSpec> {
+        match self {
+            AgentSection::None => None,
+            AgentSection::SearchR1(s) => Some(s),
+            AgentSection::Retool(s) => Some(s),
+            AgentSection::MultiAgent(s) => Some(s),
+            AgentSection::Memagent(s) => Some(s),
+            AgentSection::Agentflow(s) => Some(s),
+            AgentSection::ToolOrchestra(s) => Some(s),
+        }
     }
 }
 
-fn sandbox(a: &AgentSection) -> anyhow::Result<Sandbox> {
+/// Tokens an agent's conversations need beyond the longest dataset prompt (0 without an agent).
+pub fn agent_context_len(a: &AgentSection) -> usize {
+    a.spec().map_or(0, AgentSpec::context_len)
+}
+
+/// The context of agents that rebuild their prompt each turn from `max_turns` observations.
+fn rebuilt_context_len(limits: AgentLimitsSection, max_observation_tokens: usize) -> usize {
+    let rebuilt =
+        (limits.max_turns + 1) * (max_observation_tokens + 64) + limits.max_tokens_per_turn + 512;
+    limits.max_response_tokens.max(rebuilt)
+}
+
+fn sandbox(timeout_secs: f64, memory_mb: u64, concurrency: usize) -> anyhow::Result<Sandbox> {
     let sandbox = Sandbox::new(SandboxLimits {
-        wall: Duration::from_secs_f64(a.tool_timeout_secs),
-        cpu_seconds: a.tool_timeout_secs.ceil() as u64,
-        memory_bytes: a.tool_memory_mb << 20,
-        concurrent: match a.tool_concurrency {
+        wall: Duration::from_secs_f64(timeout_secs),
+        cpu_seconds: timeout_secs.ceil() as u64,
+        memory_bytes: memory_mb << 20,
+        concurrent: match concurrency {
             0 => SandboxLimits::default_concurrent(),
             n => n,
         },
@@ -54,8 +101,11 @@ fn sandbox(a: &AgentSection) -> anyhow::Result<Sandbox> {
     Ok(sandbox)
 }
 
-fn searcher(a: &AgentSection) -> anyhow::Result<Option<Searcher>> {
-    Ok(match (&a.corpus, &a.retrieval_url) {
+fn searcher(
+    corpus: Option<&Path>,
+    retrieval_url: Option<&str>,
+) -> anyhow::Result<Option<Searcher>> {
+    Ok(match (corpus, retrieval_url) {
         (Some(corpus), _) => {
             let t = Instant::now();
             let index = Bm25Index::from_jsonl(corpus)?;
@@ -68,91 +118,232 @@ fn searcher(a: &AgentSection) -> anyhow::Result<Option<Searcher>> {
             Some(Searcher::Local(Arc::new(index)))
         }
         (None, Some(url)) => Some(Searcher::Remote {
-            url: url.clone(),
+            url: url.to_owned(),
             timeout: Duration::from_secs(30),
         }),
         (None, None) => None,
     })
 }
 
-/// The recipe's agent, if it has one (its helpers are added once the engines run).
-pub fn agent_rollout(recipe: &Recipe, max_context: usize) -> anyhow::Result<Option<AgentRollout>> {
-    let a = &recipe.agent;
-    let limits = AgentLimits {
-        max_tokens_per_turn: a.max_tokens_per_turn,
-        max_response_tokens: a.max_response_tokens,
-        max_context,
-        deadline: Duration::from_secs_f64(a.deadline_secs),
-    };
-    let agent: Arc<dyn Agent> = match a.kind {
-        AgentKind::None => return Ok(None),
-        AgentKind::SearchR1 => Arc::new(SearchR1Agent {
-            searcher: searcher(a)?.expect("invariant: the recipe check requires a source"),
+impl AgentSpec for SearchR1Section {
+    fn type_name(&self) -> &'static str {
+        "search_r1"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        if self.corpus.is_some() == self.retrieval_url.is_some() {
+            return Err("agent.type = \"search_r1\" needs exactly one of agent.corpus (a JSONL corpus to index) and agent.retrieval_url (a /retrieve service)".into());
+        }
+        Ok(())
+    }
+    fn context_len(&self) -> usize {
+        self.max_response_tokens
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(SearchR1Agent {
+            searcher: searcher(self.corpus.as_deref(), self.retrieval_url.as_deref())?
+                .expect("invariant: the recipe check requires a source"),
             config: SearchR1Config {
-                max_turns: a.max_turns,
-                topk: a.topk,
-                max_observation_tokens: a.max_observation_tokens,
-                format_reward: a.format_reward.as_ref().map(|f| FormatReward {
+                max_turns: self.max_turns,
+                topk: self.topk,
+                max_observation_tokens: self.max_observation_tokens,
+                format_reward: self.format_reward.as_ref().map(|f| FormatReward {
                     structure: f.structure,
                     final_format: f.final_format,
                     retrieval: f.retrieval,
                 }),
             },
-        }),
-        AgentKind::Retool => Arc::new(RetoolAgent {
-            sandbox: sandbox(a)?,
+        }))
+    }
+}
+
+impl AgentSpec for RetoolSection {
+    fn type_name(&self) -> &'static str {
+        "retool"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn context_len(&self) -> usize {
+        self.max_response_tokens
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(RetoolAgent {
+            sandbox: sandbox(
+                self.tool_timeout_secs,
+                self.tool_memory_mb,
+                self.tool_concurrency,
+            )?,
             config: RetoolConfig {
-                max_turns: a.max_turns,
-                max_observation_tokens: a.max_observation_tokens,
+                max_turns: self.max_turns,
+                max_observation_tokens: self.max_observation_tokens,
             },
-        }),
-        AgentKind::MultiAgent => Arc::new(MultiAgent {
-            config: MultiAgentConfig { solvers: a.solvers },
-        }),
-        AgentKind::Memagent => Arc::new(MemAgent {
-            config: MemAgentConfig {
-                chunk_tokens: a.chunk_tokens,
-            },
-        }),
-        AgentKind::Agentflow => Arc::new(AgentflowAgent {
-            sandbox: sandbox(a)?,
-            config: AgentflowConfig {
-                max_steps: a.max_turns,
-                max_result_tokens: a.max_observation_tokens,
-                helper_tokens: a.max_tokens_per_turn,
-            },
-        }),
-        AgentKind::ToolOrchestra => {
-            let experts = if a.experts.is_empty() {
-                recipe
-                    .helpers
-                    .keys()
-                    .filter(|name| *name != "judge")
-                    .cloned()
-                    .collect()
-            } else {
-                a.experts.clone()
-            };
-            anyhow::ensure!(
-                !experts.is_empty(),
-                "agent.type = \"tool_orchestra\" needs expert models: add [helpers.NAME] sections (and optionally agent.experts)"
-            );
-            Arc::new(ToolOrchestraAgent::new(
-                sandbox(a)?,
-                searcher(a)?,
-                OrchestraConfig {
-                    max_turns: a.max_turns,
-                    experts,
-                    cost_weight: a.cost_weight,
-                    latency_scale_secs: a.latency_scale_secs,
-                    max_penalty: a.max_penalty,
-                    expert_tokens: a.max_tokens_per_turn,
-                    max_observation_tokens: a.max_observation_tokens,
-                    topk: a.topk,
-                },
-            ))
+        }))
+    }
+}
+
+impl AgentSpec for MultiAgentSection {
+    fn type_name(&self) -> &'static str {
+        "multi_agent"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        if self.solvers == 0 {
+            return Err("agent.solvers must be at least 1".into());
         }
+        Ok(())
+    }
+    fn context_len(&self) -> usize {
+        // Every solver's answer in one prompt, and a reply.
+        let turn = self.max_tokens_per_turn;
+        self.max_response_tokens
+            .max((self.solvers + 1) * turn + 512)
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(MultiAgent {
+            config: MultiAgentConfig {
+                solvers: self.solvers,
+            },
+        }))
+    }
+}
+
+impl AgentSpec for MemagentSection {
+    fn type_name(&self) -> &'static str {
+        "memagent"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        if self.chunk_tokens == 0 {
+            return Err("agent.chunk_tokens must be at least 1".into());
+        }
+        Ok(())
+    }
+    fn context_len(&self) -> usize {
+        // A chunk, the memory and a reply.
+        let turn = self.max_tokens_per_turn;
+        self.max_response_tokens
+            .max(self.chunk_tokens + 2 * turn + 512)
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(MemAgent {
+            config: MemAgentConfig {
+                chunk_tokens: self.chunk_tokens,
+            },
+        }))
+    }
+}
+
+impl AgentSpec for AgentflowSection {
+    fn type_name(&self) -> &'static str {
+        "agentflow"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn required_helpers(&self) -> &[&str] {
+        &["executor", "verifier", "generator", "judge"]
+    }
+    fn context_len(&self) -> usize {
+        rebuilt_context_len(self.limits(), self.max_observation_tokens)
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(AgentflowAgent {
+            sandbox: sandbox(
+                self.tool_timeout_secs,
+                self.tool_memory_mb,
+                self.tool_concurrency,
+            )?,
+            config: AgentflowConfig {
+                max_steps: self.max_turns,
+                max_result_tokens: self.max_observation_tokens,
+                helper_tokens: self.max_tokens_per_turn,
+            },
+        }))
+    }
+}
+
+impl ToolOrchestraSection {
+    /// `experts`, or every helper but `judge` when it is empty.
+    fn expert_names(&self, helpers: &BTreeMap<String, HelperSection>) -> Vec<String> {
+        if self.experts.is_empty() {
+            helpers
+                .keys()
+                .filter(|name| *name != "judge")
+                .cloned()
+                .collect()
+        } else {
+            self.experts.clone()
+        }
+    }
+}
+
+impl AgentSpec for ToolOrchestraSection {
+    fn type_name(&self) -> &'static str {
+        "tool_orchestra"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn check(&self, helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        for name in &self.experts {
+            if !helpers.contains_key(name) {
+                return Err(format!(
+                    "agent.experts names \"{name}\", which has no [helpers.{name}] section"
+                ));
+            }
+        }
+        if self.expert_names(helpers).is_empty() {
+            return Err("agent.type = \"tool_orchestra\" needs expert models: add [helpers.NAME] sections (and optionally agent.experts)".into());
+        }
+        Ok(())
+    }
+    fn context_len(&self) -> usize {
+        rebuilt_context_len(self.limits(), self.max_observation_tokens)
+    }
+    fn build(&self, ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        Ok(Arc::new(ToolOrchestraAgent::new(
+            sandbox(
+                self.tool_timeout_secs,
+                self.tool_memory_mb,
+                self.tool_concurrency,
+            )?,
+            searcher(self.corpus.as_deref(), self.retrieval_url.as_deref())?,
+            OrchestraConfig {
+                max_turns: self.max_turns,
+                experts: self.expert_names(ctx.helpers),
+                cost_weight: self.cost_weight,
+                latency_scale_secs: self.latency_scale_secs,
+                max_penalty: self.max_penalty,
+                expert_tokens: self.max_tokens_per_turn,
+                max_observation_tokens: self.max_observation_tokens,
+                topk: self.topk,
+            },
+        )))
+    }
+}
+
+/// The recipe's agent, if it has one (its helpers are added once the engines run).
+pub fn agent_rollout(recipe: &Recipe, max_context: usize) -> anyhow::Result<Option<AgentRollout>> {
+    let Some(spec) = recipe.agent.spec() else {
+        return Ok(None);
     };
+    let l = spec.limits();
+    let limits = AgentLimits {
+        max_tokens_per_turn: l.max_tokens_per_turn,
+        max_response_tokens: l.max_response_tokens,
+        max_context,
+        deadline: Duration::from_secs_f64(l.deadline_secs),
+    };
+    let agent = spec.build(&AgentBuildContext {
+        helpers: &recipe.helpers,
+    })?;
     Ok(Some(AgentRollout {
         agent,
         limits,
@@ -302,24 +493,9 @@ fn remote_or_policy(
 /// The first model an OpenAI-compatible server lists at `GET {base_url}/models`.
 fn served_model(base_url: &str, api_key: Option<&str>) -> anyhow::Result<String> {
     let url = format!("{}/models", base_url.trim_end_matches('/'));
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .new_agent();
-    let mut request = agent.get(&url);
-    if let Some(key) = api_key {
-        request = request.header("Authorization", &format!("Bearer {key}"));
-    }
-    let text = request
-        .call()
-        .map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| anyhow::anyhow!("GET {url}: {e}"))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("GET {url}: not JSON: {text}"))?;
+    let value = JsonClient::new(Duration::from_secs(30)).get(&url, api_key)?;
     value["data"][0]["id"]
         .as_str()
         .map(str::to_owned)
-        .ok_or_else(|| anyhow::anyhow!("GET {url}: no data[0].id in {text}"))
+        .ok_or_else(|| anyhow::anyhow!("GET {url}: no data[0].id in {value}"))
 }

@@ -6,7 +6,7 @@
 use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
 use crate::eval::EvalSet;
 use crate::metrics_log::MetricsLog;
-use crate::recipe::{AgentKind, Mode, Recipe};
+use crate::recipe::{Mode, Recipe};
 use crate::run::Run;
 use anyhow::{bail, Context};
 use ooze_engine::{EngineConfig, Sampling, SamplingParams, StopStrings};
@@ -68,7 +68,7 @@ impl Run {
         let slot_len = slot_len(&recipe, &prompts, &evals);
         // Helpers with weights of their own are loaded first: their weights are then out of the
         // free memory measured below, and their caches are taken out of the policy's share.
-        let helper_models = if recipe.agent.kind == AgentKind::None {
+        let helper_models = if recipe.agent.spec().is_none() {
             Vec::new()
         } else {
             load_helper_models(&recipe, device, kind)?

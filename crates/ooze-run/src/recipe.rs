@@ -13,6 +13,12 @@ use ooze_train::{Decay, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+mod agent;
+pub use agent::{
+    AgentLimitsSection, AgentSection, AgentflowSection, FormatRewardSection, MemagentSection,
+    MultiAgentSection, RetoolSection, SearchR1Section, ToolOrchestraSection,
+};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Recipe {
@@ -24,6 +30,7 @@ pub struct Recipe {
     pub trainer: TrainerSection,
     pub eval: EvalSection,
     pub logging: LoggingSection,
+    #[serde(deserialize_with = "agent::deserialize_section")]
     pub agent: AgentSection,
     /// `[critic]`: the PPO critic (`estimator = "ppo"`; absent: the defaults).
     pub critic: Option<CriticSection>,
@@ -128,118 +135,6 @@ impl Default for TeacherSection {
             url: None,
             timeout_secs: 120.0,
             concurrency: 16,
-        }
-    }
-}
-
-/// `[agent.format_reward]` (search_r1): Search-R1's format-aware reward instead of plain exact
-/// match. A response is well-formed when, after the prompt, it is a sequence of
-/// `<think>…</think>` followed by `<search>…</search><information>…</information>` rounds, ending
-/// in `<answer>…</answer>`, with only whitespace between the tags. Rewards: correct and
-/// well-formed 1; correct but malformed `1 − structure`; wrong but well-formed `structure` (plus
-/// `retrieval` when a retrieved block contains a gold answer); wrong and malformed but answered
-/// `final`; no answer and malformed 0.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FormatRewardSection {
-    pub structure: f64,
-    pub final_format: f64,
-    pub retrieval: f64,
-}
-
-impl Default for FormatRewardSection {
-    fn default() -> Self {
-        FormatRewardSection {
-            structure: 0.2,
-            final_format: 0.1,
-            retrieval: 0.0,
-        }
-    }
-}
-
-/// `[agent]`: a multi-turn agent per sample instead of one plain generation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AgentSection {
-    /// `none` (plain generation), `search_r1`, `retool`, `multi_agent`, `memagent`, `agentflow`
-    /// or `tool_orchestra`.
-    #[serde(rename = "type")]
-    pub kind: AgentKind,
-    /// Model turns per execution (agentflow: planner steps; tool_orchestra: orchestrator turns).
-    pub max_turns: usize,
-    /// New tokens per turn.
-    pub max_tokens_per_turn: usize,
-    /// Response tokens (generated and appended) per conversation.
-    pub max_response_tokens: usize,
-    /// Wall clock per execution, tool calls included.
-    pub deadline_secs: f64,
-    /// search_r1: a JSONL corpus (`{"id", "contents": "Title\ntext"}`) indexed with BM25 in
-    /// this process…
-    pub corpus: Option<PathBuf>,
-    /// …or a Search-R1 `/retrieve` service.
-    pub retrieval_url: Option<String>,
-    /// search_r1: documents per search. Both: observation tokens kept per tool call.
-    pub topk: usize,
-    pub max_observation_tokens: usize,
-    /// retool: the Python sandbox's wall clock and memory per run.
-    pub tool_timeout_secs: f64,
-    pub tool_memory_mb: u64,
-    /// Sandbox programs running at once across all executions (0: twice the CPUs, at least 4);
-    /// more wait for a slot.
-    pub tool_concurrency: usize,
-    /// search_r1: Search-R1's format-aware reward (absent: exact match only).
-    pub format_reward: Option<FormatRewardSection>,
-    /// multi_agent: parallel solvers (and as many rewriters).
-    pub solvers: usize,
-    /// memagent: document tokens per chunk, and the memory's token budget.
-    pub chunk_tokens: usize,
-    pub memory_tokens: usize,
-    /// tool_orchestra: the helpers the orchestrator may call as experts (default: every helper
-    /// but `judge`).
-    pub experts: Vec<String>,
-    /// tool_orchestra: reward = correct − min(max_penalty, cost_weight · cost$ + latency_s /
-    /// latency_scale_secs).
-    pub cost_weight: f64,
-    pub latency_scale_secs: f64,
-    pub max_penalty: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentKind {
-    #[default]
-    None,
-    SearchR1,
-    Retool,
-    MultiAgent,
-    Memagent,
-    Agentflow,
-    ToolOrchestra,
-}
-
-impl Default for AgentSection {
-    fn default() -> Self {
-        AgentSection {
-            kind: AgentKind::None,
-            max_turns: 4,
-            max_tokens_per_turn: 500,
-            max_response_tokens: 4096,
-            deadline_secs: 600.0,
-            corpus: None,
-            retrieval_url: None,
-            topk: 3,
-            max_observation_tokens: 500,
-            tool_timeout_secs: 10.0,
-            tool_memory_mb: 1024,
-            tool_concurrency: 0,
-            format_reward: None,
-            solvers: 5,
-            chunk_tokens: 5000,
-            memory_tokens: 1024,
-            experts: Vec::new(),
-            cost_weight: 5.0,
-            latency_scale_secs: 500.0,
-            max_penalty: 0.8,
         }
     }
 }
@@ -632,30 +527,6 @@ impl Recipe {
             return Err("model.path is required (a Hugging Face model directory)".into());
         }
         self.check_algorithm()?;
-        let a = &self.agent;
-        if a.kind == AgentKind::SearchR1 && (a.corpus.is_some() == a.retrieval_url.is_some()) {
-            return Err("agent.type = \"search_r1\" needs exactly one of agent.corpus (a JSONL corpus to index) and agent.retrieval_url (a /retrieve service)".into());
-        }
-        if a.kind != AgentKind::None
-            && (a.max_turns == 0 || a.max_tokens_per_turn == 0 || a.deadline_secs <= 0.0)
-        {
-            return Err("agent.max_turns, agent.max_tokens_per_turn and agent.deadline_secs must be positive".into());
-        }
-        if a.format_reward.is_some() && a.kind != AgentKind::SearchR1 {
-            return Err(
-                "agent.format_reward is Search-R1's reward: it needs agent.type = \"search_r1\""
-                    .into(),
-            );
-        }
-        for (key, v) in [
-            ("agent.solvers", a.solvers),
-            ("agent.chunk_tokens", a.chunk_tokens),
-            ("agent.memory_tokens", a.memory_tokens),
-        ] {
-            if v == 0 {
-                return Err(format!("{key} must be at least 1"));
-            }
-        }
         for (name, h) in &self.helpers {
             let sources = h.path.is_some() as u8 + h.url.is_some() as u8 + h.policy as u8;
             if sources != 1 {
@@ -673,21 +544,23 @@ impl Recipe {
                 ));
             }
         }
-        let needed: &[&str] = match a.kind {
-            AgentKind::Agentflow => &["executor", "verifier", "generator", "judge"],
-            _ => &[],
-        };
-        for name in needed {
-            if !self.helpers.contains_key(*name) {
-                return Err(format!("agent.type = \"agentflow\" needs a [helpers.{name}] section (path, url or policy = true)"));
+        if let Some(spec) = self.agent.spec() {
+            let limits = spec.limits();
+            if limits.max_turns == 0
+                || limits.max_tokens_per_turn == 0
+                || limits.deadline_secs <= 0.0
+            {
+                return Err("agent.max_turns, agent.max_tokens_per_turn and agent.deadline_secs must be positive".into());
             }
-        }
-        for name in &a.experts {
-            if !self.helpers.contains_key(name) {
-                return Err(format!(
-                    "agent.experts names \"{name}\", which has no [helpers.{name}] section"
-                ));
+            for name in spec.required_helpers() {
+                if !self.helpers.contains_key(*name) {
+                    return Err(format!(
+                        "agent.type = \"{}\" needs a [helpers.{name}] section (path, url or policy = true)",
+                        spec.type_name()
+                    ));
+                }
             }
+            spec.check(&self.helpers)?;
         }
         let d = &self.data;
         match (&d.task, &d.path) {
@@ -885,12 +758,13 @@ impl Recipe {
 mod tests {
     use super::*;
 
-    fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
+    /// Parses `text` with `--set`s, the error as text (also for `recipe::agent`'s tests).
+    pub(super) fn parse(text: &str, sets: &[&str]) -> Result<Recipe, String> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         Recipe::parse(text, Path::new("r.toml"), &sets).map_err(|e| e.to_string())
     }
 
-    const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
+    pub(super) const MIN: &str = "[model]\npath = \"m\"\n[data]\ntask = \"arithmetic\"\n";
 
     #[test]
     fn defaults_fill_and_round_trip() {
@@ -999,7 +873,10 @@ mod tests {
             ],
         )
         .unwrap();
-        let f = r.agent.format_reward.unwrap();
+        let AgentSection::SearchR1(search) = &r.agent else {
+            panic!("{:?}", r.agent)
+        };
+        let f = search.format_reward.clone().unwrap();
         assert_eq!((f.structure, f.final_format, f.retrieval), (0.2, 0.1, 0.0));
         assert_eq!(r.helpers["judge"].max_tokens, 512);
         // Every recipe shipped in recipes/ parses and passes the checks.

@@ -14,6 +14,7 @@
 //! temperature sent (`ooze serve` does; with SGLang use temperature 1 or its temperature-scaled
 //! log-probs). Samples go out `concurrency` at a time, each with `timeout_secs`.
 
+use ooze_rollout::http_client::JsonClient;
 use ooze_train::{TeacherScorer, TrainError, TrainSample};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,21 +23,16 @@ use std::time::Duration;
 
 pub struct GenerateEndpoint {
     url: String,
-    agent: ureq::Agent,
+    client: JsonClient,
     concurrency: usize,
 }
 
 impl GenerateEndpoint {
     /// A client of `{base_url}/generate` (`base_url` like `http://127.0.0.1:30000`).
     pub fn new(base_url: &str, timeout_secs: f64, concurrency: usize) -> GenerateEndpoint {
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs_f64(timeout_secs)))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
         GenerateEndpoint {
             url: format!("{}/generate", base_url.trim_end_matches('/')),
-            agent,
+            client: JsonClient::new(Duration::from_secs_f64(timeout_secs)),
             concurrency: concurrency.max(1),
         }
     }
@@ -53,29 +49,13 @@ impl GenerateEndpoint {
             "return_logprob": true,
             "logprob_start_len": s.prompt_len.saturating_sub(1),
         });
-        let at = format!("POST {} (sample {index})", self.url);
-        let mut response = self
-            .agent
-            .post(&self.url)
-            .send_json(&body)
-            .map_err(|e| format!("{at}: {e}"))?;
-        let status = response.status();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| format!("{at}: reading the answer: {e}"))?;
-        if !status.is_success() {
-            return Err(format!("{at}: HTTP {status}: {}", truncate(&text)));
-        }
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| format!("{at}: not JSON ({e}): {}", truncate(&text)))?;
-        parse_input_logprobs(&value, &s.tokens[s.prompt_len..]).map_err(|e| format!("{at}: {e}"))
+        let answer = self
+            .client
+            .post(&self.url, None, &body)
+            .map_err(|e| format!("sample {index}: {e}"))?;
+        parse_input_logprobs(&answer, &s.tokens[s.prompt_len..])
+            .map_err(|e| format!("POST {} (sample {index}): {e}", self.url))
     }
-}
-
-fn truncate(text: &str) -> &str {
-    let end = text.char_indices().nth(300).map_or(text.len(), |(i, _)| i);
-    &text[..end]
 }
 
 /// The log-probs of `response` in an SGLang `/generate` answer (`meta_info.input_token_logprobs`

@@ -1,14 +1,13 @@
 //! Tool calls in generated text: `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks (the
-//! Qwen/Hermes convention ooze's templates also use) become OpenAI `tool_calls`; the text before the
-//! first block is the message content. A block that is not valid JSON stays in the content.
+//! Qwen/Hermes convention ooze's templates also use, read by [`ooze_model::tool_calls`]) become
+//! OpenAI `tool_calls`; the text before the first block is the message content. A block that is not
+//! a tool call leaves the whole text as content.
 //!
 //! Also the checks on a request's `tools` and `tool_choice` (OpenAI's shapes), so that a bad tool
 //! is a 400 naming `tools[i].field` rather than an error deep inside the chat template.
 
+use ooze_model::tool_calls::{tool_calls, ToolCallError, OPEN};
 use serde_json::{json, Value};
-
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
 
 /// Content and tool calls parsed from a completion.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,47 +17,35 @@ pub struct Parsed {
 }
 
 pub fn parse(text: &str, id_prefix: &str) -> Parsed {
+    let as_text = || Parsed {
+        content: text.to_owned(),
+        tool_calls: Vec::new(),
+    };
     let Some(first) = text.find(OPEN) else {
-        return Parsed {
-            content: text.to_owned(),
-            tool_calls: Vec::new(),
-        };
+        return as_text();
     };
     let mut calls = Vec::new();
-    let mut rest = &text[first..];
-    while let Some(start) = rest.find(OPEN) {
-        let body_start = start + OPEN.len();
-        let Some(len) = rest[body_start..].find(CLOSE) else {
-            break;
+    for block in tool_calls(text) {
+        let call = match block {
+            Ok(call) => call,
+            // An unclosed block (still being written, or cut at the token limit) ends the calls.
+            Err(ToolCallError::Unclosed) => break,
+            Err(_) => return as_text(),
         };
-        let body = rest[body_start..body_start + len].trim();
-        match serde_json::from_str::<Value>(body) {
-            Ok(Value::Object(call)) if call.get("name").is_some_and(Value::is_string) => {
-                let arguments = match call.get("arguments").or_else(|| call.get("parameters")) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v) => v.to_string(),
-                    None => "{}".to_owned(),
-                };
-                calls.push(json!({
-                    "id": format!("{id_prefix}_{}", calls.len()),
-                    "type": "function",
-                    "function": {"name": call["name"], "arguments": arguments},
-                }));
-            }
-            _ => {
-                return Parsed {
-                    content: text.to_owned(),
-                    tool_calls: Vec::new(),
-                }
-            }
-        }
-        rest = &rest[body_start + len + CLOSE.len()..];
+        // Arguments go on as the OpenAI string: a string as written, other JSON serialised.
+        let arguments = match call.arguments {
+            Some(Value::String(s)) => s,
+            Some(v) => v.to_string(),
+            None => "{}".to_owned(),
+        };
+        calls.push(json!({
+            "id": format!("{id_prefix}_{}", calls.len()),
+            "type": "function",
+            "function": {"name": call.name, "arguments": arguments},
+        }));
     }
     if calls.is_empty() {
-        return Parsed {
-            content: text.to_owned(),
-            tool_calls: Vec::new(),
-        };
+        return as_text();
     }
     Parsed {
         content: text[..first].trim_end().to_owned(),
@@ -205,6 +192,17 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn an_unclosed_block_ends_the_calls() {
+        let p = parse(
+            "a <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"na",
+            "c",
+        );
+        assert_eq!(p.content, "a");
+        assert_eq!(p.tool_calls.len(), 1);
+        assert_eq!(p.tool_calls[0]["function"]["arguments"], "{}");
     }
 
     #[test]

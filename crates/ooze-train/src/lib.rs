@@ -10,6 +10,8 @@
 //! - [`teacher`]: the on-policy distillation teacher (a model in process or a remote scorer).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
+//! - [`sft`]: the supervised fine-tuning run (`ooze sft`): batches, steps, held-out loss,
+//!   checkpoints and resume.
 
 pub mod batch;
 pub mod checkpoint;
@@ -17,6 +19,7 @@ pub mod critic;
 pub mod forward;
 pub mod optimizer;
 pub mod schedule;
+pub mod sft;
 pub mod sft_data;
 pub mod teacher;
 pub mod trainer;

@@ -144,10 +144,6 @@ impl Agent for MemAgent {
 /// Rows: `{"data_source", "prompt": [{role, content}], "context", "question",
 /// "reward_model": {"ground_truth": [answer]}, "extra_info": {"index", "needle"}}`.
 pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
-    const SYLLABLES: &[&str] = &[
-        "ka", "lo", "mi", "ren", "tas", "vo", "qu", "zel", "dor", "fin", "gar", "hul", "is", "jo",
-        "ne", "pra", "sul", "tem", "ur", "wix",
-    ];
     const FILLER: &[&str] = &[
         "The weather that year was mild.",
         "Travellers often rested by the old bridge.",
@@ -156,14 +152,7 @@ pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
         "The river froze only once in a century.",
     ];
     let mut rng = ooze_core::SplitMix64::new(seed ^ 0x3e3a_6e47);
-    let name = |rng: &mut ooze_core::SplitMix64| {
-        let parts = 2 + rng.below(2) as usize;
-        let mut s: String = (0..parts)
-            .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
-            .collect();
-        s[..1].make_ascii_uppercase();
-        s
-    };
+    let name = |rng: &mut ooze_core::SplitMix64| super::invented_name(rng, 3);
     (0..n)
         .map(|i| {
             let (subject, answer) = (name(&mut rng), name(&mut rng));

@@ -13,6 +13,21 @@ use ooze_rollout::agent::AgentError;
 use ooze_rollout::prompts::PromptItem;
 use ooze_rollout::Task;
 
+/// A capitalised made-up name of 2 to `max_syllables` syllables, for generated facts no model
+/// knows from pretraining (memagent's documents, search_r1's corpus).
+pub(crate) fn invented_name(rng: &mut ooze_core::SplitMix64, max_syllables: usize) -> String {
+    const SYLLABLES: &[&str] = &[
+        "ka", "lo", "mi", "ren", "tas", "vo", "qu", "zel", "dor", "fin", "gar", "hul", "is", "jo",
+        "ne", "pra", "sul", "tem", "ur", "wix",
+    ];
+    let parts = 2 + rng.below(max_syllables.saturating_sub(1).max(1) as u64) as usize;
+    let mut s: String = (0..parts)
+        .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
+        .collect();
+    s[..1].make_ascii_uppercase();
+    s
+}
+
 /// The problem statement of `prompt` for agents that write their own prompts around it: the row's
 /// metadata (`data.metadata_key`) when it is a string, else its `problem` or `question` field.
 pub fn problem_text(prompt: &PromptItem) -> Result<&str, AgentError> {

@@ -251,10 +251,6 @@ pub struct Synthetic {
 /// `n` questions (and their facts) from `seed`.
 pub fn synthetic(n: usize, seed: u64) -> Synthetic {
     use serde_json::json;
-    const SYLLABLES: &[&str] = &[
-        "ka", "lo", "mi", "ren", "tas", "vo", "qu", "zel", "dor", "fin", "gar", "hul", "is", "jo",
-        "ne", "pra", "sul", "tem", "ur", "wix",
-    ];
     const RELATIONS: &[(&str, &str, &str)] = &[
         (
             "capital",
@@ -269,14 +265,7 @@ pub fn synthetic(n: usize, seed: u64) -> Synthetic {
         ("founder", "{s} was founded by {o}.", "Who founded {s}?"),
     ];
     let mut rng = ooze_core::SplitMix64::new(seed ^ 0x5ea2_c4e1);
-    let name = |rng: &mut ooze_core::SplitMix64| {
-        let parts = 2 + rng.below(3) as usize;
-        let mut s: String = (0..parts)
-            .map(|_| SYLLABLES[rng.below(SYLLABLES.len() as u64) as usize])
-            .collect();
-        s[..1].make_ascii_uppercase();
-        s
-    };
+    let name = |rng: &mut ooze_core::SplitMix64| super::invented_name(rng, 4);
     // Every name is used once, so each question has exactly one fact (and one answer).
     let mut used = std::collections::HashSet::new();
     let mut fresh = |rng: &mut ooze_core::SplitMix64| loop {
