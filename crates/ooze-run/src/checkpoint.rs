@@ -81,7 +81,7 @@ impl Run {
     /// and after the last; a rollout-only run's counters after every rollout.
     pub(crate) fn checkpoint(&self, index: u64) -> anyhow::Result<()> {
         let total = self.recipe.rollout.num_rollouts;
-        let save = index == total || index % self.recipe.trainer.save_interval.max(1) == 0;
+        let save = index == total || index.is_multiple_of(self.recipe.trainer.save_interval.max(1));
         match self.trainer.as_ref() {
             Some(trainer) if save => {
                 let t = Instant::now();

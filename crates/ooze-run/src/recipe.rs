@@ -683,7 +683,7 @@ impl Recipe {
                 if t.path.is_some() == t.url.is_some() {
                     return Err("[teacher] needs exactly one source: path (a model directory) or url (a server with SGLang's /generate)".into());
                 }
-                if !(t.timeout_secs > 0.0) || t.concurrency == 0 {
+                if t.timeout_secs.is_nan() || t.timeout_secs <= 0.0 || t.concurrency == 0 {
                     return Err("teacher.timeout_secs and teacher.concurrency must be positive".into());
                 }
             }

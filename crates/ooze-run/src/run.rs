@@ -147,7 +147,9 @@ impl Run {
     ) -> anyhow::Result<()> {
         let interval = self.recipe.eval.interval;
         let total = self.recipe.rollout.num_rollouts;
-        if !self.evals.is_empty() && (index == total || (interval > 0 && index % interval == 0)) {
+        if !self.evals.is_empty()
+            && (index == total || (interval > 0 && index.is_multiple_of(interval)))
+        {
             self.last_eval = self.evaluate()?;
             crate::eval::eval_line(&self.last_eval, line);
         }

@@ -103,8 +103,8 @@ impl TeacherScorer for GenerateEndpoint {
         temperature: f64,
     ) -> Result<Vec<Vec<f64>>, TrainError> {
         let next = AtomicUsize::new(0);
-        let results: Mutex<Vec<Option<Result<Vec<f64>, String>>>> =
-            Mutex::new(vec![None; samples.len()]);
+        type Scored = Option<Result<Vec<f64>, String>>;
+        let results: Mutex<Vec<Scored>> = Mutex::new(vec![None; samples.len()]);
         std::thread::scope(|scope| {
             for _ in 0..self.concurrency.min(samples.len()) {
                 scope.spawn(|| loop {

@@ -102,7 +102,9 @@ pub(crate) fn build_trainer(
             .as_ref()
             .expect("invariant: the recipe check requires [teacher] with opd_coef");
         trainer.set_teacher(match (&teacher.path, &teacher.url) {
-            (Some(path), _) => Teacher::Model(load_model(path, "teacher.path", device, kind)?),
+            (Some(path), _) => {
+                Teacher::Model(Box::new(load_model(path, "teacher.path", device, kind)?))
+            }
             (None, Some(url)) => {
                 eprintln!("teacher: {url}/generate (prompt log-probs)");
                 Teacher::Remote(Box::new(crate::teacher::GenerateEndpoint::new(

@@ -30,7 +30,7 @@ pub trait TeacherScorer: Send {
 /// Where the teacher's log-probs come from.
 pub enum Teacher {
     /// Scored in this process, micro-batched like the policy.
-    Model(Decoder),
+    Model(Box<Decoder>),
     /// Scored elsewhere (an HTTP endpoint).
     Remote(Box<dyn TeacherScorer>),
 }

@@ -483,7 +483,9 @@ fn teacher_and_reward_hook_reach_the_advantages() {
     let err = missing.rl_step(&rl_samples()).unwrap_err();
     assert!(err.to_string().contains("logp_teacher"), "{err}");
     let mut distilled = Trainer::new(load(dir.path()), None, config).unwrap();
-    distilled.set_teacher(ooze_train::Teacher::Model(load(teacher_dir.path())));
+    distilled.set_teacher(ooze_train::Teacher::Model(Box::new(load(
+        teacher_dir.path(),
+    ))));
     distilled.set_reward_hook(Box::new(|_, rewards| {
         rewards.iter_mut().for_each(|r| *r = 0.0)
     }));
