@@ -462,6 +462,7 @@ fn tool_orchestra_pays_for_its_experts() {
             "agent.max_tokens_per_turn=48".to_string(),
             // Every group is trained here (the filter itself is tested in the manager).
             "rollout.dynamic_sampling=false".to_string(),
+            "rollout.min_reward_std=0".to_string(),
         ],
     );
     let mut paid = 0;
