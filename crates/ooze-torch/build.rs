@@ -29,6 +29,24 @@ fn torch_lib_dir() -> Result<PathBuf, String> {
         .map_err(|e| format!("libtorch directory {lib}: {e}"))
 }
 
+/// `cargo test` and `cargo run` put the link-search directories that lie in the target directory on
+/// the loader's path: links there to torch/lib and the wheel's CUDA runtime let the test binaries of
+/// every crate (which, unlike the `ooze` binary, record no run path) find libtorch without
+/// scripts/torch-env.sh. A binary run directly does not see them.
+fn link_for_cargo_run(lib: &Path) {
+    let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
+        return;
+    };
+    let cudart = lib.join("../../nvidia/cu13/lib");
+    for (name, dir) in [("torch-lib", lib), ("cuda-lib", cudart.as_path())] {
+        let link = out.join(name);
+        let _ = std::fs::remove_file(&link);
+        if dir.is_dir() && std::os::unix::fs::symlink(dir, &link).is_ok() {
+            println!("cargo:rustc-link-search=native={}", link.display());
+        }
+    }
+}
+
 fn compile_shim(lib: &Path) -> Result<(), String> {
     let torch = lib.parent().ok_or("torch/lib has no parent")?;
     let cuda_include = torch.join("../nvidia/cu13/include");
@@ -134,6 +152,7 @@ fn main() {
         }
     };
     println!("cargo:lib={}", lib.display());
+    link_for_cargo_run(&lib);
     match compile_optim(&lib) {
         Ok(()) => println!("cargo:rustc-cfg=ooze_fused_adamw"),
         Err(e) => println!("cargo:warning=ooze-torch: fused AdamW not built ({e})"),
