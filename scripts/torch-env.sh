@@ -1,8 +1,10 @@
 # Source this file: `. scripts/torch-env.sh`. It points the dynamic loader at the torch/lib of a
 # PyTorch 2.11 install, so an ooze binary built on one machine runs on another that has PyTorch 2.11
-# (for example a GPU machine with its own CUDA build of torch). It prefers the repository's .venv,
-# then $OOZE_PYTHON, then python3 on PATH. Building also needs it: torch-sys asks that Python where
-# libtorch lives.
+# (for example a GPU machine with its own CUDA build of torch): LD_LIBRARY_PATH wins over the run
+# path the binary records. It prefers the repository's .venv, then $OOZE_PYTHON, then python3 on PATH.
+# Building does not need it: cargo builds against .venv's torch through the link .cache/libtorch
+# (.cargo/config.toml), which this file (and so scripts/setup.sh) keeps pointing at that torch.
+# Without a .venv it exports LIBTORCH instead, so cargo builds against the torch of that Python.
 _ooze_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 if [ -x "$_ooze_root/.venv/bin/python" ]; then
   _ooze_python="$_ooze_root/.venv/bin/python"
@@ -28,6 +30,16 @@ if [ -d "$_ooze_torch_lib/../../nvidia/cu13/lib" ]; then
   _ooze_torch_lib="$_ooze_torch_lib:$(cd "$_ooze_torch_lib/../../nvidia/cu13/lib" && pwd)"
 fi
 export LD_LIBRARY_PATH="$_ooze_torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LIBTORCH_USE_PYTORCH=1
 export OOZE_TORCH_LIB="${_ooze_torch_lib%%:*}"
-unset _ooze_root _ooze_python _ooze_torch_lib
+# With .venv, cargo sees the same settings as in a plain shell (so switching rebuilds nothing).
+if [ -x "$_ooze_root/.venv/bin/python" ]; then
+  _ooze_link=$("$_ooze_python" -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
+    "${OOZE_TORCH_LIB%/lib}" "$_ooze_root/.cache")
+  if [ "$(readlink "$_ooze_root/.cache/libtorch" 2>/dev/null)" != "$_ooze_link" ]; then
+    mkdir -p "$_ooze_root/.cache" && ln -sfn "$_ooze_link" "$_ooze_root/.cache/libtorch" \
+      && echo "torch-env: .cache/libtorch -> $_ooze_link" >&2
+  fi
+else
+  export LIBTORCH="${OOZE_TORCH_LIB%/lib}"
+fi
+unset _ooze_root _ooze_python _ooze_torch_lib _ooze_link

@@ -1,8 +1,9 @@
-//! Finds the torch/lib directory of the PyTorch that tch builds against and publishes it to the
-//! build scripts of dependent crates (`DEP_OOZE_TORCH_LIB`, `DEP_OOZE_TORCH_CUDA`). The `ooze` binary
-//! crate uses them to link libtorch_cuda with `--no-as-needed` (PyTorch registers its CUDA kernels in
-//! that library's static initialisers, and no symbol of it is referenced, so the linker would drop
-//! it) and to record the directory as a run path.
+//! Takes the torch/lib directory of the PyTorch that tch builds against from torch-sys and publishes
+//! it, and the wheel's CUDA runtime directory, to the build scripts of dependent crates
+//! (`DEP_OOZE_TORCH_LIB`, `DEP_OOZE_TORCH_CUDA`, `DEP_OOZE_TORCH_CUDART`). The `ooze`
+//! binary crate uses them to link libtorch_cuda with `--no-as-needed` (PyTorch registers its CUDA
+//! kernels in that library's static initialisers, and no symbol of it is referenced, so the linker
+//! would drop it) and to record the directories as run paths.
 //!
 //! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/cuda_graph.cpp`, CUDA graphs)
 //! against the libtorch headers and CUDA's host headers from the nvidia wheels, and sets
@@ -12,29 +13,38 @@
 //! same steps run as libtorch operations.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn torch_lib_dir() -> Option<PathBuf> {
-    println!("cargo:rerun-if-env-changed=LIBTORCH");
-    println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
-    if let Ok(dir) = std::env::var("LIBTORCH") {
-        return Some(PathBuf::from(dir).join("lib"));
-    }
-    let python = if std::env::var_os("VIRTUAL_ENV").is_some() {
-        "python"
-    } else {
-        "python3"
+/// The torch/lib directory that tch links against, as torch-sys reports it (`DEP_TCH_LIBTORCH_LIB`),
+/// with symbolic links resolved so that the run paths recorded from it also hold for the libraries'
+/// own `$ORIGIN`-relative run paths. torch-sys finds PyTorch through `LIBTORCH_USE_PYTORCH` (the torch of
+/// the `python` of an active virtualenv, else `python3`) or `LIBTORCH`; .cargo/config.toml defaults the
+/// latter to `.cache/libtorch`, the link to the repository .venv's torch that scripts/setup.sh makes.
+fn torch_lib_dir() -> Result<PathBuf, String> {
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
+        .map_err(|_| "torch-sys did not report its libtorch directory".to_string())?;
+    // A re-created .venv behind the same link: record the run paths again.
+    println!("cargo:rerun-if-changed={lib}");
+    Path::new(&lib)
+        .canonicalize()
+        .map_err(|e| format!("libtorch directory {lib}: {e}"))
+}
+
+/// `cargo test` and `cargo run` put the link-search directories that lie in the target directory on
+/// the loader's path: links there to torch/lib and the wheel's CUDA runtime let the test binaries of
+/// every crate (which, unlike the `ooze` binary, record no run path) find libtorch without
+/// scripts/torch-env.sh. A binary run directly does not see them.
+fn link_for_cargo_run(lib: &Path) {
+    let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
+        return;
     };
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
-        ])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    let cudart = lib.join("../../nvidia/cu13/lib");
+    for (name, dir) in [("torch-lib", lib), ("cuda-lib", cudart.as_path())] {
+        let link = out.join(name);
+        let _ = std::fs::remove_file(&link);
+        if dir.is_dir() && std::os::unix::fs::symlink(dir, &link).is_ok() {
+            println!("cargo:rustc-link-search=native={}", link.display());
+        }
+    }
 }
 
 fn compile_shim(lib: &Path) -> Result<(), String> {
@@ -67,7 +77,6 @@ fn compile_shim(lib: &Path) -> Result<(), String> {
     let cudart = torch.join("../nvidia/cu13/lib");
     println!("cargo:rustc-link-search=native={}", cudart.display());
     println!("cargo:rustc-link-lib=dylib:+verbatim=libcudart.so.13");
-    println!("cargo:cudart={}", cudart.display());
     Ok(())
 }
 
@@ -135,11 +144,15 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(ooze_fused_adamw)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_graphs)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_kernels)");
-    let Some(lib) = torch_lib_dir() else {
-        println!("cargo:warning=ooze-torch: could not locate torch/lib; building without CUDA");
-        return;
+    let lib = match torch_lib_dir() {
+        Ok(lib) => lib,
+        Err(e) => {
+            println!("cargo:warning=ooze-torch: {e}; building without CUDA and without run paths");
+            return;
+        }
     };
     println!("cargo:lib={}", lib.display());
+    link_for_cargo_run(&lib);
     match compile_optim(&lib) {
         Ok(()) => println!("cargo:rustc-cfg=ooze_fused_adamw"),
         Err(e) => println!("cargo:warning=ooze-torch: fused AdamW not built ({e})"),
@@ -147,6 +160,10 @@ fn main() {
     let cuda = lib.join("libtorch_cuda.so").exists();
     println!("cargo:cuda={cuda}");
     if cuda {
+        // The CUDA runtime of the wheel: the shim links it, so the binary records it as a run path.
+        if let Ok(cudart) = lib.join("../../nvidia/cu13/lib").canonicalize() {
+            println!("cargo:cudart={}", cudart.display());
+        }
         match compile_shim(&lib) {
             Ok(()) => {
                 println!("cargo:rustc-cfg=ooze_cuda_graphs");

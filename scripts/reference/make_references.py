@@ -3,6 +3,9 @@
 
 Usage: make_references.py OUT_DIR [--hf-data DIR]
 
+The official tokenizer files are the ones scripts/setup.sh fetches (scripts/fetch_tokenizers.py:
+$OOZE_HF_DATA, else .cache/hf in the repository); they are checked against their pinned hashes first.
+
 OUT_DIR/models/<case>/       random-weight checkpoints written by transformers (save_pretrained)
 OUT_DIR/models/<case>/expected.json
                              sequences of different lengths and, per sequence, the log-prob and
@@ -26,6 +29,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from conversations import CONVERSATIONS, TEXTS  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(HERE))
+import fetch_tokenizers  # noqa: E402  (scripts/: where the official tokenizer files are)
 
 MODEL_CASES = {
     # Qwen2.5-style: q/k/v bias, untied head.
@@ -128,9 +134,10 @@ def make_tokenization(out, hf_data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out")
-    default_hf = os.path.join(HERE, "..", "..", "..", "shared", "data", "hf")
-    parser.add_argument("--hf-data", default=os.environ.get("OOZE_HF_DATA", default_hf))
+    parser.add_argument("--hf-data", default=fetch_tokenizers.default_dir(),
+                        help="the official tokenizer files (default: $OOZE_HF_DATA, else .cache/hf)")
     args = parser.parse_args()
+    fetch_tokenizers.verify(args.hf_data)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     os.makedirs(args.out, exist_ok=True)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")

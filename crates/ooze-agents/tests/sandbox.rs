@@ -2,6 +2,7 @@
 //! call returns within its wall limit (plus the time to kill the tree).
 
 use ooze_agents::sandbox::{Isolation, Sandbox, SandboxLimits};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn sandbox() -> Sandbox {
@@ -128,6 +129,36 @@ fn the_network_is_unreachable() {
     assert!(e.stdout.starts_with("refused"), "{e:?}");
 }
 
+/// Where the sandbox sees the host's files: not under `/tmp` (its own directory inside the sandbox)
+/// nor `/dev/shm` or `/var/tmp` (private there).
+fn visible_in_the_sandbox(dir: &Path) -> bool {
+    !["/tmp", "/dev/shm", "/var/tmp"]
+        .iter()
+        .any(|private| dir.starts_with(private))
+}
+
+/// The first of `candidates` that exists and that the sandbox sees as it is.
+fn first_visible(candidates: &[Option<PathBuf>]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .flatten()
+        .filter_map(|d| d.canonicalize().ok())
+        .find(|d| visible_in_the_sandbox(d))
+}
+
+/// A directory of the host that the sandbox sees as it is, whatever the checkout's location: the
+/// cargo target's scratch directory, unless that lies under a directory the sandbox has its own
+/// copy of (a checkout under /tmp), then the home directory.
+fn outside_the_sandbox() -> tempfile::TempDir {
+    let dir = first_visible(&[
+        Some(PathBuf::from(env!("CARGO_TARGET_TMPDIR"))),
+        std::env::var_os("HOME").map(PathBuf::from),
+        Some(PathBuf::from("/root")),
+    ])
+    .expect("a directory outside /tmp, /dev/shm and /var/tmp");
+    tempfile::tempdir_in(dir).unwrap()
+}
+
 #[test]
 fn writes_stay_in_its_directory() {
     let sandbox = sandbox();
@@ -135,8 +166,9 @@ fn writes_stay_in_its_directory() {
         eprintln!("skipped: file isolation needs root (this process is not)");
         return;
     }
-    // Outside /tmp, which the sandbox sees as its own directory.
-    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Root owns it (mode 0700) and the sandbox sees it at this path, so only the sandbox's own user
+    // id stands between the program and the file: denied with EACCES, PermissionError.
+    let outside = outside_the_sandbox();
     let target = outside.path().join("escaped.txt");
     let name = format!("ooze-sandbox-escape-{}.txt", std::process::id());
     let e = sandbox
@@ -144,16 +176,37 @@ fn writes_stay_in_its_directory() {
             "import os\nopen('here.txt', 'w').write('ok')\nopen('/tmp/{name}', 'w').write('tmp')\ntry:\n    open({target:?}, 'w').write('x')\n    print('wrote outside')\nexcept OSError as err:\n    print('denied', type(err).__name__)\nprint(sorted(os.listdir('.')))\n",
         ))
         .unwrap();
+    assert!(!target.exists(), "the write landed outside: {e:?}");
     assert!(e.stdout.starts_with("denied PermissionError"), "{e:?}");
     assert!(
         e.stdout.contains("'here.txt'") && e.stdout.contains(&name),
         "{e:?}"
     );
-    assert!(!target.exists());
     assert!(
-        !std::path::Path::new("/tmp").join(&name).exists(),
+        !Path::new("/tmp").join(&name).exists(),
         "/tmp is the sandbox's own"
     );
+}
+
+#[test]
+fn the_outside_directory_is_outside_the_sandbox_wherever_the_checkout_is() {
+    assert!(!visible_in_the_sandbox(Path::new("/tmp/clone/target/tmp")));
+    assert!(!visible_in_the_sandbox(Path::new("/var/tmp/x")));
+    assert!(!visible_in_the_sandbox(Path::new("/dev/shm")));
+    assert!(visible_in_the_sandbox(Path::new("/work/repo/target/tmp")));
+    assert!(visible_in_the_sandbox(Path::new("/tmpfoo")));
+    // A checkout under /tmp: its target's scratch directory is passed over for the next candidate.
+    let under_tmp = tempfile::tempdir_in("/tmp").unwrap();
+    assert_eq!(
+        first_visible(&[
+            Some(under_tmp.path().to_path_buf()),
+            None,
+            Some(PathBuf::from("/nonexistent-ooze-dir")),
+            Some(PathBuf::from("/")),
+        ]),
+        Some(PathBuf::from("/"))
+    );
+    assert!(visible_in_the_sandbox(outside_the_sandbox().path()));
 }
 
 #[test]

@@ -26,16 +26,20 @@ pub fn reference_dir() -> PathBuf {
     dir
 }
 
-/// The official tokenizer files (../shared/data/hf next to the repository).
+/// The official tokenizer files that scripts/setup.sh fetches and checks against their pinned
+/// hashes (scripts/fetch_tokenizers.py): `$OOZE_HF_DATA`, else `.cache/hf` in the repository.
 pub fn hf_data_dir() -> PathBuf {
     let dir = std::env::var_os("OOZE_HF_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/data/hf"));
-    assert!(
-        dir.join("qwen2.5/tokenizer.json").exists(),
-        "official tokenizer files missing in {}",
-        dir.display()
-    );
+        .unwrap_or_else(|| workspace_root().join(".cache/hf"));
+    for family in ["qwen2.5", "qwen3", "llama3.1"] {
+        assert!(
+            dir.join(family).join("tokenizer.json").exists(),
+            "official tokenizer files missing in {}; run scripts/setup.sh (or `python3 scripts/fetch_tokenizers.py {}`)",
+            dir.join(family).display(),
+            dir.display()
+        );
+    }
     dir
 }
 
