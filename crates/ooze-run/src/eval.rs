@@ -3,15 +3,12 @@
 //! unbiased estimator of Chen et al. (2021): per prompt with `c` passing of `n` samples,
 //! `pass@k = 1 − C(n−c, k) / C(n, k)`, averaged over prompts.
 
-use crate::run::Run;
 use ooze_engine::{EngineHandle, Sampling};
 use ooze_model::Tokenizer;
 use ooze_rollout::manager::{generate_groups, AgentRollout, Group, RolloutError, RolloutSettings};
 use ooze_rollout::prompts::PromptItem;
 use ooze_rollout::scorer::Scorer;
-use serde_json::{json, Map, Value};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Unbiased pass@k of one prompt with `c` of `n` samples passing.
 pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
@@ -116,55 +113,6 @@ pub async fn evaluate(
             .sum::<f64>()
             / count,
     })
-}
-
-impl Run {
-    /// Stage *evaluate*: every eval set through the engine (or the agent) under the current
-    /// weights, with seeds that do not change between evaluations.
-    pub(crate) fn evaluate(&self) -> anyhow::Result<Vec<EvalResult>> {
-        let r = &self.recipe.rollout;
-        let seed = r.seed ^ 0xe7a1;
-        let mut out = Vec::new();
-        for set in &self.evals {
-            let t = Instant::now();
-            let result = self.runtime.block_on(evaluate(
-                &self.engine,
-                &self.tokenizer,
-                set,
-                r.concurrency,
-                seed,
-                self.settings.agent.as_ref(),
-            ))?;
-            eprintln!(
-                "eval {}: {} ({} prompts × {}, {:.1}s)",
-                set.name,
-                result
-                    .pass_at
-                    .iter()
-                    .map(|(k, v)| format!("pass@{k} {v:.3}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                set.prompts.len(),
-                set.n_samples,
-                t.elapsed().as_secs_f64()
-            );
-            out.push(result);
-        }
-        Ok(out)
-    }
-}
-
-/// Adds eval results to a metrics line: `eval/NAME/pass@K` and `eval/NAME/response_len`.
-pub(crate) fn eval_line(results: &[EvalResult], line: &mut Map<String, Value>) {
-    for e in results {
-        for (k, v) in &e.pass_at {
-            line.insert(format!("eval/{}/pass@{k}", e.name), json!(v));
-        }
-        line.insert(
-            format!("eval/{}/response_len", e.name),
-            json!(e.mean_response_tokens),
-        );
-    }
 }
 
 /// Executions of `group` that succeeded: one verdict per execution (an agent's siblings share

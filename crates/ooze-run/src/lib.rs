@@ -2,11 +2,11 @@
 //!
 //! - [`recipe`]: the TOML recipe, its defaults, `--set` overrides and checks.
 //! - [`run`]: the loop as a [`run::Run`] with named stages, each in its own module:
-//!   [`prepare`], [`roll_out`], [`reward`], [`train`], [`eval`], [`checkpoint`]; rollout-only and
+//!   [`prepare`], [`roll_out`], [`reward`], [`train`], [`evaluate`], [`checkpoint`]; rollout-only and
 //!   replay modes.
 //! - [`teacher`]: an on-policy distillation teacher behind an SGLang-compatible `/generate`.
 //! - [`agents`]: the `[agent]` and `[helpers]` sections as the running agent and helper models.
-//! - [`eval`]: held-out pass@k.
+//! - [`eval`]: eval sets and held-out pass@k.
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
 //!   console.
 //! - [`report`], [`plot`]: the HTML report with PNG plots.
@@ -14,6 +14,7 @@
 pub mod agents;
 pub mod checkpoint;
 pub mod eval;
+pub mod evaluate;
 pub mod metrics_log;
 pub mod plot;
 pub mod prepare;

@@ -6,7 +6,7 @@
 //! | roll out | [`crate::roll_out`] | `rollout.batch_size` prompts × `n_samples_per_prompt` through the engine or the agent, filtered groups dropped and over-sampled |
 //! | reward | [`crate::reward`] | the scorers the rollout and the eval sets use, and the rollout's reward numbers |
 //! | train | [`crate::train`] | whole groups per optimizer step, then the engine's weight update |
-//! | evaluate | [`crate::eval`] | held-out pass@k when due |
+//! | evaluate | [`crate::evaluate`] | held-out pass@k when due ([`crate::eval`]: the eval sets and pass@k) |
 //! | checkpoint | [`crate::checkpoint`] | trainer, critic and run state, atomically; the rollout-only state |
 //!
 //! Colocated on one device: the engine and the trainer hold the same parameter tensors
@@ -26,7 +26,7 @@ use ooze_rollout::prompts::PromptItem;
 use ooze_rollout::scorer::{Registry, Scorer};
 use ooze_train::Trainer;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,37 +123,6 @@ impl Run {
             );
         }
         self.log.write(line)
-    }
-
-    /// Evaluates before the first rollout of a fresh run (`eval.at_start`).
-    fn evaluate_at_start(&mut self) -> anyhow::Result<()> {
-        if self.state.rollout != 0 || !self.recipe.eval.at_start || self.evals.is_empty() {
-            return Ok(());
-        }
-        self.first_eval = self.evaluate()?;
-        let mut line = Map::new();
-        line.insert("rollout".into(), json!(0));
-        crate::eval::eval_line(&self.first_eval, &mut line);
-        self.log.write(&line)?;
-        self.last_eval = self.first_eval.clone();
-        Ok(())
-    }
-
-    /// Evaluates after rollout `index` when it is the last or a multiple of `eval.interval`.
-    fn evaluate_when_due(
-        &mut self,
-        index: u64,
-        line: &mut Map<String, Value>,
-    ) -> anyhow::Result<()> {
-        let interval = self.recipe.eval.interval;
-        let total = self.recipe.rollout.num_rollouts;
-        if !self.evals.is_empty()
-            && (index == total || (interval > 0 && index.is_multiple_of(interval)))
-        {
-            self.last_eval = self.evaluate()?;
-            crate::eval::eval_line(&self.last_eval, line);
-        }
-        Ok(())
     }
 
     /// Stops the engine, saves the final model and writes the report.

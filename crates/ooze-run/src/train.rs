@@ -4,120 +4,14 @@
 //! advantages are computed once per rollout, under the weights that generated it. Then the engine
 //! is told its weights changed (they are the trainer's own tensors).
 //!
-//! The trainer is built here too: the policy with its frozen reference (when a KL coefficient is
-//! set), its critic (`estimator = "ppo"`: `[critic]`, or the policy's weights with a fresh value
-//! head) and its distillation teacher (`advantage.opd_coef`: `[teacher]`, a model in process or a
-//! `/generate` endpoint).
+//! The trainer itself — policy, reference, critic, teacher — is built by [`crate::prepare`].
 
-use crate::prepare::load_model;
-use crate::recipe::{Mode, Recipe};
 use crate::reward::mean;
 use crate::run::Run;
-use ooze_algo::Estimator;
 use ooze_rollout::manager::{Batch, Group};
-use ooze_torch::tch::{Device, Kind};
-use ooze_train::{
-    Critic, CriticConfig, Schedule, StepMetrics, Teacher, TrainSample, Trainer, TrainerConfig,
-};
+use ooze_train::{StepMetrics, TrainSample};
 use serde_json::{json, Map, Value};
 use std::time::Instant;
-
-/// The recipe's trainer over `policy` (none in rollout-only mode).
-pub(crate) fn build_trainer(
-    recipe: &Recipe,
-    policy: ooze_model::Decoder,
-    device: Device,
-    kind: Kind,
-) -> anyhow::Result<Option<Trainer>> {
-    if recipe.trainer.mode == Mode::RolloutOnly {
-        return Ok(None);
-    }
-    let a = &recipe.algorithm;
-    let model_path = &recipe.model.path;
-    let needs_reference = a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0;
-    let reference = if needs_reference {
-        let path = recipe.model.reference.as_ref().unwrap_or(model_path);
-        Some(load_model(path, "model.reference", device, kind)?)
-    } else {
-        None
-    };
-    let t = &recipe.trainer;
-    let r = &recipe.rollout;
-    let steps_per_rollout =
-        (r.batch_size * r.n_samples_per_prompt / recipe.global_batch_size()) as u64;
-    let schedule = |lr: f64| Schedule {
-        lr,
-        warmup_steps: t.warmup_steps,
-        decay: t.decay,
-        total_steps: (r.num_rollouts * steps_per_rollout).max(t.warmup_steps + 1),
-        min_lr_ratio: t.min_lr_ratio,
-    };
-    let mut loss = a.loss.clone();
-    let critic_settings = recipe.critic_settings();
-    loss.value_clip = critic_settings.value_clip;
-    let config = TrainerConfig {
-        optimizer: t.optimizer.clone(),
-        schedule: schedule(t.lr),
-        max_tokens_per_micro_batch: t.max_tokens_per_micro_batch,
-        temperature: r.temperature,
-        advantage: a.advantage.clone(),
-        loss,
-        aggregation: a.aggregation,
-        recompute_activations: t.recompute_activations,
-    };
-    let mut trainer =
-        Trainer::new(policy, reference, config).map_err(|e| anyhow::anyhow!("trainer: {e}"))?;
-    if a.advantage.estimator == Estimator::Ppo {
-        let c = &critic_settings;
-        let path = c.path.as_ref().unwrap_or(model_path);
-        let started = Instant::now();
-        let critic = Critic::load(path, device, kind)
-            .map_err(|e| anyhow::anyhow!("critic.path: loading {}: {e}", path.display()))?;
-        eprintln!(
-            "critic: {} ({}), lr {}, value clip {}, {} critic-only steps, in {:.1}s",
-            path.display(),
-            if c.path.is_some() {
-                "its own weights"
-            } else {
-                "the policy's weights, fresh value head"
-            },
-            c.lr.unwrap_or(t.lr),
-            c.value_clip,
-            c.warmup_steps,
-            started.elapsed().as_secs_f64()
-        );
-        trainer
-            .set_critic(
-                critic,
-                CriticConfig {
-                    schedule: schedule(c.lr.unwrap_or(t.lr)),
-                    warmup_steps: c.warmup_steps,
-                },
-            )
-            .map_err(|e| anyhow::anyhow!("critic: {e}"))?;
-    }
-    if a.advantage.opd_coef != 0.0 {
-        let teacher = recipe
-            .teacher
-            .as_ref()
-            .expect("invariant: the recipe check requires [teacher] with opd_coef");
-        trainer.set_teacher(match (&teacher.path, &teacher.url) {
-            (Some(path), _) => {
-                Teacher::Model(Box::new(load_model(path, "teacher.path", device, kind)?))
-            }
-            (None, Some(url)) => {
-                eprintln!("teacher: {url}/generate (prompt log-probs)");
-                Teacher::Remote(Box::new(crate::teacher::GenerateEndpoint::new(
-                    url,
-                    teacher.timeout_secs,
-                    teacher.concurrency,
-                )))
-            }
-            (None, None) => unreachable!("the recipe check requires a [teacher] source"),
-        });
-    }
-    Ok(Some(trainer))
-}
 
 impl Run {
     /// Trains on rollout `index` (whole steps of whole groups) and updates the engine's weights;

@@ -31,7 +31,11 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
         let line = lines.next().expect("ooze serve exited").unwrap();
         // "… listening on http://ADDR (at most N connections)"
         if let Some(addr) = line.split("on http://").nth(1) {
-            break addr.split_whitespace().next().unwrap_or_default().to_owned();
+            break addr
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
         }
     };
     std::thread::spawn(move || lines.for_each(drop));
