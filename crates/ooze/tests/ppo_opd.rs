@@ -207,11 +207,20 @@ fn ppo_with_a_critic_learns_addition_and_resumes_exactly() {
             .unwrap(),
         "ppo resume",
     );
+    // Compared: everything the trainer and the seeded samples decide. Left out: timings, the
+    // engine-vs-trainer log-prob mismatch (the engine's batches form as requests arrive, which moves
+    // its last bits) and the evaluation the 4-rollout run made at its own end.
     let strip = |rows: Vec<serde_json::Map<String, Value>>| -> Vec<Vec<(String, Value)>> {
         rows.into_iter()
             .map(|r| {
+                let at_4 = r["rollout"] == 4;
                 r.into_iter()
-                    .filter(|(k, _)| !k.starts_with("time/") && !k.ends_with("per_s"))
+                    .filter(|(k, _)| {
+                        !k.starts_with("time/")
+                            && !k.ends_with("per_s")
+                            && !k.starts_with("train/mismatch")
+                            && !(at_4 && k.starts_with("eval/"))
+                    })
                     .collect()
             })
             .collect()
