@@ -2,53 +2,20 @@
 //! streaming, control endpoints, and a load of 1,000 concurrent requests with aborts and
 //! disconnects, after which every KV slot is free and the server still answers.
 
-use ooze_engine::EngineConfig;
-use ooze_model::init::{init_model, InitOptions, Size};
-use ooze_model::{Decoder, Family, Tokenizer};
-use ooze_server::serve::{ServeConfig, Shutdown};
-use ooze_server::AppState;
-use ooze_torch::tch::{Device, Kind};
+mod common;
+
+use common::make_model;
+use ooze_server::serve::ServeConfig;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn make_model(dir: &Path, seed: i64) {
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = seed;
-    init_model(dir, &ooze_model::corpus::generate(3, 30_000), &options).unwrap();
-}
-
+/// The server as `ooze serve` runs it (timeouts, connection cap, shutdown handling).
 async fn serve(dir: &Path, slots: i64) -> SocketAddr {
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    let tokenizer = Arc::new(Tokenizer::load(dir).unwrap());
-    let engine = ooze_engine::start(
-        decoder,
-        Some(tokenizer.clone()),
-        EngineConfig::new(slots, 1024, vec![]),
-    );
-    let state = Arc::new(AppState::new(
-        engine,
-        tokenizer,
-        "tiny".into(),
-        dir.to_owned(),
-        Duration::from_secs(60),
-        json!({}),
-    ));
-    let listener = ooze_server::listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    // Served as `ooze serve` serves it: timeouts, connection cap, shutdown handling.
-    tokio::spawn(async move {
-        let (config, shutdown) = (ServeConfig::default(), Shutdown::new());
-        ooze_server::serve_app(listener, state, &config, &shutdown)
-            .await
-            .unwrap()
-    });
-    addr
+    common::start(dir, slots, ServeConfig::default()).await.addr
 }
 
 async fn connect(addr: SocketAddr) -> TcpStream {

@@ -3,45 +3,19 @@
 //! messages and tools — each a 400 naming the field, or a well-defined answer — and SGLang's
 //! prompt log-probs (`return_logprob` + `logprob_start_len`) checked against `ooze_model` scoring.
 
-use ooze_engine::EngineConfig;
-use ooze_model::init::{init_model, InitOptions, Size};
-use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions, Tokenizer};
-use ooze_server::{build_app, AppState};
+mod common;
+
+use common::make_model;
+use ooze_model::{score_sequences, Decoder, Layout, ScoreOptions};
+use ooze_server::serve::ServeConfig;
 use ooze_torch::tch::{Device, Kind};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn make_model(dir: &Path) {
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = 3;
-    init_model(dir, &ooze_model::corpus::generate(3, 30_000), &options).unwrap();
-}
-
 async fn serve(dir: &Path) -> SocketAddr {
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    let tokenizer = Arc::new(Tokenizer::load(dir).unwrap());
-    let engine = ooze_engine::start(
-        decoder,
-        Some(tokenizer.clone()),
-        EngineConfig::new(4, 1024, vec![]),
-    );
-    let state = Arc::new(AppState::new(
-        engine,
-        tokenizer,
-        "tiny".into(),
-        dir.to_owned(),
-        Duration::from_secs(60),
-        json!({}),
-    ));
-    let listener = ooze_server::listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, build_app(state)).await.unwrap() });
-    addr
+    common::start(dir, 4, ServeConfig::default()).await.addr
 }
 
 /// One POST; the status and the raw body (a panicking handler shows up as no response at all).
@@ -87,7 +61,7 @@ fn chat(messages: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lengths_that_would_wrap_are_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    make_model(dir.path());
+    make_model(dir.path(), 3);
     let addr = serve(dir.path()).await;
     for huge in [1u64 << 63, u64::MAX] {
         refused(
@@ -148,7 +122,7 @@ async fn lengths_that_would_wrap_are_refused_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn temperatures_are_checked_and_tiny_ones_give_finite_log_probs() {
     let dir = tempfile::tempdir().unwrap();
-    make_model(dir.path());
+    make_model(dir.path(), 3);
     let addr = serve(dir.path()).await;
     for t in [1e-300, 1e-7] {
         let (status, out) = post(addr, "/generate", json!({"input_ids": [4, 5, 6], "return_logprob": true, "sampling_params": {"temperature": t, "max_new_tokens": 5, "ignore_eos": true}})).await;
@@ -209,7 +183,7 @@ async fn temperatures_are_checked_and_tiny_ones_give_finite_log_probs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_tokens_mean_none_for_sglang_and_an_error_for_openai() {
     let dir = tempfile::tempdir().unwrap();
-    make_model(dir.path());
+    make_model(dir.path(), 3);
     let addr = serve(dir.path()).await;
     let (status, out) = post(
         addr,
@@ -244,7 +218,7 @@ async fn zero_tokens_mean_none_for_sglang_and_an_error_for_openai() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_messages_and_tools_are_checked_by_shape() {
     let dir = tempfile::tempdir().unwrap();
-    make_model(dir.path());
+    make_model(dir.path(), 3);
     let addr = serve(dir.path()).await;
     let path = "/v1/chat/completions";
     let user = json!({"role": "user", "content": "hi"});
@@ -364,7 +338,7 @@ async fn chat_messages_and_tools_are_checked_by_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_token_logprobs_equal_ooze_model_scoring() {
     let dir = tempfile::tempdir().unwrap();
-    make_model(dir.path());
+    make_model(dir.path(), 3);
     let addr = serve(dir.path()).await;
     let scorer = Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
     let ids: Vec<u32> = (0..40).map(|j| (j * 17 + 5) % 390 + 1).collect();
