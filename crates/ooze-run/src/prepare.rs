@@ -232,10 +232,16 @@ fn training_prompts(recipe: &Recipe, tokenizer: &Tokenizer) -> anyhow::Result<Ve
             let (items, too_long) =
                 prepare(loaded.rows, tokenizer, &format, d.max_prompt_tokens, path)
                     .map_err(anyhow::Error::msg)?;
+            let label = if recipe.reward.needs_label() {
+                format!(" or `{}`", d.label_key)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "data: {} prompts from {path} ({} bad rows skipped, {too_long} over data.max_prompt_tokens left out)",
+                "data: {} prompts from {path} ({} rows without `{}`{label} skipped, {too_long} over data.max_prompt_tokens left out)",
                 items.len(),
                 loaded.skipped,
+                d.input_key,
             );
             (items, path.clone())
         }
