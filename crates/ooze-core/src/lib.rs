@@ -13,3 +13,16 @@ pub mod sample;
 pub use ids::{GroupIndex, RolloutId, SampleIndex, SessionId};
 pub use rng::SplitMix64;
 pub use sample::{FinishReason, Prompt, Reward, Sample, SampleError, Status, StopMatch};
+
+/// `e` and its causes as one line, `outer: cause: root cause` (for errors that must travel as
+/// text, such as an engine reply or a warning, without losing the OS error underneath).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}

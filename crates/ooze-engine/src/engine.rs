@@ -265,7 +265,7 @@ impl EngineLoop {
                         self.weight_version += 1;
                         self.weight_version
                     })
-                    .map_err(|e| error_chain(&e));
+                    .map_err(|e| ooze_core::error_chain(&e));
                 let _ = reply.send(result);
             }
         }
@@ -784,16 +784,4 @@ fn stop_reason(
         return Some(FinishReason::Length);
     }
     None
-}
-
-/// `e` and its causes as one line (a failed weight load names the file, then the OS error).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }

@@ -34,13 +34,7 @@ async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) 
         .read_to_end(&mut raw)
         .await
         .unwrap_or_else(|e| panic!("{method} {path} {body}: {e}"));
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    common::split_response(&raw)
 }
 
 async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {

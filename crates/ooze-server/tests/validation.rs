@@ -27,14 +27,12 @@ async fn post_raw(addr: SocketAddr, path: &str, body: &Value) -> (u16, String) {
     stream.write_all(body.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw).await;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    assert!(text.len() > 12, "{path} {body}: no HTTP response: {text:?}");
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    assert!(
+        raw.len() > 12,
+        "{path} {body}: no HTTP response: {:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    common::split_response(&raw)
 }
 
 async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {

@@ -230,18 +230,6 @@ pub fn candidates(run_dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
     Ok(order)
 }
 
-/// `e` and its causes, as one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// What [`load_newest`] restored.
 #[derive(Debug)]
 pub struct Restored {
@@ -275,7 +263,7 @@ pub fn load_newest(run_dir: &Path, trainer: &mut Trainer) -> Result<Option<Resto
                 }))
             }
             Err(e) => {
-                let why = error_chain(&e);
+                let why = ooze_core::error_chain(&e);
                 eprintln!(
                     "warning: checkpoint {} does not load ({why}); trying the one before it",
                     dir.display()
