@@ -112,7 +112,7 @@ pub struct SampleInput<'a> {
     pub rollout: u64,
     pub reward: f64,
     /// 1 for tokens the policy generated (trained), 0 for tool/environment/template tokens.
-    pub mask: &'a [f32],
+    pub mask: &'a [u8],
     /// Log-probs under the policy before the update (recomputed by the trainer).
     pub logp_old: Option<&'a [f64]>,
     /// Log-probs under the frozen reference (for a KL penalty in the reward).
@@ -252,7 +252,7 @@ fn kl_terms(
 }
 
 /// Masked mean and Bessel-corrected variance over all trained tokens; `A ← (A − μ)/sqrt(var + 1e-8)`.
-pub fn whiten(advantages: &mut [Vec<f64>], masks: &[&[f32]]) {
+pub fn whiten(advantages: &mut [Vec<f64>], masks: &[&[u8]]) {
     let (mut sum, mut count) = (0.0, 0.0);
     for (a, m) in advantages.iter().zip(masks) {
         for (x, &w) in a.iter().zip(*m) {
@@ -360,7 +360,7 @@ pub fn compute_advantages(
                     .zip(s.mask)
                     .map(|(k, &m)| -config.kl_coef * k * m as f64)
                     .collect();
-                if let Some(last) = s.mask.iter().rposition(|&m| m > 0.0) {
+                if let Some(last) = s.mask.iter().rposition(|&m| m > 0) {
                     rewards[last] += s.reward;
                 }
                 let mut running = 0.0;
@@ -422,7 +422,7 @@ pub fn compute_advantages(
             Estimator::ReinforcePlusPlus | Estimator::ReinforcePlusPlusBaseline
         )
     {
-        let masks: Vec<&[f32]> = samples.iter().map(|s| s.mask).collect();
+        let masks: Vec<&[u8]> = samples.iter().map(|s| s.mask).collect();
         whiten(&mut advantages, &masks);
     }
     if config.opd_coef != 0.0 {
@@ -456,7 +456,7 @@ mod tests {
 
     #[test]
     fn clip_bounds_the_z_scores() {
-        let mask = [1.0f32; 2];
+        let mask = [1u8; 2];
         // One outlier among equal rewards: its z-score (unbiased std) is (n − 1)/sqrt(n) ≈ 4.25
         // for n = 20.
         let mut samples: Vec<SampleInput<'_>> = (0..20).map(|i| sample(0, i, 0.0, &mask)).collect();
@@ -478,7 +478,7 @@ mod tests {
         assert!(compute_advantages(&samples, &bad, None).is_err());
     }
 
-    fn sample(group: u64, rollout: u64, reward: f64, mask: &[f32]) -> SampleInput<'_> {
+    fn sample(group: u64, rollout: u64, reward: f64, mask: &[u8]) -> SampleInput<'_> {
         SampleInput {
             group,
             rollout,
@@ -493,7 +493,7 @@ mod tests {
 
     #[test]
     fn groups_follow_ids_not_positions_and_siblings_count_once() {
-        let m = [1.0f32, 1.0];
+        let m = [1u8, 1];
         // Group 7 interleaved with group 9; rollout 2 of group 7 fans out into two siblings.
         let samples = [
             sample(7, 1, 1.0, &m),
@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn rloo_leaves_one_out_and_singletons_get_zero() {
-        let m = [1.0f32];
+        let m = [1u8];
         let samples = [
             sample(1, 1, 3.0, &m),
             sample(1, 2, 1.0, &m),
@@ -536,7 +536,7 @@ mod tests {
 
     #[test]
     fn missing_inputs_are_named() {
-        let m = [1.0f32];
+        let m = [1u8];
         let err = compute_advantages(
             &[sample(1, 1, 1.0, &m)],
             &AdvantageConfig {

@@ -24,7 +24,8 @@ struct Sample {
     group: u64,
     rollout: u64,
     reward: f64,
-    mask: Vec<f32>,
+    #[serde(deserialize_with = "zero_one")]
+    mask: Vec<u8>,
     logp_old: Vec<f64>,
     logp_ref: Vec<f64>,
     logp_roll: Vec<f64>,
@@ -33,7 +34,21 @@ struct Sample {
     values: Vec<f64>,
     values_old: Vec<f64>,
     entropy: Vec<f64>,
-    observation_mask: Vec<f32>,
+    #[serde(deserialize_with = "zero_one")]
+    observation_mask: Vec<u8>,
+}
+
+/// A 0/1 mask the reference writes as floats.
+fn zero_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    let floats = Vec::<f32>::deserialize(d)?;
+    floats
+        .into_iter()
+        .map(|m| match m {
+            0.0 => Ok(0),
+            1.0 => Ok(1),
+            other => Err(serde::de::Error::custom(format!("mask entry {other}"))),
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -138,6 +153,7 @@ fn aggregation_weights_match_the_reference() {
         .samples
         .iter()
         .map(|s| StepSample {
+            group: s.group,
             rollout: s.rollout,
             mask: &s.mask,
         })
@@ -270,6 +286,7 @@ fn step_weights(samples: &[Sample], mode: Aggregation, observation: bool) -> Vec
     let steps: Vec<StepSample<'_>> = samples
         .iter()
         .map(|s| StepSample {
+            group: s.group,
             rollout: s.rollout,
             mask: if observation {
                 &s.observation_mask

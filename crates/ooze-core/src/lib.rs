@@ -1,7 +1,7 @@
 //! ooze-core: the vocabulary every other ooze crate speaks.
 //!
-//! A [`Sample`] is one trainable sequence (prompt tokens + response tokens) with everything the
-//! trainer needs to use it and everything a person needs to audit it. This crate knows nothing of
+//! A [`Sample`] is one trajectory (prompt tokens + response tokens) with everything the trainer
+//! needs to use it and everything a person needs to audit it, from rollout to loss. This crate knows nothing of
 //! tensors or async runtimes, so data tools, servers and the trainer can all depend on it.
 
 pub mod atomic_file;
@@ -10,9 +10,9 @@ pub mod order;
 pub mod rng;
 pub mod sample;
 
-pub use ids::{GroupIndex, RolloutId, SampleIndex, SessionId};
+pub use ids::SessionId;
 pub use rng::SplitMix64;
-pub use sample::{FinishReason, Prompt, Reward, Sample, SampleError, Status, StopMatch};
+pub use sample::{FinishReason, Sample, SampleError, Status, StopMatch};
 
 /// `e` and its causes as one line, `outer: cause: root cause` (for errors that must travel as
 /// text, such as an engine reply or a warning, without losing the OS error underneath).

@@ -20,7 +20,7 @@ use crate::cancel::{wait_output, CancelToken, WaitError};
 use crate::helpers::{HelperError, HelperReply, HelperUsage, Helpers};
 use crate::prompts::PromptItem;
 use crate::seeds::sample_seed;
-use ooze_core::{FinishReason, Prompt, Sample, SplitMix64, Status, StopMatch};
+use ooze_core::{FinishReason, Sample, SplitMix64, StopMatch};
 use ooze_engine::{EngineError, EngineHandle, Request, Sampling};
 use ooze_model::{RenderOptions, Tokenizer};
 use serde_json::{json, Value};
@@ -312,15 +312,10 @@ impl AgentContext {
             .render(&messages, &self.render_options(&tools, true))
             .map_err(Self::template_error)?;
         let ids = self.encode(&text)?;
-        let sample = Sample {
-            prompt: Prompt::Messages(messages.clone()),
-            tokens: ids,
-            ..Default::default()
-        };
         Ok(Conversation {
             messages,
             tools,
-            sample,
+            sample: Sample::with_prompt(ids),
             open_turn: false,
             turns: 0,
         })
@@ -331,11 +326,7 @@ impl AgentContext {
         Conversation {
             messages: Vec::new(),
             tools: None,
-            sample: Sample {
-                prompt: Prompt::Text(prompt.text.clone()),
-                tokens: prompt.input_ids.clone(),
-                ..Default::default()
-            },
+            sample: Sample::with_prompt(prompt.input_ids.clone()),
             open_turn: false,
             turns: 0,
         }
@@ -358,7 +349,7 @@ impl AgentContext {
             } else {
                 FinishReason::Abort
             };
-            conv.sample.status = Status::from_finish(&finish);
+            conv.sample.finish(&finish);
             return Ok(Turn {
                 text: String::new(),
                 finish,
@@ -378,8 +369,7 @@ impl AgentContext {
             .push_generated(&output.tokens, &output.log_probs)
             .map_err(|e| AgentError::Agent(e.to_string()))?;
         conv.sample.weight_versions.push(output.weight_version);
-        conv.sample.cached_tokens += output.cached_tokens as u64;
-        conv.sample.status = Status::from_finish(&output.finish);
+        conv.sample.finish(&output.finish);
         conv.turns += 1;
         // The turn is closed only when the model produced a stop token (the end of turn). The
         // history keeps the text of every other token, special ones included, so that the
@@ -413,11 +403,11 @@ impl AgentContext {
         })
     }
 
-    /// Appends environment text inside the running assistant turn (mask 0), tokenised on its own;
-    /// the model continues the same turn after it.
+    /// Appends environment text inside the running assistant turn (loss mask 0, observation mask
+    /// 1), tokenised on its own; the model continues the same turn after it.
     pub fn append_text(&self, conv: &mut Conversation, text: &str) -> Result<(), AgentError> {
         let ids = self.encode(text)?;
-        conv.sample.push_environment(&ids);
+        conv.sample.push_observation(&ids);
         match conv.messages.last_mut() {
             Some(last) if conv.open_turn && last["role"] == "assistant" => {
                 let content = last["content"].as_str().unwrap_or("").to_owned() + text;
@@ -434,7 +424,8 @@ impl AgentContext {
 
     /// Closes the running assistant turn (if the model did not) and appends `message` (a `tool` or
     /// `user` message) as exactly the tokens the chat template adds to the conversation, ending
-    /// with the generation prompt of the next assistant turn. Mask 0.
+    /// with the generation prompt of the next assistant turn. Loss mask 0; the observation mask
+    /// marks the tokens of the message's own text content (not the template's tokens around it).
     pub fn append_message(
         &self,
         conv: &mut Conversation,
@@ -455,12 +446,74 @@ impl AgentContext {
                 &self.render_options(&conv.tools, true),
             )
             .map_err(Self::template_error)?;
+        let content = self.content_span(conv, &message, &added)?.map(|r| {
+            let offset = delta.len();
+            r.start + offset..r.end + offset
+        });
         delta.push_str(&added);
-        let ids = self.encode(&delta)?;
-        conv.sample.push_environment(&ids);
+        let encoding = self
+            .tokenizer
+            .encode_with_offsets(&delta, false)
+            .map_err(|e| AgentError::Tokenizer(e.to_string()))?;
+        let observed = |&(start, end): &(usize, usize)| {
+            content
+                .as_ref()
+                .is_some_and(|c| start >= c.start && end <= c.end && start < end)
+        };
+        let mut start = 0;
+        while start < encoding.ids.len() {
+            let kind = observed(&encoding.offsets[start]);
+            let run = encoding.offsets[start..]
+                .iter()
+                .take_while(|o| observed(o) == kind)
+                .count();
+            let ids = &encoding.ids[start..start + run];
+            if kind {
+                conv.sample.push_observation(ids);
+            } else {
+                conv.sample.push_context(ids);
+            }
+            start += run;
+        }
         conv.messages.push(message);
         conv.open_turn = false;
         Ok(())
+    }
+
+    /// Where `message`'s text content lies in `added` (the template's rendering of it after the
+    /// conversation): the occurrence whose removal leaves the rendering of the same message with
+    /// empty content. `None` when the content is not a string or the template does not render it
+    /// verbatim (its tokens then count as template tokens, not observation).
+    fn content_span(
+        &self,
+        conv: &Conversation,
+        message: &Value,
+        added: &str,
+    ) -> Result<Option<std::ops::Range<usize>>, AgentError> {
+        let Some(content) = message["content"].as_str().filter(|c| !c.is_empty()) else {
+            return Ok(None);
+        };
+        let template = self
+            .tokenizer
+            .chat_template(conv.tools.is_some())
+            .map_err(Self::template_error)?;
+        let mut hollow = message.clone();
+        hollow["content"] = Value::String(String::new());
+        let without = template
+            .continuation(
+                &conv.messages,
+                std::slice::from_ref(&hollow),
+                &self.render_options(&conv.tools, true),
+            )
+            .map_err(Self::template_error)?;
+        Ok(added
+            .match_indices(content)
+            .map(|(at, _)| at..at + content.len())
+            .find(|r| {
+                without.len() + content.len() == added.len()
+                    && added[..r.start] == without[..r.start]
+                    && added[r.end..] == without[r.start..]
+            }))
     }
 
     /// The text the template puts after an assistant message's content to close it (the

@@ -17,6 +17,7 @@
 //! - [`scorer`]: the recipe's reward: built-in, task verifiers, registered Rust functions (per
 //!   sample or per group), a remote reward model over HTTP.
 //! - [`manager`]: prompts × samples through the engine, rewards, dynamic-sampling batches.
+//! - [`rollout_record`]: the line format of saved rollouts (old run directories still replay).
 //! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
 //!   generators and verifiers.
 
@@ -31,6 +32,7 @@ pub mod parquet_out;
 pub mod prompts;
 pub mod qa;
 pub mod reward;
+pub mod rollout_record;
 pub mod scorer;
 pub mod seeds;
 pub mod tasks;

@@ -12,7 +12,7 @@ use crate::agent::{run_one, Trajectory};
 use crate::prompts::PromptItem;
 use crate::scorer::{RewardFailure, RewardInput, Scorer};
 use crate::seeds::sample_seed;
-use ooze_core::{FinishReason, Status, StopMatch};
+use ooze_core::{Sample, Status};
 use ooze_engine::{EngineError, EngineHandle, Request, Sampling};
 use ooze_model::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -46,50 +46,14 @@ pub struct RolloutSettings {
     pub agent: Option<AgentRollout>,
 }
 
-/// One generated response.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutSample {
-    /// Which of the group's executions produced it (its siblings share it).
-    pub index: usize,
-    /// Its place among its execution's samples (0 for single-turn rollouts).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub sibling: usize,
-    /// Its own prompt tokens, when it is not the group's prompt (an agent's sub-call, a memory
-    /// update).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_ids: Option<Vec<u32>>,
-    /// Per response token: 1 for the policy's own tokens, 0 for appended tool/environment tokens.
-    /// `None`: every token is the policy's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss_mask: Option<Vec<u8>>,
-    /// Counts from the agent (`turns`, `tool_calls`, …), on the execution's first sample.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub agent_metrics: BTreeMap<String, f64>,
-    /// Why the execution failed (agent error, missed deadline); it then trains nothing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub response_ids: Vec<u32>,
-    pub log_probs: Vec<f32>,
-    pub response: String,
-    pub finish: FinishReason,
-    pub reward: f64,
-    /// Whether the trainer learns from its tokens (false for masked truncated responses).
-    pub trained: bool,
-    pub seed: u64,
-    pub weight_version: u64,
-}
-
-fn is_zero(x: &usize) -> bool {
-    *x == 0
-}
-
-/// A prompt and its samples.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A prompt and its samples (every sample's `group` is the group's). Saved as one line of a
+/// rollout file ([`crate::rollout_record`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Group {
     /// The run-wide number of this prompt draw (unique, increasing).
     pub group: u64,
     pub prompt: PromptItem,
-    pub samples: Vec<RolloutSample>,
+    pub samples: Vec<Sample>,
 }
 
 impl Group {
@@ -98,8 +62,8 @@ impl Group {
     pub fn rewards(&self) -> Vec<f64> {
         let mut sums: BTreeMap<usize, (f64, usize)> = BTreeMap::new();
         for s in &self.samples {
-            let e = sums.entry(s.index).or_default();
-            e.0 += s.reward;
+            let e = sums.entry(s.execution).or_default();
+            e.0 += s.reward.unwrap_or(0.0);
             e.1 += 1;
         }
         sums.into_values().map(|(sum, n)| sum / n as f64).collect()
@@ -265,7 +229,8 @@ fn agent_rewards(
         .collect())
 }
 
-/// An execution's samples as rollout samples (a failed one as one empty, untrained sample).
+/// An execution's samples, numbered and rewarded (a failed one as one empty sample that trains
+/// nothing).
 fn agent_samples(
     t: Trajectory,
     reward: f64,
@@ -273,66 +238,46 @@ fn agent_samples(
     group: u64,
     settings: &RolloutSettings,
     tokenizer: &Tokenizer,
-) -> Result<Vec<RolloutSample>, RolloutError> {
+) -> Result<Vec<Sample>, RolloutError> {
     let seed = sample_seed(settings.seed, group, t.index);
     if t.error.is_some() || t.output.samples.is_empty() {
-        return Ok(vec![RolloutSample {
-            index: t.index,
-            sibling: 0,
-            prompt_ids: None,
-            loss_mask: None,
-            agent_metrics: t.output.metrics,
+        let mut failed = Sample {
+            group,
+            execution: t.index,
+            reward: Some(0.0),
+            status: Status::Failed,
+            seed,
             error: Some(
                 t.error
                     .unwrap_or_else(|| "the agent returned no samples".into()),
             ),
-            response_ids: Vec::new(),
-            log_probs: Vec::new(),
-            response: String::new(),
-            finish: FinishReason::Abort,
-            reward: 0.0,
-            trained: false,
-            seed,
-            weight_version: 0,
-        }]);
+            metrics: t.output.metrics,
+            ..Sample::with_prompt(prompt.input_ids.clone())
+        };
+        failed.remove();
+        return Ok(vec![failed]);
     }
     let mut out = Vec::with_capacity(t.output.samples.len());
     let mut metrics = t.output.metrics;
-    for (k, s) in t.output.samples.into_iter().enumerate() {
+    for (k, mut s) in t.output.samples.into_iter().enumerate() {
         s.check().map_err(|e| RolloutError::Decode(e.to_string()))?;
-        let finish = match s.status {
-            Status::Truncated => FinishReason::Length,
-            Status::Aborted | Status::Failed => FinishReason::Abort,
-            // Ended by the agent (an answer, the turn limit): no single stop token stands for it.
-            Status::Completed | Status::Pending => FinishReason::Stop {
-                matched: StopMatch::Text(String::new()),
-            },
-        };
-        let response_ids = s.response_tokens().to_vec();
-        let own_prompt = &s.tokens[..s.prompt_length()];
-        let truncated = finish == FinishReason::Length;
-        out.push(RolloutSample {
-            index: t.index,
-            sibling: k,
-            prompt_ids: (own_prompt != prompt.input_ids.as_slice()).then(|| own_prompt.to_vec()),
-            response: tokenizer
-                .decode(&response_ids, false)
-                .map_err(|e| RolloutError::Decode(e.to_string()))?,
-            loss_mask: Some(s.loss_mask),
-            agent_metrics: std::mem::take(&mut metrics),
-            error: None,
-            response_ids,
-            log_probs: s.rollout_log_probs,
-            finish,
-            reward: s
-                .reward
-                .as_ref()
-                .and_then(|r| r.scalar(None).ok())
-                .unwrap_or(reward),
-            trained: !(s.remove_sample || truncated && settings.mask_truncated),
-            seed,
-            weight_version: s.weight_versions.last().copied().unwrap_or(0),
-        });
+        // Ended by the agent (an answer, the turn limit): no single stop token stands for it.
+        if s.status == Status::Pending {
+            s.status = Status::Completed;
+        }
+        s.group = group;
+        s.execution = t.index;
+        s.sibling = k;
+        s.seed = seed;
+        s.response = tokenizer
+            .decode(s.response_tokens(), false)
+            .map_err(|e| RolloutError::Decode(e.to_string()))?;
+        s.reward = Some(s.reward.unwrap_or(reward));
+        s.metrics = std::mem::take(&mut metrics);
+        if s.removed || s.truncated() && settings.mask_truncated {
+            s.remove();
+        }
+        out.push(s);
     }
     Ok(out)
 }
@@ -377,26 +322,24 @@ async fn generate_plain_groups(
         let mut samples = Vec::with_capacity(n);
         for (index, out) in outs.into_iter().enumerate() {
             let out = out.expect("invariant: every sample finished");
-            let response = tokenizer
-                .decode(&out.tokens, true)
-                .map_err(|e| RolloutError::Decode(e.to_string()))?;
-            let truncated = out.finish == FinishReason::Length;
-            samples.push(RolloutSample {
-                index,
-                sibling: 0,
-                prompt_ids: None,
-                loss_mask: None,
-                agent_metrics: BTreeMap::new(),
-                error: None,
-                response_ids: out.tokens,
-                log_probs: out.log_probs,
-                response,
-                finish: out.finish,
-                reward: 0.0,
-                trained: !(truncated && settings.mask_truncated),
+            let mut sample = Sample {
+                group,
+                execution: index,
                 seed: out.seed,
-                weight_version: out.weight_version,
-            });
+                weight_versions: vec![out.weight_version],
+                response: tokenizer
+                    .decode(&out.tokens, true)
+                    .map_err(|e| RolloutError::Decode(e.to_string()))?,
+                ..Sample::with_prompt(prompt.input_ids.clone())
+            };
+            sample
+                .push_generated(&out.tokens, &out.log_probs)
+                .map_err(|e| RolloutError::Decode(e.to_string()))?;
+            sample.finish(&out.finish);
+            if sample.truncated() && settings.mask_truncated {
+                sample.remove();
+            }
+            samples.push(sample);
         }
         groups.push(Group {
             group,
@@ -448,7 +391,7 @@ async fn score(scorer: &Scorer, groups: &mut [Group]) -> Result<(), RolloutError
     };
     for (g, rewards) in groups.iter_mut().zip(all) {
         for (s, r) in g.samples.iter_mut().zip(rewards) {
-            s.reward = r;
+            s.reward = Some(r);
         }
     }
     Ok(())
@@ -456,12 +399,7 @@ async fn score(scorer: &Scorer, groups: &mut [Group]) -> Result<(), RolloutError
 
 /// Why the filters drop a group, if they do.
 pub fn drop_reason(group: &Group, settings: &RolloutSettings) -> Option<&'static str> {
-    if settings.drop_truncated_groups
-        && group
-            .samples
-            .iter()
-            .any(|s| s.finish == FinishReason::Length)
-    {
+    if settings.drop_truncated_groups && group.samples.iter().any(Sample::truncated) {
         return Some("truncated");
     }
     if settings.dynamic_sampling {
@@ -540,24 +478,12 @@ pub async fn fill_batch(
 mod tests {
     use super::*;
 
-    fn sample(index: usize, sibling: usize, reward: f64) -> RolloutSample {
-        RolloutSample {
-            index,
+    fn sample(execution: usize, sibling: usize, reward: f64) -> Sample {
+        Sample {
+            execution,
             sibling,
-            prompt_ids: None,
-            loss_mask: None,
-            agent_metrics: BTreeMap::new(),
-            error: None,
-            response_ids: vec![1],
-            log_probs: vec![-0.1],
-            response: String::new(),
-            finish: FinishReason::Stop {
-                matched: StopMatch::Text(String::new()),
-            },
-            reward,
-            trained: true,
-            seed: 0,
-            weight_version: 0,
+            reward: Some(reward),
+            ..Sample::with_prompt(vec![1])
         }
     }
 

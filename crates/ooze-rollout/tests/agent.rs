@@ -197,6 +197,18 @@ fn conversation_tokens_are_the_engine_s_and_the_template_s() {
             &observation[..],
             "the in-turn observation is its own tokens, mask 0"
         );
+        // The observation mask covers the environment's own text — the in-turn block and the
+        // tool's answer — and not the template's tokens around the tool message.
+        let observed: Vec<u32> = response
+            .iter()
+            .zip(&sample.observation_mask)
+            .filter(|(_, &o)| o == 1)
+            .map(|(&t, _)| t)
+            .collect();
+        assert_eq!(
+            tokenizer.decode(&observed, false).unwrap(),
+            "\n<information>Doc 1(Title: river) water</information>\n42"
+        );
         // The whole conversation decodes to the template's rendering of its messages (with the
         // generation prompt when the last turn was a tool message the model did not answer yet).
         let text = tokenizer.decode(&sample.tokens, false).unwrap();

@@ -106,10 +106,10 @@ pub async fn evaluate(
     Ok(EvalResult {
         name: set.name.clone(),
         pass_at,
-        mean_reward: samples.iter().map(|s| s.reward).sum::<f64>() / count,
+        mean_reward: samples.iter().filter_map(|s| s.reward).sum::<f64>() / count,
         mean_response_tokens: samples
             .iter()
-            .map(|s| s.response_ids.len() as f64)
+            .map(|s| s.response_length as f64)
             .sum::<f64>()
             / count,
     })
@@ -123,7 +123,7 @@ fn successes(group: &Group) -> usize {
     let firsts = group.samples.iter().filter(|s| s.sibling == 0);
     firsts
         .zip(rewards)
-        .filter(|(s, r)| match s.agent_metrics.get("correct") {
+        .filter(|(s, r)| match s.metrics.get("correct") {
             Some(&c) => c > 0.0,
             None => *r > 0.0,
         })

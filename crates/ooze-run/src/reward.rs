@@ -49,16 +49,19 @@ pub(crate) fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// The rollout's own numbers.
-pub(crate) fn rollout_line(index: u64, batch: &Batch, seconds: f64) -> Map<String, Value> {
+/// `is_agent`: the samples are an agent's (executions, siblings, failures are counted).
+pub(crate) fn rollout_line(
+    index: u64,
+    batch: &Batch,
+    seconds: f64,
+    is_agent: bool,
+) -> Map<String, Value> {
     let samples: Vec<_> = batch.groups.iter().flat_map(|g| &g.samples).collect();
     // One reward per execution: an agent's siblings count once.
     let rewards: Vec<f64> = batch.groups.iter().flat_map(|g| g.rewards()).collect();
     let m = mean(rewards.iter().copied());
     let std = mean(rewards.iter().map(|r| (r - m) * (r - m))).sqrt();
-    let lens: Vec<f64> = samples
-        .iter()
-        .map(|s| s.response_ids.len() as f64)
-        .collect();
+    let lens: Vec<f64> = samples.iter().map(|s| s.response_length as f64).collect();
     let tokens: f64 = lens.iter().sum();
     let mut line = Map::new();
     line.insert("rollout".into(), json!(index));
@@ -79,9 +82,7 @@ pub(crate) fn rollout_line(index: u64, batch: &Batch, seconds: f64) -> Map<Strin
     );
     line.insert(
         "rollout/truncated_frac".into(),
-        json!(mean(samples.iter().map(
-            |s| (s.finish == ooze_core::FinishReason::Length) as u8 as f64
-        ))),
+        json!(mean(samples.iter().map(|s| s.truncated() as u8 as f64))),
     );
     line.insert(
         "rollout/generated_groups".into(),
@@ -92,17 +93,14 @@ pub(crate) fn rollout_line(index: u64, batch: &Batch, seconds: f64) -> Map<Strin
     let executions: Vec<_> = samples.iter().filter(|s| s.sibling == 0).collect();
     let mut agent: std::collections::BTreeMap<&str, f64> = Default::default();
     for s in &executions {
-        for (k, v) in &s.agent_metrics {
+        for (k, v) in &s.metrics {
             *agent.entry(k.as_str()).or_default() += v;
         }
     }
     for (k, sum) in agent {
         line.insert(format!("agent/{k}"), json!(sum / executions.len() as f64));
     }
-    if samples
-        .iter()
-        .any(|s| s.loss_mask.is_some() || s.error.is_some())
-    {
+    if is_agent {
         line.insert(
             "agent/failed_frac".into(),
             json!(mean(

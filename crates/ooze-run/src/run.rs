@@ -99,8 +99,9 @@ pub fn run(
     while run.state.rollout < run.recipe.rollout.num_rollouts {
         let index = run.state.rollout + 1;
         let (batch, rollout_seconds) = run.roll_out(index)?;
-        let mut line = crate::reward::rollout_line(index, &batch, rollout_seconds);
-        run.train(index, &batch, &mut line)?;
+        let agent = run.settings.agent.is_some();
+        let mut line = crate::reward::rollout_line(index, &batch, rollout_seconds, agent);
+        run.train(index, batch, &mut line)?;
         run.state.rollout = index;
         run.evaluate_when_due(index, &mut line)?;
         run.log_line(&line)?;

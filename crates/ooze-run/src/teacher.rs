@@ -14,8 +14,9 @@
 //! temperature sent (`ooze serve` does; with SGLang use temperature 1 or its temperature-scaled
 //! log-probs). Samples go out `concurrency` at a time, each with `timeout_secs`.
 
+use ooze_core::Sample;
 use ooze_rollout::http_client::JsonClient;
-use ooze_train::{TeacherScorer, TrainError, TrainSample};
+use ooze_train::{TeacherScorer, TrainError};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -37,23 +38,18 @@ impl GenerateEndpoint {
         }
     }
 
-    fn score_one(
-        &self,
-        index: usize,
-        s: &TrainSample,
-        temperature: f64,
-    ) -> Result<Vec<f64>, String> {
+    fn score_one(&self, index: usize, s: &Sample, temperature: f64) -> Result<Vec<f64>, String> {
         let body = json!({
             "input_ids": s.tokens,
             "sampling_params": {"max_new_tokens": 0, "temperature": temperature},
             "return_logprob": true,
-            "logprob_start_len": s.prompt_len.saturating_sub(1),
+            "logprob_start_len": s.prompt_length().saturating_sub(1),
         });
         let answer = self
             .client
             .post(&self.url, None, &body)
             .map_err(|e| format!("sample {index}: {e}"))?;
-        parse_input_logprobs(&answer, &s.tokens[s.prompt_len..])
+        parse_input_logprobs(&answer, s.response_tokens())
             .map_err(|e| format!("POST {} (sample {index}): {e}", self.url))
     }
 }
@@ -99,7 +95,7 @@ pub fn parse_input_logprobs(answer: &Value, response: &[u32]) -> Result<Vec<f64>
 impl TeacherScorer for GenerateEndpoint {
     fn response_log_probs(
         &self,
-        samples: &[TrainSample],
+        samples: &[Sample],
         temperature: f64,
     ) -> Result<Vec<Vec<f64>>, TrainError> {
         let next = AtomicUsize::new(0);

@@ -1,6 +1,6 @@
-//! Stage *train*: a rollout's groups become the trainer's samples, and whole groups go into each
-//! optimizer step (`trainer.global_batch_size` samples; an agent's sibling samples stay with their
-//! group). `logp_old`, the reference's and the teacher's log-probs, the critic's values and the
+//! Stage *train*: the rollout's samples go to the trainer as they are (moved out of their groups,
+//! not copied), whole groups in each optimizer step (`trainer.global_batch_size` samples; an
+//! agent's sibling samples stay with their group). `logp_old`, the reference's and the teacher's log-probs, the critic's values and the
 //! advantages are computed once per rollout, under the weights that generated it. Then the engine
 //! is told its weights changed (they are the trainer's own tensors).
 //!
@@ -8,8 +8,9 @@
 
 use crate::reward::mean;
 use crate::run::Run;
+use ooze_core::Sample;
 use ooze_rollout::manager::{Batch, Group};
-use ooze_train::{StepMetrics, TrainSample};
+use ooze_train::StepMetrics;
 use serde_json::{json, Map, Value};
 use std::time::Instant;
 
@@ -19,7 +20,7 @@ impl Run {
     pub(crate) fn train(
         &mut self,
         index: u64,
-        batch: &Batch,
+        batch: Batch,
         line: &mut Map<String, Value>,
     ) -> anyhow::Result<()> {
         let (mut train_seconds, mut sync_seconds) = (0.0, 0.0);
@@ -37,11 +38,13 @@ impl Run {
                     groups_per_step * n
                 );
             }
-            let groups = &batch.groups[..usable];
-            let samples = train_samples(groups, n);
+            let mut groups = batch.groups;
+            groups.truncate(usable);
+            let sizes = step_sizes(&groups, groups_per_step);
+            let samples = train_samples(groups);
             if !samples.is_empty() {
                 let t_train = Instant::now();
-                let steps = trainer.rl_steps(&samples, &step_sizes(groups, groups_per_step))?;
+                let steps = trainer.rl_steps(&samples, &sizes)?;
                 train_seconds = t_train.elapsed().as_secs_f64();
                 train_line(&steps, line);
                 let t_sync = Instant::now();
@@ -65,40 +68,20 @@ fn step_sizes(groups: &[Group], groups_per_step: usize) -> Vec<usize> {
             chunk
                 .iter()
                 .flat_map(|g| &g.samples)
-                .filter(|s| !s.response_ids.is_empty())
+                .filter(|s| s.response_length > 0)
                 .count()
         })
         .filter(|&k| k > 0)
         .collect()
 }
 
-/// The trainer's samples of `groups`, siblings adjacent, with unique rollout ids.
-pub fn train_samples(groups: &[Group], n: usize) -> Vec<TrainSample> {
+/// The trainer's samples of `groups`, in order (siblings adjacent): every sample with a response
+/// (a failed execution's empty placeholder keeps its place in its group's rewards, not here).
+fn train_samples(groups: Vec<Group>) -> Vec<Sample> {
     groups
-        .iter()
-        .flat_map(|g| {
-            g.samples
-                .iter()
-                .filter(|s| !s.response_ids.is_empty())
-                .map(move |s| {
-                    let prompt = s.prompt_ids.as_deref().unwrap_or(&g.prompt.input_ids);
-                    let trained = if s.trained { 1.0 } else { 0.0 };
-                    TrainSample {
-                        tokens: [prompt, &s.response_ids[..]].concat(),
-                        prompt_len: prompt.len(),
-                        // Agent samples: the policy's own tokens only (tool and template tokens 0).
-                        loss_mask: match &s.loss_mask {
-                            Some(mask) => mask.iter().map(|&m| m as f32 * trained).collect(),
-                            None => vec![trained; s.response_ids.len()],
-                        },
-                        rollout_log_probs: Some(s.log_probs.clone()),
-                        reward: s.reward,
-                        group: g.group,
-                        rollout: g.group * n as u64 + s.index as u64,
-                        observation_mask: None,
-                    }
-                })
-        })
+        .into_iter()
+        .flat_map(|g| g.samples)
+        .filter(|s| s.response_length > 0)
         .collect()
 }
 

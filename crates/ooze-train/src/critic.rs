@@ -4,10 +4,10 @@
 //! token-classification heads use); a directory without it (a policy checkpoint) starts the head
 //! at zero.
 
-use crate::batch::TrainSample;
 use crate::forward::response_hidden;
 use crate::schedule::Schedule;
 use crate::TrainError;
+use ooze_core::Sample;
 use ooze_model::checkpoint::{export_model, SaveOptions, WeightSet};
 use ooze_model::{Decoder, ModelConfig};
 use ooze_torch::tch::{Device, Kind, Tensor};
@@ -41,14 +41,14 @@ impl Default for CriticConfig {
 /// `1 − Var(G − V) / Var(G)` (1 is perfect, 0 no better than the mean, negative worse); `None`
 /// when the returns do not vary.
 pub fn explained_variance(
-    masks: &[&[f32]],
+    masks: &[&[u8]],
     values: &[Vec<f64>],
     returns: &[Vec<f64>],
 ) -> Option<f64> {
     let mut pairs = Vec::new();
     for ((mask, v), g) in masks.iter().zip(values).zip(returns) {
         for ((&m, &v), &g) in mask.iter().zip(v).zip(g) {
-            if m != 0.0 {
+            if m != 0 {
                 pairs.push((v, g));
             }
         }
@@ -89,7 +89,7 @@ impl Critic {
     }
 
     /// Values `[N_response]` of the samples' response positions (fp32; fp64 for fp64 models).
-    pub fn values(&self, samples: &[TrainSample]) -> Tensor {
+    pub fn values(&self, samples: &[Sample]) -> Tensor {
         let (hidden, _) = response_hidden(&self.body, samples);
         let values = hidden.mv(&self.head);
         if values.kind() == Kind::Double {
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn explained_variance_of_perfect_mean_and_masked_values() {
-        let mask = [1.0f32, 1.0, 1.0, 0.0];
+        let mask = [1u8, 1, 1, 0];
         let g = vec![vec![1.0, 2.0, 3.0, 100.0]];
         assert_eq!(explained_variance(&[&mask], &g, &g), Some(1.0));
         let mean = vec![vec![2.0, 2.0, 2.0, -7.0]];

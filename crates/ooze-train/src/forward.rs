@@ -2,7 +2,7 @@
 //! packed into one row with block-diagonal causal attention, positions restart per sample, and the
 //! head runs only at the positions that predict response tokens.
 
-use crate::batch::TrainSample;
+use ooze_core::Sample;
 use ooze_model::scoring::head_log_probs;
 use ooze_model::{Attention, Decoder, ScoreOptions};
 use ooze_torch::tch::Tensor;
@@ -43,7 +43,7 @@ struct Packed {
     targets: Tensor,
 }
 
-fn pack_tokens(decoder: &Decoder, samples: &[TrainSample]) -> Packed {
+fn pack_tokens(decoder: &Decoder, samples: &[Sample]) -> Packed {
     let device = decoder.device();
     let total: usize = samples.iter().map(|s| s.tokens.len()).sum();
     let (mut ids, mut positions) = (Vec::with_capacity(total), Vec::with_capacity(total));
@@ -55,7 +55,7 @@ fn pack_tokens(decoder: &Decoder, samples: &[TrainSample]) -> Packed {
             ids.push(t as i64);
             positions.push(j as i64);
         }
-        for j in s.prompt_len..s.tokens.len() {
+        for j in s.prompt_length()..s.tokens.len() {
             select.push((offset + j - 1) as i64);
             targets.push(s.tokens[j] as i64);
         }
@@ -74,7 +74,7 @@ fn pack_tokens(decoder: &Decoder, samples: &[TrainSample]) -> Packed {
 
 /// The final hidden states `[N_response, hidden]` at the positions that predict each sample's
 /// response tokens, and those tokens `[N_response]`.
-pub fn response_hidden(decoder: &Decoder, samples: &[TrainSample]) -> (Tensor, Tensor) {
+pub fn response_hidden(decoder: &Decoder, samples: &[Sample]) -> (Tensor, Tensor) {
     let p = pack_tokens(decoder, samples);
     let hidden = decoder.hidden_states(
         &p.ids,
@@ -130,7 +130,7 @@ impl Recomputed {
 /// loss's own `backward()`.
 pub fn response_log_probs_recomputed(
     decoder: &Decoder,
-    samples: &[TrainSample],
+    samples: &[Sample],
     temperature: f64,
     entropy: EntropyUse,
 ) -> (ResponseScores, Recomputed) {
@@ -174,7 +174,7 @@ pub fn response_log_probs_recomputed(
 /// or fp64 for an fp64 model.
 pub fn response_log_probs(
     decoder: &Decoder,
-    samples: &[TrainSample],
+    samples: &[Sample],
     temperature: f64,
     entropy: EntropyUse,
 ) -> ResponseScores {

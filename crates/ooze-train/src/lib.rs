@@ -24,8 +24,8 @@ pub mod sft_data;
 pub mod teacher;
 pub mod trainer;
 
-pub use batch::TrainSample;
 pub use critic::{Critic, CriticConfig};
+pub use ooze_core::Sample;
 pub use optimizer::OptimizerConfig;
 pub use schedule::{Decay, Schedule};
 pub use teacher::{Teacher, TeacherScorer};

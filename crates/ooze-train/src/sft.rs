@@ -12,8 +12,9 @@
 
 use crate::checkpoint;
 use crate::sft_data::load_chat_jsonl;
-use crate::{Decay, OptimizerConfig, Schedule, TrainError, TrainSample, Trainer, TrainerConfig};
+use crate::{Decay, OptimizerConfig, Schedule, TrainError, Trainer, TrainerConfig};
 use ooze_core::order::{Position, PromptOrder};
+use ooze_core::Sample;
 use ooze_model::{Decoder, Tokenizer};
 use serde_json::json;
 use std::io::Write;
@@ -78,7 +79,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 
 /// The conversations of step `step`: items `step·B .. (step+1)·B` of the epoch-by-epoch seeded
 /// order (the same order a resumed run continues).
-fn batch_of(train: &[TrainSample], step: u64, batch: usize, seed: u64) -> Vec<TrainSample> {
+fn batch_of(train: &[Sample], step: u64, batch: usize, seed: u64) -> Vec<Sample> {
     let n = train.len();
     let k = step as usize * batch;
     let position = Position {
@@ -118,7 +119,7 @@ fn truncate_metrics(path: &Path, step: u64) -> Result<(), TrainError> {
 fn load_data(
     config: &SftConfig,
     tokenizer: &Tokenizer,
-) -> Result<(Vec<TrainSample>, Vec<TrainSample>, usize), TrainError> {
+) -> Result<(Vec<Sample>, Vec<Sample>, usize), TrainError> {
     let loaded = load_chat_jsonl(&config.data, tokenizer, config.max_len)?;
     let mut train = loaded.samples;
     let mut too_long = loaded.too_long;
@@ -252,8 +253,8 @@ pub fn run_sft<E: From<TrainError>>(
 fn train_steps(
     config: &SftConfig,
     trainer: &mut Trainer,
-    train: &[TrainSample],
-    held_out: &[TrainSample],
+    train: &[Sample],
+    held_out: &[Sample],
     total: u64,
 ) -> Result<Option<f64>, TrainError> {
     let metrics_path = config.out.join("metrics.jsonl");
@@ -324,25 +325,15 @@ fn train_steps(
 mod tests {
     use super::*;
 
-    fn sample(id: u32) -> TrainSample {
-        TrainSample {
-            tokens: vec![id, id + 1],
-            prompt_len: 1,
-            loss_mask: vec![1.0],
-            rollout_log_probs: None,
-            reward: 0.0,
-            group: 0,
-            rollout: 0,
-            observation_mask: None,
-        }
+    fn sample(id: u32) -> Sample {
+        Sample::demonstration(vec![id, id + 1], vec![1])
     }
 
     #[test]
     fn a_step_takes_its_place_in_the_seeded_order() {
-        let train: Vec<TrainSample> = (0..5).map(|i| sample(10 * i)).collect();
-        let first_of = |batch: Vec<TrainSample>| -> Vec<u32> {
-            batch.iter().map(|s| s.tokens[0] / 10).collect()
-        };
+        let train: Vec<Sample> = (0..5).map(|i| sample(10 * i)).collect();
+        let first_of =
+            |batch: Vec<Sample>| -> Vec<u32> { batch.iter().map(|s| s.tokens[0] / 10).collect() };
         // Steps of 2 over 5 conversations: step 2 starts at item 4 of epoch 0 and crosses into
         // epoch 1, as one order taken 4 then 2 does.
         let mut order = PromptOrder::new(5, 7, true, Position::default());

@@ -3,14 +3,14 @@
 //! with the model's chat template and tokenised; the loss mask covers exactly the tokens of the
 //! assistant messages (the template's own spans), so prompts, system and tool text are not trained.
 
-use crate::batch::TrainSample;
 use crate::TrainError;
+use ooze_core::Sample;
 use ooze_model::{RenderOptions, Tokenizer};
 use std::path::Path;
 
 /// What loading found.
 pub struct ChatData {
-    pub samples: Vec<TrainSample>,
+    pub samples: Vec<Sample>,
     /// Conversations longer than the limit, left out.
     pub too_long: usize,
 }
@@ -81,23 +81,16 @@ pub fn load_chat_jsonl(
             data.too_long += 1;
             continue;
         }
-        let mut trained = vec![0.0f32; encoding.ids.len()];
+        let mut trained = vec![0u8; encoding.ids.len()];
         for s in &spans {
             for t in Tokenizer::token_range(&encoding.offsets, s.start, s.end) {
-                trained[t] = 1.0;
+                trained[t] = 1;
             }
         }
-        let prompt_len = trained.iter().position(|&m| m > 0.0).unwrap_or(0).max(1);
-        data.samples.push(TrainSample {
-            loss_mask: trained[prompt_len..].to_vec(),
-            tokens: encoding.ids,
-            prompt_len,
-            rollout_log_probs: None,
-            reward: 0.0,
-            group: i as u64,
-            rollout: i as u64,
-            observation_mask: None,
-        });
+        let prompt_len = trained.iter().position(|&m| m > 0).unwrap_or(0).max(1);
+        let mut sample = Sample::demonstration(encoding.ids, trained.split_off(prompt_len));
+        sample.group = i as u64;
+        data.samples.push(sample);
     }
     Ok(data)
 }

@@ -12,17 +12,17 @@
 //! log-prob gap over trained tokens (the `k1` estimate of KL(student ‖ teacher) on the student's
 //! own samples) and the `k3` estimate `exp(t − s) − (t − s) − 1`, which is never negative.
 
-use crate::batch::TrainSample;
 use crate::TrainError;
+use ooze_core::Sample;
 use ooze_model::Decoder;
 
 /// Log-probs of response tokens from somewhere other than an in-process model.
 pub trait TeacherScorer: Send {
     /// `log_softmax(logits / temperature)` of every response token of every sample, in order
-    /// (`result[i].len() == samples[i].response_len()`).
+    /// (`result[i].len() == samples[i].response_length`).
     fn response_log_probs(
         &self,
-        samples: &[TrainSample],
+        samples: &[Sample],
         temperature: f64,
     ) -> Result<Vec<Vec<f64>>, TrainError>;
 }
@@ -37,14 +37,14 @@ pub enum Teacher {
 
 /// The student − teacher log-prob gap over a step's trained tokens: `(mean gap, k3 KL)`.
 pub fn distillation_gap(
-    samples: &[TrainSample],
+    samples: &[Sample],
     student: &[Vec<f64>],
     teacher: &[Vec<f64>],
 ) -> (f64, f64) {
     let (mut gap, mut kl, mut count) = (0.0, 0.0, 0.0);
     for ((s, st), te) in samples.iter().zip(student).zip(teacher) {
         for ((&m, &x), &t) in s.loss_mask.iter().zip(st).zip(te) {
-            if m == 0.0 {
+            if m == 0 {
                 continue;
             }
             let m = m as f64;
@@ -63,7 +63,7 @@ pub fn distillation_gap(
 
 /// Checks that a scorer answered one log-prob per response token of every sample.
 pub fn check_shape(
-    samples: &[TrainSample],
+    samples: &[Sample],
     scores: &[Vec<f64>],
     source: &str,
 ) -> Result<(), TrainError> {
@@ -75,10 +75,10 @@ pub fn check_shape(
         )));
     }
     for (i, (s, lp)) in samples.iter().zip(scores).enumerate() {
-        if lp.len() != s.response_len() {
+        if lp.len() != s.response_length {
             return Err(TrainError::Teacher(format!(
                 "{source}: sample {i} has {} response tokens, the teacher gave {} log-probs",
-                s.response_len(),
+                s.response_length,
                 lp.len()
             )));
         }
@@ -96,22 +96,16 @@ pub fn check_shape(
 mod tests {
     use super::*;
 
-    fn sample(mask: Vec<f32>) -> TrainSample {
-        TrainSample {
-            tokens: vec![1; 2 + mask.len()],
-            prompt_len: 2,
-            loss_mask: mask,
-            rollout_log_probs: None,
-            reward: 0.0,
-            group: 0,
-            rollout: 0,
-            observation_mask: None,
-        }
+    fn sample(mask: Vec<u8>) -> Sample {
+        let mut s = Sample::with_prompt(vec![1; 2]);
+        s.push_observation(&vec![1; mask.len()]);
+        s.loss_mask = mask;
+        s
     }
 
     #[test]
     fn gap_counts_trained_tokens_only() {
-        let samples = [sample(vec![1.0, 0.0, 1.0])];
+        let samples = [sample(vec![1, 0, 1])];
         let student = [vec![-1.0, -9.0, -2.0]];
         let teacher = [vec![-0.5, 0.0, -2.0]];
         let (gap, kl) = distillation_gap(&samples, &student, &teacher);
@@ -124,7 +118,7 @@ mod tests {
 
     #[test]
     fn shape_errors_name_the_sample() {
-        let samples = [sample(vec![1.0, 1.0])];
+        let samples = [sample(vec![1, 1])];
         let e = check_shape(&samples, &[vec![-1.0]], "teacher http://t").unwrap_err();
         assert!(
             e.to_string().contains("sample 0 has 2 response tokens"),

@@ -8,7 +8,7 @@
 //! Every term's micro-batch value is already weighted for the whole step, so the step's numbers do
 //! not depend on the micro-batch split.
 
-use crate::batch::{pack, TrainSample};
+use crate::batch::{check_trainable, pack};
 use crate::critic::{explained_variance, Critic, CriticConfig};
 use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
@@ -20,6 +20,7 @@ use ooze_algo::{
     compute_advantages, token_weights, AdvantageConfig, Aggregation, Estimator, LossConfig,
     LossInputs, PolicyLoss, SampleInput, StepSample,
 };
+use ooze_core::Sample;
 use ooze_model::Decoder;
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
@@ -201,10 +202,7 @@ impl Trainer {
     }
 
     /// The teacher's log-probs of the samples' responses.
-    fn teacher_log_probs(
-        &self,
-        samples: &[TrainSample],
-    ) -> Result<Option<Vec<Vec<f64>>>, TrainError> {
+    fn teacher_log_probs(&self, samples: &[Sample]) -> Result<Option<Vec<Vec<f64>>>, TrainError> {
         let Some(teacher) = &self.teacher else {
             return Ok(None);
         };
@@ -254,7 +252,8 @@ impl Trainer {
         &mut self.optimizer
     }
 
-    fn check(&self, samples: &[TrainSample]) -> Result<(), TrainError> {
+    /// Checks that every sample can be trained (`rl`: and has a reward).
+    fn check(&self, samples: &[Sample], rl: bool) -> Result<(), TrainError> {
         if samples.is_empty() {
             return Err(TrainError::Config(
                 "a step needs at least one sample".into(),
@@ -264,11 +263,11 @@ impl Trainer {
         samples
             .iter()
             .enumerate()
-            .try_for_each(|(i, s)| s.check(i, vocab))
+            .try_for_each(|(i, s)| check_trainable(s, i, vocab, rl))
     }
 
     /// Log-probs of every sample's response under `decoder`, without gradients.
-    fn score(&self, decoder: &Decoder, samples: &[TrainSample]) -> Vec<Vec<f64>> {
+    fn score(&self, decoder: &Decoder, samples: &[Sample]) -> Vec<Vec<f64>> {
         self.per_sample(samples, |chosen| {
             response_log_probs(decoder, chosen, self.config.temperature, self.head_mode()).log_probs
         })
@@ -285,11 +284,7 @@ impl Trainer {
     }
 
     /// `f` over each micro-batch without gradients, split back into per-sample host vectors.
-    fn per_sample(
-        &self,
-        samples: &[TrainSample],
-        f: impl Fn(&[TrainSample]) -> Tensor,
-    ) -> Vec<Vec<f64>> {
+    fn per_sample(&self, samples: &[Sample], f: impl Fn(&[Sample]) -> Tensor) -> Vec<Vec<f64>> {
         let _guard = tch::no_grad_guard();
         let mut out = Vec::with_capacity(samples.len());
         for range in pack(samples, self.config.max_tokens_per_micro_batch) {
@@ -297,16 +292,16 @@ impl Trainer {
             let flat = to_host(&f(chosen));
             let mut offset = 0;
             for s in chosen {
-                out.push(flat[offset..offset + s.response_len()].to_vec());
-                offset += s.response_len();
+                out.push(flat[offset..offset + s.response_length].to_vec());
+                offset += s.response_length;
             }
         }
         out
     }
 
     /// Mean negative log-likelihood per trained token (held-out loss of SFT), without gradients.
-    pub fn eval_loss(&self, samples: &[TrainSample]) -> Result<f64, TrainError> {
-        self.check(samples)?;
+    pub fn eval_loss(&self, samples: &[Sample]) -> Result<f64, TrainError> {
+        self.check(samples, false)?;
         let scores = self.score(&self.policy, samples);
         let (mut sum, mut count) = (0.0, 0.0);
         for (s, lp) in samples.iter().zip(&scores) {
@@ -319,11 +314,11 @@ impl Trainer {
     }
 
     /// One supervised step: masked mean negative log-likelihood over the trained tokens.
-    pub fn sft_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
-        self.check(samples)?;
+    pub fn sft_step(&mut self, samples: &[Sample]) -> Result<StepMetrics, TrainError> {
+        self.check(samples, false)?;
         let zeros: Vec<Vec<f64>> = samples
             .iter()
-            .map(|s| vec![0.0; s.response_len()])
+            .map(|s| vec![0.0; s.response_length])
             .collect();
         let loss_config = LossConfig {
             policy: PolicyLoss::Sft,
@@ -345,7 +340,7 @@ impl Trainer {
     }
 
     /// One RL step over all of `samples` (see the module docs).
-    pub fn rl_step(&mut self, samples: &[TrainSample]) -> Result<StepMetrics, TrainError> {
+    pub fn rl_step(&mut self, samples: &[Sample]) -> Result<StepMetrics, TrainError> {
         let mut steps = self.rl_steps(samples, &[samples.len()])?;
         Ok(steps.pop().expect("invariant: one chunk gives one step"))
     }
@@ -358,10 +353,10 @@ impl Trainer {
     /// importance-weighted against the rollout policy rather than the already-updated one.
     pub fn rl_steps(
         &mut self,
-        samples: &[TrainSample],
+        samples: &[Sample],
         step_sizes: &[usize],
     ) -> Result<Vec<StepMetrics>, TrainError> {
-        self.check(samples)?;
+        self.check(samples, true)?;
         if step_sizes.contains(&0) || step_sizes.iter().sum::<usize>() != samples.len() {
             return Err(TrainError::Config(format!(
                 "steps of {step_sizes:?} samples do not cover the {} samples, each step at least one",
@@ -385,8 +380,10 @@ impl Trainer {
             .enumerate()
             .map(|(i, s)| SampleInput {
                 group: s.group,
-                rollout: s.rollout,
-                reward: s.reward,
+                rollout: s.execution as u64,
+                reward: s
+                    .reward
+                    .expect("invariant: checked (an RL sample has a reward)"),
                 mask: &s.loss_mask,
                 logp_old: Some(&old[i]),
                 logp_ref: reference.as_ref().map(|r| r[i].as_slice()),
@@ -424,7 +421,7 @@ impl Trainer {
                 aggregation,
             )?;
             if let Some(values) = &old_values {
-                let masks: Vec<&[f32]> = chunk.iter().map(|s| s.loss_mask.as_slice()).collect();
+                let masks: Vec<&[u8]> = chunk.iter().map(|s| s.loss_mask.as_slice()).collect();
                 metrics.explained_variance =
                     explained_variance(&masks, &values[r.clone()], &returns[r.clone()]);
             }
@@ -440,7 +437,7 @@ impl Trainer {
     #[allow(clippy::too_many_arguments)]
     fn run_step(
         &mut self,
-        samples: &[TrainSample],
+        samples: &[Sample],
         advantages: &[Vec<f64>],
         old: Option<&[Vec<f64>]>,
         reference: Option<&[Vec<f64>]>,
@@ -451,26 +448,17 @@ impl Trainer {
         let started = Instant::now();
         let kind = float_kind(&self.policy);
         let device = self.policy.device();
-        let steps: Vec<StepSample<'_>> = samples
-            .iter()
-            .map(|s| StepSample {
-                rollout: s.rollout,
-                mask: &s.loss_mask,
-            })
-            .collect();
+        let view = |s: &'_ Sample, mask| StepSample {
+            group: s.group,
+            rollout: s.execution as u64,
+            mask,
+        };
+        let steps: Vec<StepSample<'_>> = samples.iter().map(|s| view(s, &s.loss_mask)).collect();
         let weights = token_weights(&steps, aggregation);
         let observation_weights = (loss_config.observation_coef != 0.0).then(|| {
-            let empty: Vec<Vec<f32>> = samples
-                .iter()
-                .map(|s| vec![0.0; s.response_len()])
-                .collect();
             let obs: Vec<StepSample<'_>> = samples
                 .iter()
-                .zip(&empty)
-                .map(|(s, e)| StepSample {
-                    rollout: s.rollout,
-                    mask: s.observation_mask.as_deref().unwrap_or(e),
-                })
+                .map(|s| view(s, &s.observation_mask))
                 .collect();
             token_weights(&obs, Aggregation::SeqMeanTokenMean)
         });
@@ -539,21 +527,15 @@ impl Trainer {
             let index: Vec<i64> = chosen
                 .iter()
                 .enumerate()
-                .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_len()))
+                .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_length))
                 .collect();
             let rollout = chosen
                 .iter()
-                .all(|s| s.rollout_log_probs.is_some())
+                .all(|s| !s.rollout_log_probs.is_empty())
                 .then(|| {
                     t(chosen
                         .iter()
-                        .flat_map(|s| {
-                            s.rollout_log_probs
-                                .as_ref()
-                                .expect("checked")
-                                .iter()
-                                .map(|&x| x as f64)
-                        })
+                        .flat_map(|s| s.rollout_log_probs.iter().map(|&x| x as f64))
                         .collect())
                 });
             let (advantages, weights_t) = (gather(advantages), gather32(&weights));
@@ -658,7 +640,7 @@ impl Trainer {
             ooze_torch::cuda_graph::synchronize(i);
         }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
-        metrics.response_tokens = samples.iter().map(|s| s.response_len()).sum();
+        metrics.response_tokens = samples.iter().map(|s| s.response_length).sum();
         // Activation recomputation is not counted (model FLOPs, not hardware FLOPs).
         let forwards = 1.0 + old.is_some() as u8 as f64 + reference.is_some() as u8 as f64;
         metrics.flops = self.flops(samples, forwards);
@@ -672,7 +654,7 @@ impl Trainer {
 
     /// Model FLOPs of a step: `2N` per token per forward (`forwards` of them) plus `4N` for the
     /// backward, with causal attention `2·layers·(q heads·head_dim)·n²` per forward per sequence.
-    fn flops(&self, samples: &[TrainSample], forwards: f64) -> f64 {
+    fn flops(&self, samples: &[Sample], forwards: f64) -> f64 {
         let c = &self.policy.config;
         let n = self.optimizer.num_parameters() as f64;
         let tokens: f64 = samples.iter().map(|s| s.tokens.len() as f64).sum();

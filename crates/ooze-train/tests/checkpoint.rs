@@ -6,7 +6,7 @@ use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{Decoder, Family, Tokenizer};
 use ooze_torch::tch::{Device, Kind};
 use ooze_train::sft_data::load_chat_jsonl;
-use ooze_train::{checkpoint, TrainSample, Trainer, TrainerConfig};
+use ooze_train::{checkpoint, Sample, Trainer, TrainerConfig};
 use std::path::Path;
 
 fn tiny_model(dir: &Path) {
@@ -16,7 +16,7 @@ fn tiny_model(dir: &Path) {
     init_model(dir, &ooze_model::corpus::generate(1, 20_000), &options).unwrap();
 }
 
-fn samples(dir: &Path) -> Vec<TrainSample> {
+fn samples(dir: &Path) -> Vec<Sample> {
     let lines: Vec<String> = (0..12)
         .map(|i| {
             serde_json::json!({"messages": [
@@ -59,7 +59,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Saves checkpoints after steps 1 and 2 of one run; returns the run dir and the held-out loss
 /// after step 1 (what restoring the first must reproduce).
-fn two_checkpoints(dir: &Path, data: &[TrainSample]) -> (std::path::PathBuf, f64) {
+fn two_checkpoints(dir: &Path, data: &[Sample]) -> (std::path::PathBuf, f64) {
     let run = dir.join("run");
     std::fs::create_dir_all(&run).unwrap();
     let mut t = trainer(dir);

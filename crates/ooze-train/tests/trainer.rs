@@ -12,7 +12,7 @@ use ooze_model::{Decoder, Family, Tokenizer};
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use ooze_train::forward::{response_log_probs, EntropyUse};
 use ooze_train::sft_data::load_chat_jsonl;
-use ooze_train::{checkpoint, Decay, Schedule, TrainSample, Trainer, TrainerConfig};
+use ooze_train::{checkpoint, Decay, Sample, Schedule, Trainer, TrainerConfig};
 use std::path::Path;
 
 fn tiny_model(dir: &Path, family: Family, seed: i64) {
@@ -26,27 +26,27 @@ fn sample(
     tokens: Vec<u32>,
     prompt_len: usize,
     group: u64,
-    rollout: u64,
+    execution: usize,
     reward: f64,
-) -> TrainSample {
+) -> Sample {
     let n = tokens.len() - prompt_len;
-    let mut mask = vec![1.0f32; n];
-    if n > 3 {
-        mask[n - 2] = 0.0; // a tool token
-    }
-    TrainSample {
-        rollout_log_probs: Some((0..n).map(|i| -1.0 - 0.1 * i as f32).collect()),
-        observation_mask: Some(mask.iter().map(|m| 1.0 - m).collect()),
-        loss_mask: mask,
-        tokens,
-        prompt_len,
-        reward,
+    let mut s = Sample {
         group,
-        rollout,
+        execution,
+        reward: Some(reward),
+        ..Sample::with_prompt(tokens[..prompt_len].to_vec())
+    };
+    for (i, &t) in tokens[prompt_len..].iter().enumerate() {
+        if n > 3 && i == n - 2 {
+            s.push_observation(&[t]); // a tool token
+        } else {
+            s.push_generated(&[t], &[-1.0 - 0.1 * i as f32]).unwrap();
+        }
     }
+    s
 }
 
-fn rl_samples() -> Vec<TrainSample> {
+fn rl_samples() -> Vec<Sample> {
     vec![
         sample(vec![5, 17, 33, 60, 71, 9, 14], 3, 1, 1, 1.0),
         sample(vec![5, 17, 33, 2, 8], 3, 1, 2, 0.0),
@@ -56,30 +56,22 @@ fn rl_samples() -> Vec<TrainSample> {
 
 /// The loss of `samples` under `decoder` with everything but the policy's log-probs and entropies
 /// held fixed (`old` is the pre-update log-prob stream).
-fn full_loss(
-    decoder: &Decoder,
-    reference: &Tensor,
-    old: &Tensor,
-    samples: &[TrainSample],
-) -> Tensor {
+fn full_loss(decoder: &Decoder, reference: &Tensor, old: &Tensor, samples: &[Sample]) -> Tensor {
     let scores = response_log_probs(decoder, samples, 0.8, EntropyUse::Gradient);
     let steps: Vec<StepSample<'_>> = samples
         .iter()
         .map(|s| StepSample {
-            rollout: s.rollout,
+            group: s.group,
+            rollout: s.execution as u64,
             mask: &s.loss_mask,
         })
         .collect();
-    let obs_masks: Vec<Vec<f32>> = samples
-        .iter()
-        .map(|s| s.observation_mask.clone().unwrap())
-        .collect();
     let obs_steps: Vec<StepSample<'_>> = samples
         .iter()
-        .zip(&obs_masks)
-        .map(|(s, m)| StepSample {
-            rollout: s.rollout,
-            mask: m,
+        .map(|s| StepSample {
+            group: s.group,
+            rollout: s.execution as u64,
+            mask: &s.observation_mask,
         })
         .collect();
     let flat = |v: Vec<Vec<f32>>| {
@@ -87,11 +79,16 @@ fn full_loss(
     };
     let weights = flat(token_weights(&steps, Aggregation::PerRolloutTokenMean));
     let observation = flat(token_weights(&obs_steps, Aggregation::SeqMeanTokenMean));
-    let mask = flat(samples.iter().map(|s| s.loss_mask.clone()).collect());
+    let mask = flat(
+        samples
+            .iter()
+            .map(|s| s.loss_mask.iter().map(|&m| m as f32).collect())
+            .collect(),
+    );
     let roll = flat(
         samples
             .iter()
-            .map(|s| s.rollout_log_probs.clone().unwrap())
+            .map(|s| s.rollout_log_probs.clone())
             .collect(),
     );
     let n = mask.size()[0];
@@ -109,7 +106,7 @@ fn full_loss(
     let index: Vec<i64> = samples
         .iter()
         .enumerate()
-        .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_len()))
+        .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_length))
         .collect();
     let config = LossConfig {
         policy: PolicyLoss::PpoClip,
@@ -250,10 +247,10 @@ fn sft_lowers_held_out_loss_and_masks_only_the_assistant() {
     let held = load_chat_jsonl(&held, &tokenizer, 512).unwrap().samples;
     // The trained tokens are the answer and the end-of-turn token.
     let first = &train[0];
-    let trained: Vec<u32> = first.tokens[first.prompt_len..]
+    let trained: Vec<u32> = first.tokens[first.prompt_length()..]
         .iter()
         .zip(&first.loss_mask)
-        .filter(|(_, &m)| m > 0.0)
+        .filter(|(_, &m)| m > 0)
         .map(|(&t, _)| t)
         .collect();
     let text = tokenizer.decode(&trained, false).unwrap();
@@ -264,7 +261,7 @@ fn sft_lowers_held_out_loss_and_masks_only_the_assistant() {
     let mut trainer = Trainer::new(decoder, None, sft_config(3e-3, 48)).unwrap();
     let before = trainer.eval_loss(&held).unwrap();
     for step in 0..48 {
-        let batch: Vec<TrainSample> = (0..16)
+        let batch: Vec<Sample> = (0..16)
             .map(|i| train[(step * 16 + i) % train.len()].clone())
             .collect();
         let m = trainer.sft_step(&batch).unwrap();
@@ -286,7 +283,7 @@ fn a_resumed_run_takes_the_same_steps() {
     let data = dir.path().join("train.jsonl");
     std::fs::write(&data, chat_lines(4, 24)).unwrap();
     let train = load_chat_jsonl(&data, &tokenizer, 512).unwrap().samples;
-    let batch = |step: usize| -> Vec<TrainSample> {
+    let batch = |step: usize| -> Vec<Sample> {
         (0..6)
             .map(|i| train[(step * 6 + i) % train.len()].clone())
             .collect()
@@ -362,11 +359,18 @@ fn rl_steps_report_and_refuse_bad_samples() {
         "the policy moved away from the reference"
     );
     let mut bad = rl_samples();
-    bad[1].loss_mask.push(1.0);
+    bad[1].loss_mask.push(1);
     let err = trainer.rl_step(&bad).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "sample 1: loss_mask has 3 entries for 2 response tokens"
+        "sample 1: `loss_mask` has 3 entries but response_length is 2"
+    );
+    let mut unscored = rl_samples();
+    unscored[2].reward = None;
+    let err = trainer.rl_step(&unscored).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "sample 2: has no reward (an RL step trains scored samples)"
     );
 }
 

@@ -246,11 +246,15 @@ fn check_trajectories(
 
 #[test]
 fn search_r1_trains_on_exact_trajectories() {
-    // Search-R1's own format: the generated Parquet files.
+    // Search-R1's own format: the generated Parquet files. With the observation (world-model)
+    // term on: it trains on the retrieved documents' tokens.
     let run = run_recipe(
         "search_r1",
         "parquet",
-        &["agent.corpus=\"{data}/corpus.jsonl\"".to_string()],
+        &[
+            "agent.corpus=\"{data}/corpus.jsonl\"".to_string(),
+            "algorithm.loss.observation_coef=0.05".to_string(),
+        ],
     );
     let ok = |t: &str| {
         (t.starts_with("\n\n<information>") && t.ends_with("</information>\n\n"))
@@ -261,6 +265,46 @@ fn search_r1_trains_on_exact_trajectories() {
         searches > 0,
         "the warm-started model searched at least once"
     );
+    let trained: Vec<&Value> = run
+        .metrics
+        .iter()
+        .filter(|m| m["rollout"].as_u64() > Some(0))
+        .collect();
+    assert!(
+        trained.iter().any(|m| m["train/observation_loss"]
+            .as_f64()
+            .is_some_and(|l| l > 0.0)),
+        "the observation term trains on the retrieved text: {trained:?}"
+    );
+    // The observation mask covers the environment's text only: every observed span decodes
+    // to text inside an appended block.
+    let text = std::fs::read_to_string(run.dir.join("rollouts/rollout-000001.jsonl")).unwrap();
+    let mut observed = 0;
+    for line in text.lines() {
+        let group: Value = serde_json::from_str(line).unwrap();
+        for sample in group["samples"].as_array().unwrap() {
+            let Some(mask) = sample.get("observation_mask") else {
+                continue;
+            };
+            let mask: Vec<u64> = mask
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_u64().unwrap())
+                .collect();
+            let loss: Vec<u64> = sample["loss_mask"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m.as_u64().unwrap())
+                .collect();
+            for (o, l) in mask.iter().zip(&loss) {
+                assert!(*o == 0 || *l == 0, "an observed token is never trained");
+            }
+            observed += mask.iter().filter(|&&o| o == 1).count();
+        }
+    }
+    assert!(observed > 0, "some tokens were observations");
 }
 
 #[test]

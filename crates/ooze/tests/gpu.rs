@@ -470,7 +470,7 @@ fn gpu_decode_attention_matches_reference() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_packed_flash_attention_matches_padded_and_trains() {
     require_gpu();
-    use ooze_train::{TrainSample, Trainer, TrainerConfig};
+    use ooze_train::{Sample, Trainer, TrainerConfig};
     let dir = tempfile::tempdir().unwrap();
     let mut options = InitOptions::new(Family::Qwen2, Size::Small);
     options.seed = 12;
@@ -496,18 +496,9 @@ fn gpu_packed_flash_attention_matches_padded_and_trains() {
         "packed vs padded bf16 log-prob difference {worst}"
     );
     eprintln!("packed (flash varlen) vs padded: max |log-prob diff| {worst:.2e}");
-    let samples: Vec<TrainSample> = seqs
+    let samples: Vec<Sample> = seqs
         .iter()
-        .map(|s| TrainSample {
-            tokens: s.clone(),
-            prompt_len: 1,
-            loss_mask: vec![1.0; s.len() - 1],
-            rollout_log_probs: None,
-            reward: 0.0,
-            group: 0,
-            rollout: 0,
-            observation_mask: None,
-        })
+        .map(|s| Sample::demonstration(s.clone(), vec![1; s.len() - 1]))
         .collect();
     let mut config = TrainerConfig::default();
     config.schedule.lr = 1e-3;

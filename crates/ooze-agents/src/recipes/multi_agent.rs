@@ -10,7 +10,6 @@
 
 use super::problem_text;
 use futures_util::future::join_all;
-use ooze_core::Reward;
 use ooze_rollout::agent::{
     Agent, AgentContext, AgentError, AgentFuture, AgentOutput, Conversation,
 };
@@ -144,7 +143,7 @@ impl Agent for MultiAgent {
                 .map(|c| c.sample)
                 .collect();
             for (s, r) in samples.iter_mut().zip(&rewards) {
-                s.reward = Some(Reward::Scalar(r * scale));
+                s.reward = Some(r * scale);
             }
             let metrics = BTreeMap::from([
                 (

@@ -168,6 +168,14 @@ impl Recipe {
                 "trainer.replay_from is read by trainer.mode = \"replay\" only",
             ),
             (
+                self.algorithm.loss.observation_coef != 0.0
+                    && !matches!(
+                        self.agent,
+                        super::AgentSection::SearchR1(_) | super::AgentSection::Retool(_)
+                    ),
+                "algorithm.loss.observation_coef trains the tokens an environment writes into a response; of the agents only agent.type = \"search_r1\" and \"retool\" write them (the others rebuild their prompts)",
+            ),
+            (
                 t.decay == ooze_train::Decay::Constant && t.min_lr_ratio != 0.0,
                 "trainer.min_lr_ratio is where a decay ends: it needs trainer.decay = \"linear\" or \"cosine\"",
             ),
@@ -183,6 +191,15 @@ impl Recipe {
 mod tests {
     use super::*;
     use crate::recipe::tests::{parse, MIN};
+
+    #[test]
+    fn the_observation_term_needs_an_agent_that_writes_observations() {
+        let e = parse(MIN, &["algorithm.loss.observation_coef=0.05"]).unwrap_err();
+        assert!(
+            e.contains("algorithm.loss.observation_coef trains the tokens an environment writes"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn critic_and_teacher_need_their_algorithm() {

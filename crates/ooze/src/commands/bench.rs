@@ -237,7 +237,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
 }
 
 fn train(a: TrainArgs) -> anyhow::Result<()> {
-    use ooze_train::{TrainSample, Trainer, TrainerConfig};
+    use ooze_train::{Sample, Trainer, TrainerConfig};
     let decoder = load_decoder(&a.model, &a.compute)?;
     let vocab = decoder.config.vocab_size as u64;
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -247,16 +247,10 @@ fn train(a: TrainArgs) -> anyhow::Result<()> {
         state ^= state << 17;
         (state % vocab) as u32
     };
-    let samples: Vec<TrainSample> = (0..a.batch)
-        .map(|i| TrainSample {
-            tokens: (0..a.seq_len).map(|_| token()).collect(),
-            prompt_len: 1,
-            loss_mask: vec![1.0; a.seq_len - 1],
-            rollout_log_probs: None,
-            reward: 0.0,
-            group: i as u64,
-            rollout: i as u64,
-            observation_mask: None,
+    let samples: Vec<Sample> = (0..a.batch)
+        .map(|_| {
+            let tokens: Vec<u32> = (0..a.seq_len).map(|_| token()).collect();
+            Sample::demonstration(tokens, vec![1; a.seq_len - 1])
         })
         .collect();
     let config = TrainerConfig {
