@@ -418,6 +418,20 @@ fn set_key(table: &mut toml::Table, assignment: &str) -> Result<(), RecipeError>
 }
 
 impl Recipe {
+    /// Compiles the reward's patterns, so a bad one is refused naming its key.
+    fn check_reward(&self) -> Result<(), String> {
+        use ooze_rollout::reward::Reward;
+        match &self.reward {
+            RewardConfig::Math { answer_pattern } => Reward::math(answer_pattern.as_deref())
+                .map(drop)
+                .map_err(|e| format!("reward.answer_pattern: {e}")),
+            RewardConfig::Regex { pattern } => Reward::regex(pattern)
+                .map(drop)
+                .map_err(|e| format!("reward.pattern: {e}")),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads `path`, applies `sets` (`section.key=value`) and checks the result.
     pub fn load(path: &Path, sets: &[String]) -> Result<Recipe, RecipeError> {
         let text = std::fs::read_to_string(path).map_err(|source| RecipeError::Read {
@@ -476,6 +490,7 @@ impl Recipe {
             return Err("model.path is required (a Hugging Face model directory)".into());
         }
         self.check_algorithm()?;
+        self.check_reward()?;
         for (name, h) in &self.helpers {
             let sources = h.path.is_some() as u8 + h.url.is_some() as u8 + h.policy as u8;
             if sources != 1 {
@@ -657,6 +672,10 @@ mod tests {
         );
         let e = parse("[data]\ntask = \"string\"\n", &[]).unwrap_err();
         assert!(e.contains("model.path is required"), "{e}");
+        let e = parse(MIN, &["reward={type = \"math\", answer_pattern = \"(\"}"]).unwrap_err();
+        assert!(e.contains("reward.answer_pattern"), "{e}");
+        let e = parse(MIN, &["reward={type = \"regex\", pattern = \"[\"}"]).unwrap_err();
+        assert!(e.contains("reward.pattern"), "{e}");
         let e = parse(MIN, &["model.path.x=1"]).unwrap_err();
         assert!(e.contains("`path` is not a section"), "{e}");
     }

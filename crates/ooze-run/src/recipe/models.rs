@@ -118,6 +118,22 @@ impl Recipe {
                 a.advantage.opd_coef
             ));
         }
+        if a.advantage.kl_coef != 0.0
+            && !matches!(
+                a.advantage.estimator,
+                ooze_algo::Estimator::ReinforcePlusPlus
+                    | ooze_algo::Estimator::ReinforcePlusPlusBaseline
+                    | ooze_algo::Estimator::Ppo
+            )
+        {
+            return Err(format!(
+                "algorithm.advantage.kl_coef (a KL penalty in the reward) applies to reinforce_plus_plus, reinforce_plus_plus_baseline and ppo, not \"{}\"; use algorithm.loss.kl_loss_coef instead",
+                a.advantage.estimator.name()
+            ));
+        }
+        if let Some(c) = a.advantage.clip.filter(|c| c.is_nan() || *c <= 0.0) {
+            return Err(format!("algorithm.advantage.clip must be > 0, got {c}"));
+        }
         let kl = a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0;
         if self.model.reference.is_some() && !kl {
             return Err("model.reference is only loaded for a KL term: set algorithm.advantage.kl_coef or algorithm.loss.kl_loss_coef, or remove it".into());
@@ -136,7 +152,62 @@ impl Recipe {
         let defaults = DataSection::default();
         let r = &self.rollout;
         let t = &self.trainer;
+        let a = &self.algorithm;
+        let (adv, loss) = (
+            ooze_algo::AdvantageConfig::default(),
+            ooze_algo::LossConfig::default(),
+        );
+        use ooze_algo::{Estimator as E, PolicyLoss as P};
+        let est = a.advantage.estimator;
+        let filtering = r.dynamic_sampling || r.drop_truncated_groups;
         let inert: &[(bool, &str)] = &[
+            (
+                !a.advantage.std_normalization && !matches!(est, E::Grpo | E::Gspo | E::Cispo),
+                "algorithm.advantage.std_normalization applies to estimator = \"grpo\", \"gspo\" or \"cispo\"",
+            ),
+            (
+                a.advantage.gamma != adv.gamma && !matches!(est, E::ReinforcePlusPlus | E::Ppo),
+                "algorithm.advantage.gamma applies to estimator = \"reinforce_plus_plus\" or \"ppo\"",
+            ),
+            (
+                a.advantage.lambda != adv.lambda && est != E::Ppo,
+                "algorithm.advantage.lambda (GAE) applies to estimator = \"ppo\"",
+            ),
+            (
+                a.advantage.kl_estimator != adv.kl_estimator && a.advantage.kl_coef == 0.0,
+                "algorithm.advantage.kl_estimator needs algorithm.advantage.kl_coef",
+            ),
+            (
+                a.advantage.normalize_advantages
+                    && matches!(est, E::ReinforcePlusPlus | E::ReinforcePlusPlusBaseline),
+                "algorithm.advantage.normalize_advantages is always on for reinforce_plus_plus and its baseline variant",
+            ),
+            (
+                (a.loss.kl_estimator != loss.kl_estimator || a.loss.kl_unbiased)
+                    && a.loss.kl_loss_coef == 0.0,
+                "algorithm.loss.kl_estimator and kl_unbiased need algorithm.loss.kl_loss_coef",
+            ),
+            (
+                a.loss.policy == P::Sft
+                    && (a.loss.eps_low != loss.eps_low || a.loss.eps_high.is_some()),
+                "algorithm.loss.eps_low and eps_high clip a ratio; policy = \"sft\" has none",
+            ),
+            (
+                a.loss.dual_clip.is_some() && !matches!(a.loss.policy, P::PpoClip | P::Gspo),
+                "algorithm.loss.dual_clip applies to policy = \"ppo_clip\" or \"gspo\"",
+            ),
+            (
+                !filtering
+                    && (r.over_sampling_batch_size.is_some()
+                        || r.max_rounds != super::RolloutSection::default().max_rounds),
+                "rollout.over_sampling_batch_size and max_rounds fill filtered batches: they need rollout.dynamic_sampling or drop_truncated_groups",
+            ),
+            (
+                self.eval.datasets.is_empty()
+                    && (self.eval.interval != super::EvalSection::default().interval
+                        || !self.eval.at_start),
+                "eval.interval and eval.at_start time the eval sets: add [[eval.datasets]]",
+            ),
             (
                 d.path.is_some() && (d.task_size != defaults.task_size || d.task_seed != defaults.task_seed),
                 "data.task_size and data.task_seed apply to data.task, not to data.path",
@@ -284,6 +355,60 @@ mod tests {
                 "trainer.replay_from is read by",
             ),
             (&["trainer.min_lr_ratio=0.1"], "needs trainer.decay"),
+            (
+                &["algorithm.advantage.kl_coef=0.1"],
+                "algorithm.advantage.kl_coef (a KL penalty",
+            ),
+            (
+                &["algorithm.advantage.clip=0"],
+                "algorithm.advantage.clip must be > 0",
+            ),
+            (
+                &[
+                    "algorithm.advantage.estimator=\"rloo\"",
+                    "algorithm.advantage.std_normalization=false",
+                ],
+                "std_normalization applies to",
+            ),
+            (
+                &["algorithm.advantage.gamma=0.9"],
+                "algorithm.advantage.gamma applies to",
+            ),
+            (
+                &["algorithm.advantage.lambda=0.9"],
+                "algorithm.advantage.lambda (GAE)",
+            ),
+            (
+                &["algorithm.advantage.kl_estimator=\"k1\""],
+                "kl_estimator needs algorithm.advantage.kl_coef",
+            ),
+            (
+                &[
+                    "algorithm.advantage.estimator=\"reinforce_plus_plus\"",
+                    "algorithm.advantage.normalize_advantages=true",
+                ],
+                "always on for reinforce_plus_plus",
+            ),
+            (
+                &["algorithm.loss.kl_unbiased=true"],
+                "need algorithm.loss.kl_loss_coef",
+            ),
+            (
+                &[
+                    "algorithm.loss.policy=\"sft\"",
+                    "algorithm.loss.eps_low=0.1",
+                ],
+                "policy = \"sft\" has none",
+            ),
+            (
+                &[
+                    "algorithm.loss.policy=\"cispo\"",
+                    "algorithm.loss.dual_clip=3",
+                ],
+                "dual_clip applies to",
+            ),
+            (&["rollout.max_rounds=3"], "fill filtered batches"),
+            (&["eval.at_start=false"], "add [[eval.datasets]]"),
             (
                 &[
                     "trainer.mode=\"rollout_only\"",

@@ -1,0 +1,130 @@
+//! The `[agent]` and `[helpers.NAME]` rows of the table. A random policy never writes a tool
+//! call, so keys that act only on tool calls (search, code, expert calls) are listed as
+//! untested with that reason; the limits, the sandbox's slots, the fan-out, the chunking and the
+//! cost-aware reward act on every execution and are asserted.
+
+use super::cases::{Case, Obs};
+
+/// `[agent]` of `ty` with small turns (`extra`: more `key = value` pairs), and the helpers it needs.
+fn agent(ty: &str, extra: &str) -> Vec<String> {
+    let mut keys = vec![
+        ("type", format!("\"{ty}\"")),
+        ("max_tokens_per_turn", "6".into()),
+        ("max_response_tokens", "64".into()),
+    ];
+    for pair in extra.split(", ").filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once(" = ").unwrap();
+        keys.retain(|(key, _)| *key != k);
+        keys.push((k, v.into()));
+    }
+    let body: Vec<String> = keys.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+    let mut sets = vec![format!("agent={{{}}}", body.join(", "))];
+    match ty {
+        "search_r1" => sets[0] = sets[0].replace('}', ", corpus = \"{corpus}\"}"),
+        "memagent" => sets.push("data={path = \"{mem_data}\", metadata_key = \"*\"}".into()),
+        "agentflow" => {
+            for h in ["executor", "verifier", "generator", "judge"] {
+                sets.push(format!("helpers.{h}={{policy = true, max_tokens = 4}}"));
+            }
+        }
+        "tool_orchestra" => sets.push("helpers.expert={policy = true, max_tokens = 4}".into()),
+        _ => {}
+    }
+    sets
+}
+
+fn case(keys: &[&str], base: Vec<String>, sets: Vec<String>, obs: Obs) -> Case {
+    Case {
+        keys: keys.iter().map(|s| s.to_string()).collect(),
+        base,
+        sets,
+        obs,
+    }
+}
+
+const TOOL: &str = "acts on a tool call, which a random policy does not write";
+
+pub fn cases() -> Vec<Case> {
+    use Obs::*;
+    let mut c = vec![case(
+        &["agent.type"],
+        vec![],
+        agent("retool", ""),
+        Metric("agent/turns"),
+    )];
+    for ty in [
+        "search_r1",
+        "retool",
+        "multi_agent",
+        "memagent",
+        "agentflow",
+        "tool_orchestra",
+    ] {
+        let key = |k: &str| format!("agent({ty}).{k}");
+        let one = |k: &str, extra: &str, obs: Obs| {
+            case(
+                &[&key(k)],
+                agent(ty, ""),
+                agent(ty, extra.trim_start_matches(", ")),
+                obs,
+            )
+        };
+        c.push(one(
+            "max_tokens_per_turn",
+            ", max_tokens_per_turn = 2",
+            Metric("rollout/response_len_max"),
+        ));
+        c.push(one(
+            "max_response_tokens",
+            ", max_response_tokens = 3",
+            Metric("rollout/response_len_max"),
+        ));
+        c.push(one(
+            "deadline_secs",
+            ", deadline_secs = 1e-4",
+            Metric("agent/failed_frac"),
+        ));
+        c.push(one("max_turns", ", max_turns = 1", Metric("agent/turns")));
+    }
+    let untested = |keys: &[&str], why: &'static str| case(keys, vec![], vec![], Untested(why));
+    c.extend([
+        case(&["agent(search_r1).corpus"], agent("search_r1", ""), agent("search_r1", "").into_iter().map(|s| s.replace("{corpus}", "{dir}/none.jsonl")).collect(), Fails("none.jsonl")),
+        untested(&["agent(search_r1).retrieval_url", "agent(search_r1).topk", "agent(search_r1).max_observation_tokens"], TOOL),
+        untested(&["agent(search_r1).format_reward.structure", "agent(search_r1).format_reward.final_format", "agent(search_r1).format_reward.retrieval"], "a random policy's responses score 0 with and without the format reward (no answer, malformed)"),
+        untested(&["agent(retool).max_observation_tokens", "agent(retool).tool_timeout_secs", "agent(retool).tool_memory_mb"], TOOL),
+        case(&["agent(retool).tool_concurrency"], agent("retool", ""), agent("retool", ", tool_concurrency = 3"), Stderr("3 programs at once")),
+        case(&["agent(multi_agent).solvers"], agent("multi_agent", ""), agent("multi_agent", ", solvers = 1"), Metric("agent/samples_per_execution")),
+        case(&["agent(memagent).chunk_tokens"], agent("memagent", ""), agent("memagent", ", chunk_tokens = 40"), Metric("agent/turns")),
+        untested(&["agent(agentflow).max_observation_tokens", "agent(agentflow).tool_timeout_secs", "agent(agentflow).tool_memory_mb"], TOOL),
+        case(&["agent(agentflow).tool_concurrency"], agent("agentflow", ""), agent("agentflow", ", tool_concurrency = 3"), Stderr("3 programs at once")),
+        untested(&["agent(tool_orchestra).max_observation_tokens", "agent(tool_orchestra).tool_timeout_secs", "agent(tool_orchestra).tool_memory_mb", "agent(tool_orchestra).corpus", "agent(tool_orchestra).retrieval_url", "agent(tool_orchestra).topk", "agent(tool_orchestra).experts", "agent(tool_orchestra).cost_weight"], TOOL),
+        case(&["agent(tool_orchestra).tool_concurrency"], agent("tool_orchestra", ""), agent("tool_orchestra", ", tool_concurrency = 3"), Stderr("3 programs at once")),
+        case(&["agent(tool_orchestra).latency_scale_secs"], agent("tool_orchestra", ""), agent("tool_orchestra", ", latency_scale_secs = 1e-9"), Metric("reward/mean")),
+        case(&["agent(tool_orchestra).max_penalty"], agent("tool_orchestra", ", latency_scale_secs = 1e-9"), agent("tool_orchestra", ", latency_scale_secs = 1e-9, max_penalty = 0.1"), Metric("reward/mean")),
+    ]);
+    // [helpers.NAME], through agentflow's judge (called on every execution's answer).
+    let flow = agent("agentflow", "");
+    let judge = |h: &str| {
+        let mut s = flow.clone();
+        s.retain(|x| !x.starts_with("helpers.judge="));
+        s.push(format!("helpers.judge={{{h}}}"));
+        s
+    };
+    let helper = |k: &str, h: &str, obs: Obs| {
+        case(&[&format!("helpers.NAME.{k}")], flow.clone(), judge(h), obs)
+    };
+    c.extend([
+        helper("policy", "policy = true, max_tokens = 4, timeout_secs = 1e-9", Fails("")),
+        helper("path", "path = \"{model2}\", max_tokens = 4", Metric("reward/mean")),
+        helper("url", "url = \"{teacher}/v1\", max_tokens = 4", Metric("agent/helper/judge/seconds")),
+        helper("max_tokens", "policy = true, max_tokens = 1", Metric("agent/helper/judge/tokens")),
+        helper("temperature", "policy = true, max_tokens = 4, temperature = 1.0", Metric("reward/mean")),
+        helper("timeout_secs", "policy = true, max_tokens = 4, timeout_secs = 1e-9", Metric("agent/failed_frac")),
+        helper("price_per_million_tokens", "policy = true, max_tokens = 4, price_per_million_tokens = 1e5", Metric("agent/helper/judge/cost")),
+        helper("model", "url = \"{teacher}/v1\", max_tokens = 4, model = \"nope\"", Metric("agent/failed_frac")),
+        helper("api_key_env", "url = \"{teacher}/v1\", max_tokens = 4, api_key_env = \"OOZE_TEST_NO_SUCH_KEY\"", Fails("OOZE_TEST_NO_SUCH_KEY")),
+        helper("slots", "path = \"{model2}\", max_tokens = 4, slots = 1", Stderr("1 sequences")),
+        untested(&["helpers.NAME.description"], "shown where the policy is offered models as tools (tool_orchestra's expert list); a random policy never calls one"),
+    ]);
+    c
+}

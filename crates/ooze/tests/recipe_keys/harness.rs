@@ -1,0 +1,334 @@
+//! The runs behind the recipe-key cases: two tiny random models, prompt files, a corpus, a remote
+//! reward model over HTTP, `ooze train` on the CPU, and what a run left behind.
+
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// The recipe every case starts from: one rollout of 2 prompts × 2 samples of 6 tokens, scored by
+/// the test's reward server (a reward with spread, so advantages and gradients are not zero).
+pub const BASE: &str = r#"
+[model]
+path = "{model}"
+device = "cpu"
+
+[data]
+task = "addition"
+task_size = 64
+
+[rollout]
+num_rollouts = 1
+batch_size = 2
+n_samples_per_prompt = 2
+max_new_tokens = 6
+
+[reward]
+type = "remote"
+url = "{url}/score"
+
+[trainer]
+lr = 1e-3
+
+[logging]
+tensorboard = false
+report = false
+progress = false
+"#;
+
+/// The shared files and services; `fill` replaces `{name}` placeholders with them.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    vars: Vec<(&'static str, String)>,
+    _teacher: Option<super::common::Server>,
+}
+
+fn ooze() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ooze"));
+    c.env("OMP_NUM_THREADS", "1").stdin(Stdio::null());
+    c
+}
+
+fn init_model(path: &Path, seed: &str) {
+    let out = ooze()
+        .args([
+            "init-model",
+            "--family",
+            "qwen2",
+            "--size",
+            "tiny",
+            "--seed",
+            seed,
+        ])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |name: &str| dir.path().join(name);
+        init_model(&p("model"), "0");
+        init_model(&p("model2"), "7");
+        // Eight rows with every column the data keys can pick; row 8 is long (for
+        // data.max_prompt_tokens).
+        let mut rows = String::new();
+        for i in 0..8 {
+            let prompt = if i == 7 {
+                "tell me a long story ".repeat(40)
+            } else {
+                format!("what is {i} + {i}?")
+            };
+            let row = serde_json::json!({
+                "prompt": prompt,
+                "q": format!("name the number {i}"),
+                "label": (2 * i).to_string(),
+                "answer": format!("a{i}"),
+                "meta": {"row": i},
+                "tools": [{"type": "function", "function": {"name": "add", "description": "adds",
+                    "parameters": {"type": "object", "properties": {}}}}],
+            });
+            rows.push_str(&format!("{row}\n"));
+        }
+        std::fs::write(p("data.jsonl"), &rows).unwrap();
+        let mut mem = String::new();
+        for i in 0..4 {
+            let row = serde_json::json!({
+                "prompt": format!("question {i}"),
+                "context": format!("the number is {i}. ").repeat(30),
+                "question": "what is the number?",
+                "label": i.to_string(),
+            });
+            mem.push_str(&format!("{row}\n"));
+        }
+        std::fs::write(p("mem.jsonl"), mem).unwrap();
+        std::fs::write(p("bad.jsonl"), format!("{rows}{{\"question\": \"x\"}}\n")).unwrap();
+        std::fs::write(
+            p("corpus.jsonl"),
+            "{\"id\": \"1\", \"contents\": \"Paris\\nThe capital of France.\"}\n\
+             {\"id\": \"2\", \"contents\": \"Rome\\nThe capital of Italy.\"}\n",
+        )
+        .unwrap();
+        let url = reward_server();
+        // The teacher server serves the policy's own starting weights.
+        let (teacher, teacher_url) = super::common::serve(&p("model"), &[]);
+        let teacher_url = teacher_url.trim_end_matches("/v1").to_owned();
+        let s = |p: PathBuf| p.display().to_string();
+        let vars = vec![
+            ("{model}", s(p("model"))),
+            ("{model2}", s(p("model2"))),
+            ("{data}", s(p("data.jsonl"))),
+            ("{bad_data}", s(p("bad.jsonl"))),
+            ("{mem_data}", s(p("mem.jsonl"))),
+            ("{corpus}", s(p("corpus.jsonl"))),
+            ("{dir}", s(dir.path().to_owned())),
+            ("{url}", url),
+            ("{teacher}", teacher_url),
+        ];
+        std::fs::write(p("base.toml"), fill(&vars, BASE)).unwrap();
+        Env {
+            dir,
+            vars,
+            _teacher: Some(teacher),
+        }
+    }
+
+    pub fn fill(&self, text: &str) -> String {
+        fill(&self.vars, text)
+    }
+
+    /// `ooze train base.toml` with `sets` (placeholders filled) into `runs/NAME`.
+    pub fn train(&self, name: &str, sets: &[String]) -> Out {
+        let run = self.dir.path().join("runs").join(name);
+        let mut cmd = ooze();
+        cmd.arg("train").arg(self.dir.path().join("base.toml"));
+        cmd.arg("--set")
+            .arg(format!("logging.run_dir=\"{}\"", run.display()));
+        for s in sets {
+            cmd.arg("--set").arg(self.fill(s));
+        }
+        let out = cmd.output().unwrap();
+        Out::read(run, out.status.success(), &out.stderr)
+    }
+}
+
+fn fill(vars: &[(&str, String)], text: &str) -> String {
+    vars.iter()
+        .fold(text.to_owned(), |t, (k, v)| t.replace(k, v))
+}
+
+/// What a run left: its exit, stderr, metrics lines (without wall-clock numbers), saved groups,
+/// the run directory's entries and the final weights.
+pub struct Out {
+    pub dir: PathBuf,
+    pub ok: bool,
+    pub stderr: String,
+    pub metrics: Vec<Map<String, Value>>,
+    pub groups: Vec<Value>,
+    pub entries: BTreeSet<String>,
+    pub weights: Option<Vec<u8>>,
+}
+
+impl Out {
+    fn read(dir: PathBuf, ok: bool, stderr: &[u8]) -> Out {
+        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let mut m: Map<String, Value> = serde_json::from_str(l).unwrap();
+                m.retain(|k, _| {
+                    !k.starts_with("time/")
+                        && !k.ends_with("tokens_per_s")
+                        && !k.starts_with("train/mismatch")
+                        && !k.ends_with("/seconds")
+                });
+                m
+            })
+            .collect();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("rollouts"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        let groups = files
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect::<Vec<Value>>()
+            })
+            .collect();
+        let entries = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let weights = std::fs::read(dir.join("final-model/model.safetensors")).ok();
+        Out {
+            dir,
+            ok,
+            stderr: String::from_utf8_lossy(stderr).into_owned(),
+            metrics,
+            groups,
+            entries,
+            weights,
+        }
+    }
+
+    /// The metric's value on every line (null where a line lacks it).
+    pub fn series(&self, key: &str) -> Vec<Value> {
+        self.metrics
+            .iter()
+            .map(|m| m.get(key).cloned().unwrap_or(Value::Null))
+            .collect()
+    }
+
+    /// Every sample's response token ids and log-probs.
+    pub fn responses(&self) -> Vec<Value> {
+        self.groups
+            .iter()
+            .flat_map(|g| g["samples"].as_array().cloned().unwrap_or_default())
+            .map(|s| {
+                serde_json::json!([s["response_ids"], s["log_probs"], s["reward"], s["trained"]])
+            })
+            .collect()
+    }
+
+    /// Every sample's response token ids.
+    pub fn response_ids(&self) -> Vec<Value> {
+        self.responses().into_iter().map(|r| r[0].clone()).collect()
+    }
+
+    /// Every group's prompt (text, token ids, label, metadata), in order.
+    pub fn prompts(&self) -> Vec<Value> {
+        self.groups.iter().map(|g| g["prompt"].clone()).collect()
+    }
+}
+
+/// A remote reward model on a free port: `POST /score` answers `{"score": s}` with `s` the
+/// response's byte sum mod 3 over 2 (0, 0.5 or 1: spread within groups), plus 1 when the request
+/// carries metadata; `/double` answers twice that; `/slow` answers after 1.5 s; `/flaky` fails
+/// every odd-numbered attempt of a request body with a 503 (one retry succeeds, none fails).
+fn reward_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let _ = answer(stream, &seen);
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn answer(mut stream: TcpStream, seen: &Mutex<BTreeMap<String, u32>>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .to_owned();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let response = request["response"].as_str().unwrap_or("");
+    let mut score = (response.bytes().map(u64::from).sum::<u64>() % 3) as f64 / 2.0;
+    if !request["metadata"].is_null() {
+        score += 1.0;
+    }
+    let (status, text) = match path.as_str() {
+        "/double" => ("200 OK", format!("{{\"score\": {}}}", 2.0 * score)),
+        "/slow" => {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            ("200 OK", format!("{{\"score\": {score}}}"))
+        }
+        "/flaky" if flaky(seen, &body) => ("503 Service Unavailable", "busy".to_owned()),
+        _ => ("200 OK", format!("{{\"score\": {score}}}")),
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    )?;
+    stream.flush()
+}
+
+/// Whether this attempt of `body` fails: the 1st, 3rd, … of each body.
+fn flaky(seen: &Mutex<BTreeMap<String, u32>>, body: &[u8]) -> bool {
+    let mut seen = seen.lock().unwrap();
+    let n = seen
+        .entry(String::from_utf8_lossy(body).into())
+        .or_default();
+    *n += 1;
+    *n % 2 == 1
+}
