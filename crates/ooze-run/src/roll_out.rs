@@ -82,7 +82,7 @@ fn write_rollout(dir: &Path, index: u64, batch: &Batch) -> anyhow::Result<()> {
         body.push_str(&serde_json::to_string(g)?);
         body.push('\n');
     }
-    ooze_train::checkpoint::write_atomic(&rollout_file(dir, index), body.as_bytes())?;
+    ooze_core::atomic_file::write(&rollout_file(dir, index), body.as_bytes())?;
     Ok(())
 }
 
