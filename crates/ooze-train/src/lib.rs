@@ -21,6 +21,7 @@ pub mod optimizer;
 pub mod schedule;
 pub mod sft;
 pub mod sft_data;
+mod step;
 pub mod teacher;
 pub mod trainer;
 

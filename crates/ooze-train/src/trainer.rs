@@ -10,15 +10,15 @@
 
 use crate::batch::{check_trainable, pack};
 use crate::critic::{explained_variance, Critic, CriticConfig};
-use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
+use crate::forward::{response_log_probs, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
+use crate::step::StepInputs;
 use crate::teacher::{check_shape, distillation_gap, Teacher};
 use crate::TrainError;
-use ooze_algo::loss::loss;
 use ooze_algo::{
-    compute_advantages, token_weights, AdvantageConfig, Aggregation, Estimator, LossConfig,
-    LossInputs, PolicyLoss, SampleInput, StepSample,
+    compute_advantages, AdvantageConfig, Aggregation, Estimator, LossConfig, PolicyLoss,
+    SampleInput,
 };
 use ooze_core::Sample;
 use ooze_model::Decoder;
@@ -110,27 +110,27 @@ pub struct StepMetrics {
 pub type RewardHookFn = dyn Fn(&[SampleInput<'_>], &mut [f64]) + Send;
 
 /// Per-sample values before the update and the targets the critic fits.
-type CriticTargets<'a> = (&'a [Vec<f64>], &'a [Vec<f64>]);
+pub(crate) type CriticTargets<'a> = (&'a [Vec<f64>], &'a [Vec<f64>]);
 
 pub struct Trainer {
     pub policy: Decoder,
     reference: Option<Decoder>,
-    optimizer: Optimizer,
+    pub(crate) optimizer: Optimizer,
     /// The PPO critic, its own optimizer (the policy's settings) and its schedule and warm-up.
-    critic: Option<(Critic, Optimizer)>,
-    critic_config: CriticConfig,
+    pub(crate) critic: Option<(Critic, Optimizer)>,
+    pub(crate) critic_config: CriticConfig,
     /// A teacher for on-policy distillation (`advantage.opd_coef`).
     teacher: Option<Teacher>,
     /// Replaces the built-in group normalisation of the rewards.
     reward_hook: Option<Box<RewardHookFn>>,
     /// The GPU's bf16 peak, for MFU.
-    peak_flops: Option<f64>,
+    pub(crate) peak_flops: Option<f64>,
     pub config: TrainerConfig,
-    step: u64,
+    pub(crate) step: u64,
 }
 
 /// fp32 or, for an fp64 model, fp64 (gradient checks).
-fn float_kind(decoder: &Decoder) -> Kind {
+pub(crate) fn float_kind(decoder: &Decoder) -> Kind {
     if decoder.kind() == Kind::Double {
         Kind::Double
     } else {
@@ -330,12 +330,14 @@ impl Trainer {
         };
         self.run_step(
             samples,
-            &zeros,
-            None,
-            None,
-            None,
-            &loss_config,
-            Aggregation::GlobalTokenMean,
+            StepInputs {
+                advantages: &zeros,
+                old: None,
+                reference: None,
+                critic_targets: None,
+                loss_config: &loss_config,
+                aggregation: Aggregation::GlobalTokenMean,
+            },
         )
     }
 
@@ -411,14 +413,16 @@ impl Trainer {
             let chunk = &samples[r.clone()];
             let mut metrics = self.run_step(
                 chunk,
-                &advantages.advantages[r.clone()],
-                Some(&old[r.clone()]),
-                reference.as_ref().map(|x| &x[r.clone()]),
-                old_values
-                    .as_ref()
-                    .map(|v| (&v[r.clone()], &returns[r.clone()])),
-                &loss_config,
-                aggregation,
+                StepInputs {
+                    advantages: &advantages.advantages[r.clone()],
+                    old: Some(&old[r.clone()]),
+                    reference: reference.as_ref().map(|x| &x[r.clone()]),
+                    critic_targets: old_values
+                        .as_ref()
+                        .map(|v| (&v[r.clone()], &returns[r.clone()])),
+                    loss_config: &loss_config,
+                    aggregation,
+                },
             )?;
             if let Some(values) = &old_values {
                 let masks: Vec<&[u8]> = chunk.iter().map(|s| s.loss_mask.as_slice()).collect();
@@ -434,227 +438,9 @@ impl Trainer {
         Ok(steps)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn run_step(
-        &mut self,
-        samples: &[Sample],
-        advantages: &[Vec<f64>],
-        old: Option<&[Vec<f64>]>,
-        reference: Option<&[Vec<f64>]>,
-        critic_targets: Option<CriticTargets<'_>>,
-        loss_config: &LossConfig,
-        aggregation: Aggregation,
-    ) -> Result<StepMetrics, TrainError> {
-        let started = Instant::now();
-        let kind = float_kind(&self.policy);
-        let device = self.policy.device();
-        let view = |s: &'_ Sample, mask| StepSample {
-            group: s.group,
-            rollout: s.execution as u64,
-            mask,
-        };
-        let steps: Vec<StepSample<'_>> = samples.iter().map(|s| view(s, &s.loss_mask)).collect();
-        let weights = token_weights(&steps, aggregation);
-        let observation_weights = (loss_config.observation_coef != 0.0).then(|| {
-            let obs: Vec<StepSample<'_>> = samples
-                .iter()
-                .map(|s| view(s, &s.observation_mask))
-                .collect();
-            token_weights(&obs, Aggregation::SeqMeanTokenMean)
-        });
-        let mut metrics = StepMetrics {
-            step: self.step,
-            lr: self.config.schedule.lr_at(self.step),
-            samples: samples.len(),
-            ..Default::default()
-        };
-        let (mut kl, mut obs, mut iw, mut value, mut value_clipped) = (
-            None::<f64>,
-            None::<f64>,
-            None::<f64>,
-            None::<f64>,
-            None::<f64>,
-        );
-        let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
-        metrics.micro_batches = ranges.len();
-        let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
-        self.optimizer.zero_grad();
-        if let Some((_, o)) = self.critic.as_mut() {
-            o.zero_grad();
-        }
-        for range in ranges {
-            let chosen = &samples[range.clone()];
-            let gather = |all: &[Vec<f64>]| t(all[range.clone()].concat());
-            let gather32 = |all: &[Vec<f32>]| {
-                t(all[range.clone()]
-                    .iter()
-                    .flatten()
-                    .map(|&x| x as f64)
-                    .collect())
-            };
-            // Entropy: a loss term, an RL metric, or (SFT) nothing.
-            let want_entropy = if loss_config.policy == PolicyLoss::Sft {
-                EntropyUse::None
-            } else if loss_config.entropy_coef != 0.0 {
-                EntropyUse::Gradient
-            } else {
-                EntropyUse::Value
-            };
-            let phase = Phases::start(device);
-            let (scores, recomputed) = if self.config.recompute_activations {
-                let (scores, r) = response_log_probs_recomputed(
-                    &self.policy,
-                    chosen,
-                    self.config.temperature,
-                    want_entropy,
-                );
-                (scores, Some(r))
-            } else {
-                (
-                    response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy),
-                    None,
-                )
-            };
-            let logp = scores.log_probs;
-            let logp_old = match old {
-                Some(old) => gather(old),
-                None => logp.detach(),
-            };
-            let mask = t(chosen
-                .iter()
-                .flat_map(|s| s.loss_mask.iter().map(|&m| m as f64))
-                .collect());
-            let index: Vec<i64> = chosen
-                .iter()
-                .enumerate()
-                .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_length))
-                .collect();
-            let rollout = chosen
-                .iter()
-                .all(|s| !s.rollout_log_probs.is_empty())
-                .then(|| {
-                    t(chosen
-                        .iter()
-                        .flat_map(|s| s.rollout_log_probs.iter().map(|&x| x as f64))
-                        .collect())
-                });
-            let (advantages, weights_t) = (gather(advantages), gather32(&weights));
-            let reference_t = reference.map(&gather);
-            let observation_t = observation_weights.as_ref().map(|o| gather32(o));
-            let sample_index = Tensor::from_slice(&index).to_device(device);
-            let critic_inputs = match (&self.critic, critic_targets) {
-                (Some((critic, _)), Some((old_values, returns))) => {
-                    Some((critic.values(chosen), gather(old_values), gather(returns)))
-                }
-                _ => None,
-            };
-            let terms = loss(
-                &LossInputs {
-                    logp: &logp,
-                    logp_old: &logp_old,
-                    advantages: &advantages,
-                    mask: &mask,
-                    weights: &weights_t,
-                    sample_index: &sample_index,
-                    num_samples: chosen.len() as i64,
-                    logp_roll: rollout.as_ref(),
-                    logp_ref: reference_t.as_ref(),
-                    entropy: scores.entropy.as_ref(),
-                    values: critic_inputs.as_ref().map(|(v, o, r)| (v, o, r)),
-                    observation_weights: observation_t.as_ref(),
-                },
-                loss_config,
-            );
-            let forward_done = phase.mark();
-            terms.total.backward();
-            if let Some(r) = recomputed {
-                r.backward(&self.policy);
-            }
-            phase.report(forward_done, "micro-batch forward", "backward");
-            let v = |t: &Tensor| t.double_value(&[]);
-            metrics.loss += v(&terms.total.detach());
-            metrics.policy_loss += v(&terms.policy);
-            metrics.clipfrac += v(&terms.clipfrac);
-            metrics.approx_kl += v(&terms.approx_kl);
-            if let Some(e) = &scores.entropy {
-                metrics.entropy += v(&(e.detach() * &weights_t).sum(kind));
-            }
-            let add = |acc: &mut Option<f64>, x: &Option<Tensor>| {
-                if let Some(x) = x {
-                    *acc = Some(acc.unwrap_or(0.0) + v(x));
-                }
-            };
-            add(&mut kl, &terms.kl);
-            add(&mut obs, &terms.observation);
-            add(&mut iw, &terms.importance_weight);
-            add(&mut value, &terms.value);
-            if let Some((v, v_old, _)) = &critic_inputs {
-                let moved = (v.detach() - v_old)
-                    .abs()
-                    .gt(loss_config.value_clip)
-                    .to_kind(weights_t.kind());
-                add(&mut value_clipped, &Some((moved * &weights_t).sum(kind)));
-            }
-            if let Some(roll) = &rollout {
-                let diff = (&logp_old - roll).abs() * &mask;
-                let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
-                metrics.rollout_logp_diff_mean =
-                    Some(metrics.rollout_logp_diff_mean.unwrap_or(0.0) + sum);
-                metrics.rollout_logp_diff_max =
-                    Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
-            }
-        }
-        let trained: f64 = samples
-            .iter()
-            .map(|s| s.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
-            .sum();
-        if let Some(sum) = metrics.rollout_logp_diff_mean {
-            metrics.rollout_logp_diff_mean = Some(sum / trained.max(1.0));
-        }
-        (
-            metrics.kl,
-            metrics.observation_loss,
-            metrics.importance_weight,
-        ) = (kl, obs, iw);
-        metrics.value_loss = value;
-        metrics.value_clipfrac = value_clipped;
-        let phase = Phases::start(device);
-        // A critic warm-up step leaves the policy as it is (its gradients are dropped).
-        metrics.policy_frozen = critic_targets.is_some()
-            && self.critic.is_some()
-            && self.step < self.critic_config.warmup_steps;
-        if !metrics.policy_frozen {
-            metrics.grad_norm = self.optimizer.step(metrics.lr)?;
-        }
-        let optimizer_done = phase.mark();
-        phase.report(optimizer_done, "optimizer", "-");
-        self.optimizer.zero_grad();
-        if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), critic_targets) {
-            let lr = self.critic_config.schedule.lr_at(self.step);
-            metrics.critic_lr = Some(lr);
-            metrics.critic_grad_norm = Some(optimizer.step(lr)?);
-            optimizer.zero_grad();
-        }
-        self.step += 1;
-        if let Device::Cuda(i) = device {
-            ooze_torch::cuda_graph::synchronize(i);
-        }
-        metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
-        metrics.response_tokens = samples.iter().map(|s| s.response_length).sum();
-        // Activation recomputation is not counted (model FLOPs, not hardware FLOPs).
-        let forwards = 1.0 + old.is_some() as u8 as f64 + reference.is_some() as u8 as f64;
-        metrics.flops = self.flops(samples, forwards);
-        metrics.seconds = started.elapsed().as_secs_f64();
-        metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
-        metrics.mfu = self
-            .peak_flops
-            .map(|peak| metrics.flops / metrics.seconds / peak);
-        Ok(metrics)
-    }
-
     /// Model FLOPs of a step: `2N` per token per forward (`forwards` of them) plus `4N` for the
     /// backward, with causal attention `2·layers·(q heads·head_dim)·n²` per forward per sequence.
-    fn flops(&self, samples: &[Sample], forwards: f64) -> f64 {
+    pub(crate) fn flops(&self, samples: &[Sample], forwards: f64) -> f64 {
         let c = &self.policy.config;
         let n = self.optimizer.num_parameters() as f64;
         let tokens: f64 = samples.iter().map(|s| s.tokens.len() as f64).sum();
@@ -671,13 +457,13 @@ impl Trainer {
 
 /// Per-phase timings of a step on stderr when `OOZE_TRAIN_PROFILE` is set (synchronises the GPU,
 /// so only for looking).
-struct Phases {
+pub(crate) struct Phases {
     device: Device,
     started: Option<Instant>,
 }
 
 impl Phases {
-    fn start(device: Device) -> Phases {
+    pub(crate) fn start(device: Device) -> Phases {
         let on = std::env::var_os("OOZE_TRAIN_PROFILE").is_some();
         let p = Phases {
             device,
@@ -695,14 +481,14 @@ impl Phases {
         }
     }
 
-    fn mark(&self) -> Option<Instant> {
+    pub(crate) fn mark(&self) -> Option<Instant> {
         self.started.map(|_| {
             self.sync();
             Instant::now()
         })
     }
 
-    fn report(&self, middle: Option<Instant>, first: &str, second: &str) {
+    pub(crate) fn report(&self, middle: Option<Instant>, first: &str, second: &str) {
         if let (Some(start), Some(middle)) = (self.started, middle) {
             self.sync();
             eprintln!(

@@ -1,0 +1,291 @@
+//! One optimizer step of the trainer: per-token aggregation weights over the whole step, then
+//! micro-batches packed to the token budget (each a forward, the loss terms and a backward,
+//! gradients accumulating), then the optimizer steps of the policy and the critic. The step's
+//! loss is the sum of its micro-batches' (`ooze_algo::aggregate`), however the step is split.
+
+use crate::batch::pack;
+use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
+use crate::trainer::{float_kind, CriticTargets, Phases, StepMetrics, Trainer};
+use crate::TrainError;
+use ooze_algo::loss::loss;
+use ooze_algo::{token_weights, Aggregation, LossConfig, LossInputs, PolicyLoss, StepSample};
+use ooze_core::Sample;
+use ooze_torch::tch::{Device, Tensor};
+use std::ops::Range;
+use std::time::Instant;
+
+/// What every micro-batch of a step takes its slice of.
+pub(crate) struct StepInputs<'a> {
+    /// Per-token advantages of every sample of the step.
+    pub advantages: &'a [Vec<f64>],
+    /// `logp_old` (RL; SFT: none, the ratio is 1).
+    pub old: Option<&'a [Vec<f64>]>,
+    pub reference: Option<&'a [Vec<f64>]>,
+    /// The critic's old values and its targets.
+    pub critic_targets: Option<CriticTargets<'a>>,
+    pub loss_config: &'a LossConfig,
+    pub aggregation: Aggregation,
+}
+
+/// Step-wide sums of the terms only some steps have.
+#[derive(Default)]
+struct OptionalSums {
+    kl: Option<f64>,
+    observation: Option<f64>,
+    importance_weight: Option<f64>,
+    value: Option<f64>,
+    value_clipped: Option<f64>,
+}
+
+/// Aggregation weights of every sample's tokens under `mode`, over the mask `mask` picks.
+fn step_weights(
+    samples: &[Sample],
+    mode: Aggregation,
+    mask: impl Fn(&Sample) -> &[u8],
+) -> Vec<Vec<f32>> {
+    let views: Vec<StepSample<'_>> = samples
+        .iter()
+        .map(|s| StepSample {
+            group: s.group,
+            rollout: s.execution as u64,
+            mask: mask(s),
+        })
+        .collect();
+    token_weights(&views, mode)
+}
+
+impl Trainer {
+    pub(crate) fn run_step(
+        &mut self,
+        samples: &[Sample],
+        inputs: StepInputs<'_>,
+    ) -> Result<StepMetrics, TrainError> {
+        let started = Instant::now();
+        let weights = step_weights(samples, inputs.aggregation, |s| &s.loss_mask);
+        let observation_weights = (inputs.loss_config.observation_coef != 0.0).then(|| {
+            step_weights(samples, Aggregation::SeqMeanTokenMean, |s| {
+                &s.observation_mask
+            })
+        });
+        let mut metrics = StepMetrics {
+            step: self.step,
+            lr: self.config.schedule.lr_at(self.step),
+            samples: samples.len(),
+            ..Default::default()
+        };
+        let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
+        metrics.micro_batches = ranges.len();
+        self.optimizer.zero_grad();
+        if let Some((_, o)) = self.critic.as_mut() {
+            o.zero_grad();
+        }
+        let mut sums = OptionalSums::default();
+        for range in ranges {
+            self.micro_batch(
+                samples,
+                range,
+                &inputs,
+                (&weights, observation_weights.as_deref()),
+                &mut metrics,
+                &mut sums,
+            );
+        }
+        self.finish_step(samples, &inputs, metrics, sums, started)
+    }
+
+    /// The forward, loss and backward of `samples[range]`; adds its numbers to the step's.
+    fn micro_batch(
+        &mut self,
+        samples: &[Sample],
+        range: Range<usize>,
+        inputs: &StepInputs<'_>,
+        (weights, observation_weights): (&[Vec<f32>], Option<&[Vec<f32>]>),
+        metrics: &mut StepMetrics,
+        sums: &mut OptionalSums,
+    ) {
+        let kind = float_kind(&self.policy);
+        let device = self.policy.device();
+        let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
+        let chosen = &samples[range.clone()];
+        let gather = |all: &[Vec<f64>]| t(all[range.clone()].concat());
+        let gather32 = |all: &[Vec<f32>]| {
+            t(all[range.clone()]
+                .iter()
+                .flatten()
+                .map(|&x| x as f64)
+                .collect())
+        };
+        // Entropy: a loss term, an RL metric, or (SFT) nothing.
+        let want_entropy = if inputs.loss_config.policy == PolicyLoss::Sft {
+            EntropyUse::None
+        } else if inputs.loss_config.entropy_coef != 0.0 {
+            EntropyUse::Gradient
+        } else {
+            EntropyUse::Value
+        };
+        let phase = Phases::start(device);
+        let (scores, recomputed) = if self.config.recompute_activations {
+            let (scores, r) = response_log_probs_recomputed(
+                &self.policy,
+                chosen,
+                self.config.temperature,
+                want_entropy,
+            );
+            (scores, Some(r))
+        } else {
+            (
+                response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy),
+                None,
+            )
+        };
+        let logp = scores.log_probs;
+        let logp_old = match inputs.old {
+            Some(old) => gather(old),
+            None => logp.detach(),
+        };
+        let mask = t(chosen
+            .iter()
+            .flat_map(|s| s.loss_mask.iter().map(|&m| m as f64))
+            .collect());
+        let index: Vec<i64> = chosen
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| std::iter::repeat_n(i as i64, s.response_length))
+            .collect();
+        let rollout = chosen
+            .iter()
+            .all(|s| !s.rollout_log_probs.is_empty())
+            .then(|| {
+                t(chosen
+                    .iter()
+                    .flat_map(|s| s.rollout_log_probs.iter().map(|&x| x as f64))
+                    .collect())
+            });
+        let (advantages, weights_t) = (gather(inputs.advantages), gather32(weights));
+        let reference_t = inputs.reference.map(&gather);
+        let observation_t = observation_weights.map(gather32);
+        let sample_index = Tensor::from_slice(&index).to_device(device);
+        let critic_inputs = match (&self.critic, inputs.critic_targets) {
+            (Some((critic, _)), Some((old_values, returns))) => {
+                Some((critic.values(chosen), gather(old_values), gather(returns)))
+            }
+            _ => None,
+        };
+        let terms = loss(
+            &LossInputs {
+                logp: &logp,
+                logp_old: &logp_old,
+                advantages: &advantages,
+                mask: &mask,
+                weights: &weights_t,
+                sample_index: &sample_index,
+                num_samples: chosen.len() as i64,
+                logp_roll: rollout.as_ref(),
+                logp_ref: reference_t.as_ref(),
+                entropy: scores.entropy.as_ref(),
+                values: critic_inputs.as_ref().map(|(v, o, r)| (v, o, r)),
+                observation_weights: observation_t.as_ref(),
+            },
+            inputs.loss_config,
+        );
+        let forward_done = phase.mark();
+        terms.total.backward();
+        if let Some(r) = recomputed {
+            r.backward(&self.policy);
+        }
+        phase.report(forward_done, "micro-batch forward", "backward");
+        let v = |t: &Tensor| t.double_value(&[]);
+        metrics.loss += v(&terms.total.detach());
+        metrics.policy_loss += v(&terms.policy);
+        metrics.clipfrac += v(&terms.clipfrac);
+        metrics.approx_kl += v(&terms.approx_kl);
+        if let Some(e) = &scores.entropy {
+            metrics.entropy += v(&(e.detach() * &weights_t).sum(kind));
+        }
+        let add = |acc: &mut Option<f64>, x: &Option<Tensor>| {
+            if let Some(x) = x {
+                *acc = Some(acc.unwrap_or(0.0) + v(x));
+            }
+        };
+        add(&mut sums.kl, &terms.kl);
+        add(&mut sums.observation, &terms.observation);
+        add(&mut sums.importance_weight, &terms.importance_weight);
+        add(&mut sums.value, &terms.value);
+        if let Some((v, v_old, _)) = &critic_inputs {
+            let moved = (v.detach() - v_old)
+                .abs()
+                .gt(inputs.loss_config.value_clip)
+                .to_kind(weights_t.kind());
+            add(
+                &mut sums.value_clipped,
+                &Some((moved * &weights_t).sum(kind)),
+            );
+        }
+        if let Some(roll) = &rollout {
+            let diff = (&logp_old - roll).abs() * &mask;
+            let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
+            metrics.rollout_logp_diff_mean =
+                Some(metrics.rollout_logp_diff_mean.unwrap_or(0.0) + sum);
+            metrics.rollout_logp_diff_max =
+                Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
+        }
+    }
+
+    /// The step's numbers from its sums, then the optimizer steps (the policy's skipped during the
+    /// critic's warm-up).
+    fn finish_step(
+        &mut self,
+        samples: &[Sample],
+        inputs: &StepInputs<'_>,
+        mut metrics: StepMetrics,
+        sums: OptionalSums,
+        started: Instant,
+    ) -> Result<StepMetrics, TrainError> {
+        let trained: f64 = samples
+            .iter()
+            .map(|s| s.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
+            .sum();
+        if let Some(sum) = metrics.rollout_logp_diff_mean {
+            metrics.rollout_logp_diff_mean = Some(sum / trained.max(1.0));
+        }
+        metrics.kl = sums.kl;
+        metrics.observation_loss = sums.observation;
+        metrics.importance_weight = sums.importance_weight;
+        metrics.value_loss = sums.value;
+        metrics.value_clipfrac = sums.value_clipped;
+        let device = self.policy.device();
+        let phase = Phases::start(device);
+        // A critic warm-up step leaves the policy as it is (its gradients are dropped).
+        metrics.policy_frozen = inputs.critic_targets.is_some()
+            && self.critic.is_some()
+            && self.step < self.critic_config.warmup_steps;
+        if !metrics.policy_frozen {
+            metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+        }
+        let optimizer_done = phase.mark();
+        phase.report(optimizer_done, "optimizer", "-");
+        self.optimizer.zero_grad();
+        if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), inputs.critic_targets) {
+            let lr = self.critic_config.schedule.lr_at(self.step);
+            metrics.critic_lr = Some(lr);
+            metrics.critic_grad_norm = Some(optimizer.step(lr)?);
+            optimizer.zero_grad();
+        }
+        self.step += 1;
+        if let Device::Cuda(i) = device {
+            ooze_torch::cuda_graph::synchronize(i);
+        }
+        metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
+        metrics.response_tokens = samples.iter().map(|s| s.response_length).sum();
+        // Activation recomputation is not counted (model FLOPs, not hardware FLOPs).
+        let forwards =
+            1.0 + inputs.old.is_some() as u8 as f64 + inputs.reference.is_some() as u8 as f64;
+        metrics.flops = self.flops(samples, forwards);
+        metrics.seconds = started.elapsed().as_secs_f64();
+        metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
+        metrics.mfu = self
+            .peak_flops
+            .map(|peak| metrics.flops / metrics.seconds / peak);
+        Ok(metrics)
+    }
+}
