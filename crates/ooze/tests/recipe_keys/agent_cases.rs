@@ -79,12 +79,12 @@ pub fn cases() -> Vec<Case> {
             ", max_response_tokens = 3",
             Metric("rollout/response_len_max"),
         ));
-        c.push(one(
-            "deadline_secs",
-            ", deadline_secs = 1e-4",
-            Metric("agent/failed_frac"),
-        ));
-        c.push(one("max_turns", ", max_turns = 1", Metric("agent/turns")));
+        // Past the deadline a turn generates nothing: the executions that succeed end empty.
+        c.push(one("deadline_secs", ", deadline_secs = 1e-4", Responses));
+        // multi_agent's and memagent's turns are fixed by their structure (no max_turns key).
+        if !matches!(ty, "multi_agent" | "memagent") {
+            c.push(one("max_turns", ", max_turns = 1", Metric("agent/turns")));
+        }
     }
     let untested = |keys: &[&str], why: &'static str| case(keys, vec![], vec![], Untested(why));
     c.extend([
@@ -94,7 +94,7 @@ pub fn cases() -> Vec<Case> {
         untested(&["agent(retool).max_observation_tokens", "agent(retool).tool_timeout_secs", "agent(retool).tool_memory_mb"], TOOL),
         case(&["agent(retool).tool_concurrency"], agent("retool", ""), agent("retool", ", tool_concurrency = 3"), Stderr("3 programs at once")),
         case(&["agent(multi_agent).solvers"], agent("multi_agent", ""), agent("multi_agent", ", solvers = 1"), Metric("agent/samples_per_execution")),
-        case(&["agent(memagent).chunk_tokens"], agent("memagent", ""), agent("memagent", ", chunk_tokens = 40"), Metric("agent/turns")),
+        case(&["agent(memagent).chunk_tokens"], agent("memagent", ""), agent("memagent", ", chunk_tokens = 40"), Metric("agent/chunks")),
         untested(&["agent(agentflow).max_observation_tokens", "agent(agentflow).tool_timeout_secs", "agent(agentflow).tool_memory_mb"], TOOL),
         case(&["agent(agentflow).tool_concurrency"], agent("agentflow", ""), agent("agentflow", ", tool_concurrency = 3"), Stderr("3 programs at once")),
         untested(&["agent(tool_orchestra).max_observation_tokens", "agent(tool_orchestra).tool_timeout_secs", "agent(tool_orchestra).tool_memory_mb", "agent(tool_orchestra).corpus", "agent(tool_orchestra).retrieval_url", "agent(tool_orchestra).topk", "agent(tool_orchestra).experts", "agent(tool_orchestra).cost_weight"], TOOL),
