@@ -76,9 +76,13 @@ pub fn agent_context_len(a: &AgentSection) -> usize {
 }
 
 /// The context of agents that rebuild their prompt each turn from `max_turns` observations.
-fn rebuilt_context_len(limits: AgentLimitsSection, max_observation_tokens: usize) -> usize {
+fn rebuilt_context_len(
+    limits: AgentLimitsSection,
+    max_turns: usize,
+    max_observation_tokens: usize,
+) -> usize {
     let rebuilt =
-        (limits.max_turns + 1) * (max_observation_tokens + 64) + limits.max_tokens_per_turn + 512;
+        (max_turns + 1) * (max_observation_tokens + 64) + limits.max_tokens_per_turn + 512;
     limits.max_response_tokens.max(rebuilt)
 }
 
@@ -251,7 +255,7 @@ impl AgentSpec for AgentflowSection {
         &["executor", "verifier", "generator", "judge"]
     }
     fn context_len(&self) -> usize {
-        rebuilt_context_len(self.limits(), self.max_observation_tokens)
+        rebuilt_context_len(self.limits(), self.max_turns, self.max_observation_tokens)
     }
     fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
         Ok(Arc::new(AgentflowAgent {
@@ -305,7 +309,7 @@ impl AgentSpec for ToolOrchestraSection {
         Ok(())
     }
     fn context_len(&self) -> usize {
-        rebuilt_context_len(self.limits(), self.max_observation_tokens)
+        rebuilt_context_len(self.limits(), self.max_turns, self.max_observation_tokens)
     }
     fn build(&self, ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
         Ok(Arc::new(ToolOrchestraAgent::new(

@@ -510,7 +510,7 @@ impl Recipe {
         }
         if let Some(spec) = self.agent.spec() {
             let limits = spec.limits();
-            if limits.max_turns == 0
+            if limits.max_turns == Some(0)
                 || limits.max_tokens_per_turn == 0
                 || limits.deadline_secs <= 0.0
             {

@@ -1,8 +1,9 @@
 //! `[agent]`: a multi-turn agent per sample instead of one plain generation. `type` picks the agent
 //! and each type has only its own keys, so a key of another type (`solvers` under `retool`) is an
-//! error that names it. Every type shares four limits — `max_turns`, `max_tokens_per_turn`,
-//! `max_response_tokens`, `deadline_secs` — written once in `agent_section!` (serde's `flatten`
-//! cannot be combined with `deny_unknown_fields`) and read through `limits()`.
+//! error that names it. Every type shares three limits — `max_tokens_per_turn`,
+//! `max_response_tokens`, `deadline_secs` — and all but multi_agent and memagent (whose structure
+//! fixes their turns) a fourth, `max_turns`; they are written once in `agent_section!` (serde's
+//! `flatten` cannot be combined with `deny_unknown_fields`) and read through `limits()`.
 //!
 //! What each type does with its keys (checks, context length, construction) is its
 //! `crate::agents::AgentSpec` impl. A new type is one variant here and one impl there.
@@ -59,11 +60,16 @@ pub(super) fn deserialize_section<'de, D: Deserializer<'de>>(
     })
 }
 
-/// The limits every agent type has.
+/// `max_turns` where a type has no other default.
+const DEFAULT_MAX_TURNS: usize = 4;
+
+/// The limits of an agent type.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AgentLimitsSection {
     /// Model turns per execution (agentflow: planner steps; tool_orchestra: orchestrator turns).
-    pub max_turns: usize,
+    /// `None` for the types whose turns are fixed by their structure (multi_agent: solve,
+    /// rewrite, judge; memagent: one turn per chunk): they have no `max_turns` key.
+    pub max_turns: Option<usize>,
     /// New tokens per turn.
     pub max_tokens_per_turn: usize,
     /// Response tokens (generated and appended) per conversation.
@@ -75,7 +81,7 @@ pub struct AgentLimitsSection {
 impl Default for AgentLimitsSection {
     fn default() -> Self {
         AgentLimitsSection {
-            max_turns: 4,
+            max_turns: Some(DEFAULT_MAX_TURNS),
             max_tokens_per_turn: 500,
             max_response_tokens: 4096,
             deadline_secs: 600.0,
@@ -84,9 +90,11 @@ impl Default for AgentLimitsSection {
 }
 
 /// Declares one agent type's section: the shared limits, then the type's own keys, each with its
-/// default; `deny_unknown_fields` keeps other types' keys out.
+/// default; `deny_unknown_fields` keeps other types' keys out. `NAME without max_turns { … }`
+/// declares a type whose turns its structure fixes: `max_turns` is then not one of its keys.
 macro_rules! agent_section {
     (
+        @emit $($turns:ident)?;
         $(#[$meta:meta])*
         $name:ident {
             $( $(#[$field_meta:meta])* $field:ident : $ty:ty = $default:expr, )*
@@ -96,8 +104,10 @@ macro_rules! agent_section {
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(deny_unknown_fields, default)]
         pub struct $name {
-            /// See [`AgentLimitsSection::max_turns`].
-            pub max_turns: usize,
+            $(
+                /// See [`AgentLimitsSection::max_turns`].
+                pub $turns: usize,
+            )?
             /// See [`AgentLimitsSection::max_tokens_per_turn`].
             pub max_tokens_per_turn: usize,
             /// See [`AgentLimitsSection::max_response_tokens`].
@@ -111,7 +121,7 @@ macro_rules! agent_section {
             fn default() -> Self {
                 let limits = AgentLimitsSection::default();
                 $name {
-                    max_turns: limits.max_turns,
+                    $( $turns: DEFAULT_MAX_TURNS, )?
                     max_tokens_per_turn: limits.max_tokens_per_turn,
                     max_response_tokens: limits.max_response_tokens,
                     deadline_secs: limits.deadline_secs,
@@ -121,16 +131,22 @@ macro_rules! agent_section {
         }
 
         impl $name {
-            /// The limits every agent type has.
+            /// The limits of this agent type.
             pub fn limits(&self) -> AgentLimitsSection {
                 AgentLimitsSection {
-                    max_turns: self.max_turns,
+                    max_turns: None $( .or(Some(self.$turns)) )?,
                     max_tokens_per_turn: self.max_tokens_per_turn,
                     max_response_tokens: self.max_response_tokens,
                     deadline_secs: self.deadline_secs,
                 }
             }
         }
+    };
+    ($(#[$meta:meta])* $name:ident without max_turns { $($body:tt)* }) => {
+        agent_section! { @emit ; $(#[$meta])* $name { $($body)* } }
+    };
+    ($(#[$meta:meta])* $name:ident { $($body:tt)* }) => {
+        agent_section! { @emit max_turns; $(#[$meta])* $name { $($body)* } }
     };
 }
 
@@ -167,8 +183,8 @@ agent_section! {
 }
 
 agent_section! {
-    /// `type = "multi_agent"`: solvers, rewriters and a judge from one policy.
-    MultiAgentSection {
+    /// `type = "multi_agent"`: solvers, rewriters and a judge from one policy (three turns).
+    MultiAgentSection without max_turns {
         /// Parallel solvers (and as many rewriters).
         solvers: usize = 5,
     }
@@ -176,8 +192,8 @@ agent_section! {
 
 agent_section! {
     /// `type = "memagent"`: a long document read chunk by chunk into a memory (the memory's budget
-    /// is `max_tokens_per_turn`).
-    MemagentSection {
+    /// is `max_tokens_per_turn`); its turns are the document's chunks.
+    MemagentSection without max_turns {
         /// Document tokens per chunk.
         chunk_tokens: usize = 5000,
     }
@@ -278,6 +294,17 @@ mod tests {
             e.contains("agent.type: unknown variant `retol`") && e.contains("`tool_orchestra`"),
             "{e}"
         );
+        // multi_agent's and memagent's turns are fixed by their structure.
+        for ty in ["multi_agent", "memagent"] {
+            let e =
+                parse(MIN, &[&format!("agent.type=\"{ty}\""), "agent.max_turns=2"]).unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "agent.max_turns is not a key of agent.type = \"{ty}\""
+                )),
+                "{e}"
+            );
+        }
         let e = parse(MIN, &["agent.max_turns=2"]).unwrap_err();
         assert!(e.contains("agent.type is required"), "{e}");
         let e = parse(MIN, &["agent.type=\"memagent\"", "agent.chunk_tokens=0"]).unwrap_err();

@@ -165,6 +165,16 @@ impl Recipe {
                 !a.advantage.std_normalization && !matches!(est, E::Grpo | E::Gspo | E::Cispo),
                 "algorithm.advantage.std_normalization applies to estimator = \"grpo\", \"gspo\" or \"cispo\"",
             ),
+            // gspo and cispo are objectives: as estimators they compute grpo's advantages, and
+            // alone would run ppo_clip under another name.
+            (
+                est == E::Gspo && a.loss.policy != P::Gspo,
+                "algorithm.advantage.estimator = \"gspo\" computes grpo's advantages; GSPO's sequence-level objective is algorithm.loss.policy = \"gspo\": set it too, or use estimator = \"grpo\"",
+            ),
+            (
+                est == E::Cispo && a.loss.policy != P::Cispo,
+                "algorithm.advantage.estimator = \"cispo\" computes grpo's advantages; CISPO's clipped-weight objective is algorithm.loss.policy = \"cispo\": set it too, or use estimator = \"grpo\"",
+            ),
             (
                 a.advantage.gamma != adv.gamma && !matches!(est, E::ReinforcePlusPlus | E::Ppo),
                 "algorithm.advantage.gamma applies to estimator = \"reinforce_plus_plus\" or \"ppo\"",
@@ -407,6 +417,17 @@ mod tests {
                 ],
                 "dual_clip applies to",
             ),
+            (
+                &["algorithm.advantage.estimator=\"gspo\""],
+                "estimator = \"gspo\" computes grpo's advantages; GSPO's sequence-level objective is algorithm.loss.policy = \"gspo\"",
+            ),
+            (
+                &[
+                    "algorithm.advantage.estimator=\"cispo\"",
+                    "algorithm.loss.policy=\"gspo\"",
+                ],
+                "algorithm.loss.policy = \"cispo\": set it too",
+            ),
             (&["rollout.max_rounds=3"], "fill filtered batches"),
             (&["eval.at_start=false"], "add [[eval.datasets]]"),
             (
@@ -444,5 +465,15 @@ mod tests {
         )
         .unwrap();
         parse(path, &["data.input_key=\"q\""]).unwrap();
+        for name in ["gspo", "cispo"] {
+            parse(
+                MIN,
+                &[
+                    &format!("algorithm.advantage.estimator=\"{name}\""),
+                    &format!("algorithm.loss.policy=\"{name}\""),
+                ],
+            )
+            .unwrap();
+        }
     }
 }

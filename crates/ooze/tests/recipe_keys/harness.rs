@@ -118,6 +118,14 @@ impl Env {
              {\"id\": \"2\", \"contents\": \"Rome\\nThe capital of Italy.\"}\n",
         )
         .unwrap();
+        // Tiny models warm-started on the search_r1 and retool demonstrations (they search and
+        // call the interpreter), one per agent, built at once on the two cores.
+        std::thread::scope(|s| {
+            for recipe in WARM {
+                let dir = dir.path().join(format!("warm-{recipe}"));
+                s.spawn(move || warm_start(recipe, &dir));
+            }
+        });
         let url = reward_server();
         // The teacher server serves the policy's own starting weights.
         let (teacher, teacher_url) = super::common::serve(&p("model"), &[]);
@@ -134,6 +142,18 @@ impl Env {
             ("{url}", url),
             ("{teacher}", teacher_url),
         ];
+        let mut vars = vars;
+        for recipe in WARM {
+            let warm = dir.path().join(format!("warm-{recipe}"));
+            vars.push((
+                if recipe == "search_r1" {
+                    "{warm_search_r1}"
+                } else {
+                    "{warm_retool}"
+                },
+                s(warm),
+            ));
+        }
         std::fs::write(p("base.toml"), fill(&vars, BASE)).unwrap();
         Env {
             dir,
@@ -159,6 +179,55 @@ impl Env {
         let out = cmd.output().unwrap();
         Out::read(run, out.status.success(), &out.stderr)
     }
+}
+
+/// The agents with a warm-started model: `{warm_NAME}/sft/final-model`, `{warm_NAME}/data/`.
+const WARM: [&str; 2] = ["search_r1", "retool"];
+
+/// Writes `recipe`'s generated data with demonstrations into `dir/data` and fine-tunes a tiny
+/// random model on them into `dir/sft` (as tests/agent_recipes.rs does, fewer steps).
+fn warm_start(recipe: &str, dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = ooze().args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ooze {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let p = |name: &str| dir.join(name).display().to_string();
+    run(&[
+        "recipe-data",
+        recipe,
+        &p("data"),
+        "--n",
+        "200",
+        "--demonstrations",
+    ]);
+    init_model(&dir.join("model"), "0");
+    run(&[
+        "sft",
+        "--model",
+        &p("model"),
+        "--data",
+        &p("data/sft.jsonl"),
+        "--out",
+        &p("sft"),
+        "--device",
+        "cpu",
+        "--batch-size",
+        "32",
+        "--lr",
+        "5e-3",
+        "--warmup-steps",
+        "10",
+        "--max-steps",
+        "120",
+        "--save-every",
+        "100000",
+        "--eval-every",
+        "100000",
+    ]);
 }
 
 fn fill(vars: &[(&str, String)], text: &str) -> String {
