@@ -42,8 +42,8 @@ struct SampleRecord<'a> {
     prompt_ids: Option<Cow<'a, [u32]>>,
     #[serde(default)]
     loss_mask: Option<Cow<'a, [u8]>>,
-    #[serde(default, skip_serializing_if = "is_empty_map")]
-    agent_metrics: Cow<'a, BTreeMap<String, f64>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    agent_metrics: BTreeMap<String, f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<Cow<'a, str>>,
     response_ids: Cow<'a, [u32]>,
@@ -68,10 +68,6 @@ fn is_zero(x: &usize) -> bool {
     *x == 0
 }
 
-fn is_empty_map(m: &Cow<'_, BTreeMap<String, f64>>) -> bool {
-    m.is_empty()
-}
-
 impl<'a> SampleRecord<'a> {
     fn of(s: &'a Sample, group_prompt: &[u32]) -> SampleRecord<'a> {
         let own_prompt = s.prompt_tokens();
@@ -80,7 +76,7 @@ impl<'a> SampleRecord<'a> {
             sibling: s.sibling,
             prompt_ids: (own_prompt != group_prompt).then_some(Cow::Borrowed(own_prompt)),
             loss_mask: Some(Cow::Borrowed(&s.loss_mask[..])),
-            agent_metrics: Cow::Borrowed(&s.metrics),
+            agent_metrics: s.metrics.clone(),
             error: s.error.as_deref().map(Cow::Borrowed),
             response_ids: Cow::Borrowed(s.response_tokens()),
             log_probs: Cow::Borrowed(&s.rollout_log_probs),
@@ -123,7 +119,7 @@ impl<'a> SampleRecord<'a> {
                 .map_or_else(|| vec![self.weight_version], Cow::into_owned),
             reward: Some(self.reward),
             seed: self.seed,
-            metrics: self.agent_metrics.into_owned(),
+            metrics: self.agent_metrics,
             metadata: self.metadata,
             ..Sample::default()
         };
