@@ -213,12 +213,6 @@ impl Recipe {
                 "rollout.over_sampling_batch_size and max_rounds fill filtered batches: they need rollout.dynamic_sampling or drop_truncated_groups",
             ),
             (
-                self.eval.datasets.is_empty()
-                    && (self.eval.interval != super::EvalSection::default().interval
-                        || !self.eval.at_start),
-                "eval.interval and eval.at_start time the eval sets: add [[eval.datasets]]",
-            ),
-            (
                 d.path.is_some() && (d.task_size != defaults.task_size || d.task_seed != defaults.task_seed),
                 "data.task_size and data.task_seed apply to data.task, not to data.path",
             ),
@@ -429,7 +423,6 @@ mod tests {
                 "algorithm.loss.policy = \"cispo\": set it too",
             ),
             (&["rollout.max_rounds=3"], "fill filtered batches"),
-            (&["eval.at_start=false"], "add [[eval.datasets]]"),
             (
                 &[
                     "trainer.mode=\"rollout_only\"",
