@@ -65,48 +65,8 @@ fn run_recipe_with(
 ) -> Run {
     let tmp = tempfile::tempdir().unwrap();
     let path = |name: &str| tmp.path().join(name);
-    let (data, model, sft, run) = (path("data"), path("model"), path("sft"), path("grpo"));
-    let mut args = vec![
-        "recipe-data",
-        recipe,
-        s(&data),
-        "--n",
-        "400",
-        "--demonstrations",
-    ];
-    args.extend_from_slice(data_args);
-    ooze(&args);
-    ooze(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        s(&model),
-    ]);
-    ooze(&[
-        "sft",
-        "--model",
-        s(&model),
-        "--data",
-        s(&data.join("sft.jsonl")),
-        "--out",
-        s(&sft),
-        "--device",
-        "cpu",
-        "--batch-size",
-        "32",
-        "--lr",
-        "5e-3",
-        "--warmup-steps",
-        "10",
-        "--max-steps",
-        "120",
-        "--save-every",
-        "100000",
-        "--eval-every",
-        "100000",
-    ]);
+    let (data, sft, run) = (path("data"), path("sft"), path("grpo"));
+    common::agent_warm_start(recipe, tmp.path(), 400, data_args);
     let file =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../recipes/{recipe}/recipe.toml"));
     let set = |k: &str, v: &Path| format!("{k}=\"{}\"", v.display());

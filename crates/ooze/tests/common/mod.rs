@@ -1,7 +1,7 @@
-//! Shared by the integration tests that start `ooze serve`.
+//! Shared by the integration tests: `ooze serve` on a free port, and agent warm starts.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// A running `ooze serve`, stopped when dropped.
@@ -40,4 +40,57 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
     };
     std::thread::spawn(move || lines.for_each(drop));
     (server, format!("http://{addr}/v1"))
+}
+
+/// Warm-starts a tiny model for agent `recipe` in `dir`: `recipe-data` writes `n` prompts with
+/// worked trajectories (and `data_args`) into `dir/data`, `init-model` a tiny random Qwen2 into
+/// `dir/model`, and `ooze sft` fine-tunes it on them for 120 steps into `dir/sft`. Returns the
+/// fine-tuned model's directory (`dir/sft/final-model`).
+#[allow(dead_code)] // not every test crate that shares this module warm-starts an agent
+pub fn agent_warm_start(recipe: &str, dir: &Path, n: usize, data_args: &[&str]) -> PathBuf {
+    let ooze = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ooze {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let p = |name: &str| dir.join(name).display().to_string();
+    let n = n.to_string();
+    let mut data = vec!["recipe-data", recipe];
+    let data_dir = p("data");
+    data.extend([data_dir.as_str(), "--n", n.as_str(), "--demonstrations"]);
+    data.extend_from_slice(data_args);
+    ooze(&data);
+    let model = p("model");
+    ooze(&["init-model", "--family", "qwen2", "--size", "tiny", &model]);
+    ooze(&[
+        "sft",
+        "--model",
+        &model,
+        "--data",
+        &p("data/sft.jsonl"),
+        "--out",
+        &p("sft"),
+        "--device",
+        "cpu",
+        "--batch-size",
+        "32",
+        "--lr",
+        "5e-3",
+        "--warmup-steps",
+        "10",
+        "--max-steps",
+        "120",
+        "--save-every",
+        "100000",
+        "--eval-every",
+        "100000",
+    ]);
+    dir.join("sft/final-model")
 }

@@ -123,7 +123,7 @@ impl Env {
         std::thread::scope(|s| {
             for recipe in WARM {
                 let dir = dir.path().join(format!("warm-{recipe}"));
-                s.spawn(move || warm_start(recipe, &dir));
+                s.spawn(move || crate::common::agent_warm_start(recipe, &dir, 200, &[]));
             }
         });
         let url = reward_server();
@@ -183,52 +183,6 @@ impl Env {
 
 /// The agents with a warm-started model: `{warm_NAME}/sft/final-model`, `{warm_NAME}/data/`.
 const WARM: [&str; 2] = ["search_r1", "retool"];
-
-/// Writes `recipe`'s generated data with demonstrations into `dir/data` and fine-tunes a tiny
-/// random model on them into `dir/sft` (as tests/agent_recipes.rs does, fewer steps).
-fn warm_start(recipe: &str, dir: &Path) {
-    let run = |args: &[&str]| {
-        let out = ooze().args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "ooze {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let p = |name: &str| dir.join(name).display().to_string();
-    run(&[
-        "recipe-data",
-        recipe,
-        &p("data"),
-        "--n",
-        "200",
-        "--demonstrations",
-    ]);
-    init_model(&dir.join("model"), "0");
-    run(&[
-        "sft",
-        "--model",
-        &p("model"),
-        "--data",
-        &p("data/sft.jsonl"),
-        "--out",
-        &p("sft"),
-        "--device",
-        "cpu",
-        "--batch-size",
-        "32",
-        "--lr",
-        "5e-3",
-        "--warmup-steps",
-        "10",
-        "--max-steps",
-        "120",
-        "--save-every",
-        "100000",
-        "--eval-every",
-        "100000",
-    ]);
-}
 
 fn fill(vars: &[(&str, String)], text: &str) -> String {
     vars.iter()
