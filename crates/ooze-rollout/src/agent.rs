@@ -284,6 +284,16 @@ impl AgentContext {
         AgentError::Template(e.to_string())
     }
 
+    /// The chat template a conversation with (or without) `tools` renders with.
+    fn template(
+        &self,
+        tools: &Option<Vec<Value>>,
+    ) -> Result<&ooze_model::ChatTemplate, AgentError> {
+        self.tokenizer
+            .chat_template(tools.is_some())
+            .map_err(Self::template_error)
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>, AgentError> {
         self.tokenizer
             .encode(text, false)
@@ -304,10 +314,7 @@ impl AgentContext {
         messages: Vec<Value>,
         tools: Option<Vec<Value>>,
     ) -> Result<Conversation, AgentError> {
-        let template = self
-            .tokenizer
-            .chat_template(tools.is_some())
-            .map_err(Self::template_error)?;
+        let template = self.template(&tools)?;
         let text = template
             .render(&messages, &self.render_options(&tools, true))
             .map_err(Self::template_error)?;
@@ -431,10 +438,7 @@ impl AgentContext {
         conv: &mut Conversation,
         message: Value,
     ) -> Result<(), AgentError> {
-        let template = self
-            .tokenizer
-            .chat_template(conv.tools.is_some())
-            .map_err(Self::template_error)?;
+        let template = self.template(&conv.tools)?;
         let mut delta = String::new();
         if conv.open_turn {
             delta.push_str(&self.turn_closing(conv)?);
@@ -493,10 +497,7 @@ impl AgentContext {
         let Some(content) = message["content"].as_str().filter(|c| !c.is_empty()) else {
             return Ok(None);
         };
-        let template = self
-            .tokenizer
-            .chat_template(conv.tools.is_some())
-            .map_err(Self::template_error)?;
+        let template = self.template(&conv.tools)?;
         let mut hollow = message.clone();
         hollow["content"] = Value::String(String::new());
         let without = template
@@ -519,10 +520,7 @@ impl AgentContext {
     /// The text the template puts after an assistant message's content to close it (the
     /// end-of-turn token): what the model would have generated had it ended the turn itself.
     fn turn_closing(&self, conv: &Conversation) -> Result<String, AgentError> {
-        let template = self
-            .tokenizer
-            .chat_template(conv.tools.is_some())
-            .map_err(Self::template_error)?;
+        let template = self.template(&conv.tools)?;
         let options = self.render_options(&conv.tools, false);
         let rendered = template
             .render(&conv.messages, &options)

@@ -42,6 +42,23 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
     (server, format!("http://{addr}/v1"))
 }
 
+/// Runs `ooze ARGS` (no stdin) and returns its output; fails the test, with its stderr, if it
+/// fails.
+#[allow(dead_code)] // not every test crate that shares this module runs the CLI this way
+pub fn ooze_ok(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ooze {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Warm-starts a tiny model for agent `recipe` in `dir`: `recipe-data` writes `n` prompts with
 /// worked trajectories (and `data_args`) into `dir/data`, `init-model` a tiny random Qwen2 into
 /// `dir/model`, and `ooze sft` fine-tunes it on them for 120 steps into `dir/sft`. Returns the
@@ -49,16 +66,7 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
 #[allow(dead_code)] // not every test crate that shares this module warm-starts an agent
 pub fn agent_warm_start(recipe: &str, dir: &Path, n: usize, data_args: &[&str]) -> PathBuf {
     let ooze = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ooze {args:?} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ooze_ok(args);
     };
     let p = |name: &str| dir.join(name).display().to_string();
     let n = n.to_string();

@@ -53,24 +53,17 @@ fn ooze() -> Command {
 }
 
 fn init_model(path: &Path, seed: &str) {
-    let out = ooze()
-        .args([
-            "init-model",
-            "--family",
-            "qwen2",
-            "--size",
-            "tiny",
-            "--seed",
-            seed,
-        ])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let path = path.display().to_string();
+    crate::common::ooze_ok(&[
+        "init-model",
+        "--family",
+        "qwen2",
+        "--size",
+        "tiny",
+        "--seed",
+        seed,
+        &path,
+    ]);
 }
 
 impl Env {
