@@ -53,7 +53,7 @@ fn run_recipe_with(
     let tmp = tempfile::tempdir().unwrap();
     let path = |name: &str| tmp.path().join(name);
     let (data, sft, run) = (path("data"), path("sft"), path("grpo"));
-    common::agent_warm_start(recipe, tmp.path(), 400, data_args);
+    common::agent_warm_start(recipe, tmp.path(), 400, data_args, &|_| {});
     let file =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../recipes/{recipe}/recipe.toml"));
     let set = |k: &str, v: &Path| format!("{k}=\"{}\"", v.display());

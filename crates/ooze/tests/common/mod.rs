@@ -60,11 +60,18 @@ pub fn ooze_ok(args: &[&str]) -> std::process::Output {
 }
 
 /// Warm-starts a tiny model for agent `recipe` in `dir`: `recipe-data` writes `n` prompts with
-/// worked trajectories (and `data_args`) into `dir/data`, `init-model` a tiny random Qwen2 into
-/// `dir/model`, and `ooze sft` fine-tunes it on them for 120 steps into `dir/sft`. Returns the
-/// fine-tuned model's directory (`dir/sft/final-model`).
+/// worked trajectories (and `data_args`) into `dir/data`, `edit` may rewrite the demonstrations
+/// (`dir/data/sft.jsonl`), `init-model` writes a tiny random Qwen2 into `dir/model`, and
+/// `ooze sft` fine-tunes it on them for 120 steps into `dir/sft`. Returns the fine-tuned model's
+/// directory (`dir/sft/final-model`).
 #[allow(dead_code)] // not every test crate that shares this module warm-starts an agent
-pub fn agent_warm_start(recipe: &str, dir: &Path, n: usize, data_args: &[&str]) -> PathBuf {
+pub fn agent_warm_start(
+    recipe: &str,
+    dir: &Path,
+    n: usize,
+    data_args: &[&str],
+    edit: &dyn Fn(&Path),
+) -> PathBuf {
     let ooze = |args: &[&str]| {
         ooze_ok(args);
     };
@@ -75,30 +82,42 @@ pub fn agent_warm_start(recipe: &str, dir: &Path, n: usize, data_args: &[&str]) 
     data.extend([data_dir.as_str(), "--n", n.as_str(), "--demonstrations"]);
     data.extend_from_slice(data_args);
     ooze(&data);
+    edit(&dir.join("data/sft.jsonl"));
     let model = p("model");
     ooze(&["init-model", "--family", "qwen2", "--size", "tiny", &model]);
-    ooze(&[
-        "sft",
-        "--model",
-        &model,
-        "--data",
-        &p("data/sft.jsonl"),
-        "--out",
-        &p("sft"),
-        "--device",
-        "cpu",
-        "--batch-size",
-        "32",
-        "--lr",
-        "5e-3",
-        "--warmup-steps",
-        "10",
-        "--max-steps",
-        "120",
-        "--save-every",
-        "100000",
-        "--eval-every",
-        "100000",
-    ]);
+    // One thread: the callers warm-start several agents at once on two cores.
+    let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
+        .env("OMP_NUM_THREADS", "1")
+        .stdin(Stdio::null())
+        .args([
+            "sft",
+            "--model",
+            &model,
+            "--data",
+            &p("data/sft.jsonl"),
+            "--out",
+            &p("sft"),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "32",
+            "--lr",
+            "5e-3",
+            "--warmup-steps",
+            "10",
+            "--max-steps",
+            "120",
+            "--save-every",
+            "100000",
+            "--eval-every",
+            "100000",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ooze sft for {recipe} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     dir.join("sft/final-model")
 }

@@ -1,9 +1,9 @@
 //! The `[agent]` and `[helpers.NAME]` rows of the table. The limits, the sandbox's slots, the
-//! fan-out, the chunking and the cost-aware reward act on every execution and are asserted on a
-//! random policy; search_r1's and retool's tool keys, their turn limits, the format reward and
-//! the observation term run on models the harness warm-starts on each agent's demonstrations
-//! (they search and call the interpreter). The other agents fail every execution with a random
-//! policy: their keys that act on a tool or expert call stay untested with that reason.
+//! fan-out, the chunking, the expert list and the helpers' own keys act on every execution and
+//! are asserted on a random policy. Keys that act on a tool, search or expert call run on models
+//! the harness warm-starts on each agent's demonstrations (they search, call the interpreter,
+//! plan python_coder steps, call experts); agentflow's and tool_orchestra's fixed modules are then
+//! the harness's scripted expert, an OpenAI endpoint that writes Python, queries and answers.
 
 use super::cases::{Case, Obs};
 
@@ -27,32 +27,76 @@ fn agent(ty: &str, extra: &str) -> Vec<String> {
             sets[0].push_str(", corpus = \"{corpus}\"}");
         }
         "memagent" => sets.push("data={path = \"{mem_data}\", metadata_key = \"*\"}".into()),
+        // These agents read the problem text from the row's metadata.
+        "multi_agent" => sets.push(PROBLEMS.into()),
         "agentflow" => {
+            sets.push(PROBLEMS.into());
             for h in ["executor", "verifier", "generator", "judge"] {
                 sets.push(format!("helpers.{h}={{policy = true, max_tokens = 4}}"));
             }
         }
-        "tool_orchestra" => sets.push("helpers.expert={policy = true, max_tokens = 4}".into()),
+        "tool_orchestra" => {
+            sets.push(PROBLEMS.into());
+            sets.push("helpers.expert={policy = true, max_tokens = 4}".into());
+        }
         _ => {}
     }
     sets
 }
 
-/// [`agent`] of `ty` (search_r1 or retool) on the harness's warm-started model and its data, with
-/// turns long enough for a tool call.
+/// The harness's rows with their problem text as metadata.
+const PROBLEMS: &str = "data={path = \"{data}\", metadata_key = \"q\"}";
+
+/// [`agent`] of `ty` on the harness's model warm-started on its demonstrations and their data,
+/// with turns long enough for a tool call; agentflow's modules and tool_orchestra's experts are
+/// the scripted expert, and tool_orchestra searches the harness's corpus.
 fn warm(ty: &str, extra: &str) -> Vec<String> {
     let dir = format!("{{warm_{ty}}}");
-    let label = match ty {
-        "search_r1" => "reward_model.ground_truth.target",
-        _ => "reward_model.ground_truth",
+    let (label, metadata) = match ty {
+        "search_r1" => ("reward_model.ground_truth.target", ""),
+        "retool" => ("reward_model.ground_truth", ""),
+        _ => (
+            "reward_model.ground_truth",
+            ", metadata_key = \"extra_info\"",
+        ),
     };
-    let extra = format!("max_tokens_per_turn = 48, max_response_tokens = 192, {extra}");
+    let limits = match ty {
+        "agentflow" => "max_tokens_per_turn = 160, max_response_tokens = 640, max_turns = 2",
+        "tool_orchestra" => {
+            "max_tokens_per_turn = 48, max_response_tokens = 192, max_turns = 3, corpus = \"{corpus}\""
+        }
+        _ => "max_tokens_per_turn = 48, max_response_tokens = 192",
+    };
+    let extra = format!("{limits}, {extra}");
     let mut sets = agent(ty, extra.trim_end_matches(", "));
-    sets[0] = sets[0].replace("{corpus}", &format!("{dir}/data/corpus.jsonl"));
+    sets.retain(|s| !s.starts_with("data=") && !s.starts_with("helpers."));
+    if ty == "search_r1" {
+        sets[0] = sets[0].replace("{corpus}", &format!("{dir}/data/corpus.jsonl"));
+    }
     sets.push(format!("model.path=\"{dir}/sft/final-model\""));
     sets.push(format!(
-        "data={{path = \"{dir}/data/train.jsonl\", input_key = \"prompt\", label_key = \"{label}\"}}"
+        "data={{path = \"{dir}/data/train.jsonl\", input_key = \"prompt\", label_key = \"{label}\"{metadata}}}"
     ));
+    let scripted = "url = \"{experts}\", model = \"scripted\", max_tokens = 32";
+    if matches!(ty, "agentflow" | "tool_orchestra") {
+        // 8 executions: several of each tool call (the runs take a second).
+        sets.push("rollout.batch_size=4".into());
+    }
+    match ty {
+        "agentflow" => {
+            for h in ["executor", "verifier", "generator", "judge"] {
+                sets.push(format!("helpers.{h}={{{scripted}}}"));
+            }
+        }
+        "tool_orchestra" => {
+            for (name, price) in [("small", 0.2), ("large", 3.0)] {
+                sets.push(format!(
+                    "helpers.{name}={{{scripted}, price_per_million_tokens = {price}}}"
+                ));
+            }
+        }
+        _ => {}
+    }
     sets
 }
 
@@ -64,8 +108,6 @@ fn case(keys: &[&str], base: Vec<String>, sets: Vec<String>, obs: Obs) -> Case {
         obs,
     }
 }
-
-const TOOL: &str = "acts on a tool call, which a random policy does not write";
 
 pub fn cases() -> Vec<Case> {
     use Obs::*;
@@ -107,10 +149,16 @@ pub fn cases() -> Vec<Case> {
         // multi_agent's and memagent's turns are fixed by their structure (no max_turns key).
         // (search_r1's and retool's: below, on a warm-started model.)
         if !matches!(ty, "multi_agent" | "memagent" | "search_r1" | "retool") {
-            c.push(one("max_turns", ", max_turns = 1", Metric("agent/turns")));
+            let turns = if ty == "agentflow" {
+                "agent/steps"
+            } else {
+                "agent/turns"
+            };
+            c.push(one("max_turns", ", max_turns = 1", Metric(turns)));
         }
     }
-    let untested = |keys: &[&str], why: &'static str| case(keys, vec![], vec![], Untested(why));
+    let mut orchestra_two = agent("tool_orchestra", "");
+    orchestra_two.push("helpers.other={policy = true, max_tokens = 4}".into());
     c.extend([
         case(
             &["agent(search_r1).corpus"],
@@ -139,32 +187,26 @@ pub fn cases() -> Vec<Case> {
             agent("memagent", ", chunk_tokens = 40"),
             Metric("agent/chunks"),
         ),
-        untested(
-            &[
-                "agent(agentflow).max_observation_tokens",
-                "agent(agentflow).tool_timeout_secs",
-                "agent(agentflow).tool_memory_mb",
-            ],
-            TOOL,
-        ),
         case(
             &["agent(agentflow).tool_concurrency"],
             agent("agentflow", ""),
             agent("agentflow", ", tool_concurrency = 3"),
             Stderr("3 programs at once"),
         ),
-        untested(
-            &[
-                "agent(tool_orchestra).max_observation_tokens",
-                "agent(tool_orchestra).tool_timeout_secs",
-                "agent(tool_orchestra).tool_memory_mb",
-                "agent(tool_orchestra).corpus",
-                "agent(tool_orchestra).retrieval_url",
-                "agent(tool_orchestra).topk",
-                "agent(tool_orchestra).experts",
-                "agent(tool_orchestra).cost_weight",
-            ],
-            TOOL,
+        // The expert list and the search tool are in the orchestrator's prompt.
+        case(
+            &["agent(tool_orchestra).experts"],
+            orchestra_two.clone(),
+            orchestra_two
+                .iter()
+                .map(|s| {
+                    s.replace(
+                        "type = \"tool_orchestra\"",
+                        "type = \"tool_orchestra\", experts = [\"expert\"]",
+                    )
+                })
+                .collect(),
+            Turns,
         ),
         case(
             &["agent(tool_orchestra).tool_concurrency"],
@@ -172,27 +214,20 @@ pub fn cases() -> Vec<Case> {
             agent("tool_orchestra", ", tool_concurrency = 3"),
             Stderr("3 programs at once"),
         ),
-        case(
-            &["agent(tool_orchestra).latency_scale_secs"],
-            agent("tool_orchestra", ""),
-            agent("tool_orchestra", ", latency_scale_secs = 1e-9"),
-            Metric("reward/mean"),
-        ),
-        case(
-            &["agent(tool_orchestra).max_penalty"],
-            agent("tool_orchestra", ", latency_scale_secs = 1e-9"),
-            agent(
-                "tool_orchestra",
-                ", latency_scale_secs = 1e-9, max_penalty = 0.1",
-            ),
-            Metric("reward/mean"),
-        ),
     ]);
     // search_r1 and retool on models warm-started on their demonstrations: they search and
     // call the interpreter.
     let sr = |extra: &str| warm("search_r1", extra);
     let rt = |extra: &str| warm("retool", extra);
-    let fmt = |f: &str| sr(&format!("format_reward = {{{f}}}"));
+    // The format reward's terms need wrong answers of each shape: 8 prompts × 4 samples.
+    let fmt = |f: &str| {
+        let mut sets = sr(&format!("format_reward = {{{f}}}"));
+        sets.extend([
+            "rollout.batch_size=8".into(),
+            "rollout.n_samples_per_prompt=4".into(),
+        ]);
+        sets
+    };
     let unreachable = sr("")
         .into_iter()
         .map(|s| {
@@ -202,6 +237,15 @@ pub fn cases() -> Vec<Case> {
             )
         })
         .collect();
+    // The questions whose gold answer a failed search's text holds (see the harness).
+    let matched = |sets: Vec<String>| -> Vec<String> {
+        let mut sets: Vec<String> = sets
+            .into_iter()
+            .filter(|s| !s.starts_with("data="))
+            .collect();
+        sets.push("data={path = \"{search_matched}\", input_key = \"prompt\"}".into());
+        sets
+    };
     let mut observed = sr("");
     observed.push("algorithm.loss.observation_coef=0.05".into());
     c.extend([
@@ -211,23 +255,18 @@ pub fn cases() -> Vec<Case> {
             sr("max_turns = 1"),
             Metric("agent/turns"),
         ),
-        case(
-            &["agent(search_r1).topk"],
-            sr(""),
-            sr("topk = 1"),
-            Responses,
-        ),
+        case(&["agent(search_r1).topk"], sr(""), sr("topk = 1"), Turns),
         case(
             &["agent(search_r1).max_observation_tokens"],
             sr(""),
             sr("max_observation_tokens = 4"),
-            Responses,
+            Turns,
         ),
         case(
             &["agent(search_r1).retrieval_url"],
             sr(""),
             unreachable,
-            Responses,
+            Turns,
         ),
         case(
             &["algorithm.loss.observation_coef"],
@@ -249,8 +288,8 @@ pub fn cases() -> Vec<Case> {
         ),
         case(
             &["agent(search_r1).format_reward.retrieval"],
-            fmt(""),
-            fmt("retrieval = 0.5"),
+            matched(fmt("")),
+            matched(fmt("retrieval = 0.5")),
             Metric("reward/mean"),
         ),
         case(
@@ -263,44 +302,177 @@ pub fn cases() -> Vec<Case> {
             &["agent(retool).max_observation_tokens"],
             rt(""),
             rt("max_observation_tokens = 3"),
-            Responses,
+            Turns,
         ),
         case(
             &["agent(retool).tool_timeout_secs"],
             rt(""),
             rt("tool_timeout_secs = 1e-3"),
-            Responses,
+            Turns,
         ),
         case(
             &["agent(retool).tool_memory_mb"],
             rt(""),
             rt("tool_memory_mb = 1"),
-            Responses,
+            Turns,
         ),
     ]);
-    // [helpers.NAME], through agentflow's judge (called on every execution's answer).
-    let flow = agent("agentflow", "");
-    let judge = |h: &str| {
-        let mut s = flow.clone();
-        s.retain(|x| !x.starts_with("helpers.judge="));
-        s.push(format!("helpers.judge={{{h}}}"));
+    // agentflow's planner (warm: it plans python_coder and base_generator steps) and
+    // tool_orchestra's orchestrator (warm: it calls reason, search and answer) with the scripted
+    // expert behind every call. A tool result, cut or failed, is in the next turn's prompt.
+    let af = |extra: &str| warm("agentflow", extra);
+    let to = |extra: &str| warm("tool_orchestra", extra);
+    for (ty, make) in [
+        ("agentflow", &af as &dyn Fn(&str) -> Vec<String>),
+        ("tool_orchestra", &to),
+    ] {
+        for (key, value) in [
+            ("max_observation_tokens", "3"),
+            ("tool_timeout_secs", "1e-3"),
+            ("tool_memory_mb", "1"),
+        ] {
+            c.push(case(
+                &[&format!("agent({ty}).{key}")],
+                make(""),
+                make(&format!("{key} = {value}")),
+                Turns,
+            ));
+        }
+    }
+    let other_corpus = |s: String| s.replace("{corpus}", "{warm_search_r1}/data/corpus.jsonl");
+    let unreachable = |s: String| {
+        s.replace(
+            "corpus = \"{corpus}\"",
+            "retrieval_url = \"http://127.0.0.1:9/retrieve\"",
+        )
+    };
+    // The efficiency reward, correct − min(max_penalty, cost_weight·cost + latency/scale), moves
+    // with the measured latency by about 1e-5 from run to run.
+    let reward = MetricBeyond("reward/mean", 1e-3);
+    c.extend([
+        case(
+            &["agent(tool_orchestra).corpus"],
+            to(""),
+            to("").into_iter().map(other_corpus).collect(),
+            Turns,
+        ),
+        case(
+            &["agent(tool_orchestra).retrieval_url"],
+            to(""),
+            to("").into_iter().map(unreachable).collect(),
+            Turns,
+        ),
+        case(
+            &["agent(tool_orchestra).topk"],
+            to(""),
+            to("topk = 1"),
+            Turns,
+        ),
+        case(
+            &["agent(tool_orchestra).cost_weight"],
+            to(""),
+            to("cost_weight = 1e4"),
+            reward.clone(),
+        ),
+        case(
+            &["agent(tool_orchestra).latency_scale_secs"],
+            to(""),
+            to("latency_scale_secs = 1e-9"),
+            reward.clone(),
+        ),
+        case(
+            &["agent(tool_orchestra).max_penalty"],
+            to("latency_scale_secs = 1e-9"),
+            to("latency_scale_secs = 1e-9, max_penalty = 0.1"),
+            reward,
+        ),
+    ]);
+    // [helpers.NAME], through agentflow's executor on the warm-started planner (the other modules
+    // scripted): what the executor replies to a base_generator step is in the next plan's prompt.
+    let executor = |h: &str| {
+        let mut s = af("");
+        s.retain(|x| !x.starts_with("helpers.executor="));
+        s.push(format!("helpers.executor={{{h}}}"));
         s
     };
-    let helper = |k: &str, h: &str, obs: Obs| {
-        case(&[&format!("helpers.NAME.{k}")], flow.clone(), judge(h), obs)
+    let scripted = "url = \"{experts}\", model = \"scripted\", max_tokens = 32";
+    let engine = "policy = true, max_tokens = 16";
+    let teacher = "url = \"{teacher}/v1\", max_tokens = 16";
+    let helper = |k: &str, base: &str, h: &str, obs: Obs| {
+        case(
+            &[&format!("helpers.NAME.{k}")],
+            executor(base),
+            executor(&format!("{base}, {h}")),
+            obs,
+        )
+    };
+    let source = |k: &str, base: &str, h: &str| {
+        case(
+            &[&format!("helpers.NAME.{k}")],
+            executor(base),
+            executor(h),
+            Turns,
+        )
     };
     c.extend([
-        helper("policy", "policy = true, max_tokens = 4, timeout_secs = 1e-9", Fails("")),
-        helper("path", "path = \"{model2}\", max_tokens = 4", Metric("reward/mean")),
-        helper("url", "url = \"{teacher}/v1\", max_tokens = 4", Metric("agent/helper/judge/seconds")),
-        helper("max_tokens", "policy = true, max_tokens = 1", Metric("agent/helper/judge/tokens")),
-        helper("temperature", "policy = true, max_tokens = 4, temperature = 1.0", Metric("reward/mean")),
-        helper("timeout_secs", "policy = true, max_tokens = 4, timeout_secs = 1e-9", Metric("agent/failed_frac")),
-        helper("price_per_million_tokens", "policy = true, max_tokens = 4, price_per_million_tokens = 1e5", Metric("agent/helper/judge/cost")),
-        helper("model", "url = \"{teacher}/v1\", max_tokens = 4, model = \"nope\"", Metric("agent/failed_frac")),
-        helper("api_key_env", "url = \"{teacher}/v1\", max_tokens = 4, api_key_env = \"OOZE_TEST_NO_SUCH_KEY\"", Fails("OOZE_TEST_NO_SUCH_KEY")),
-        helper("slots", "path = \"{model2}\", max_tokens = 4, slots = 1", Stderr("1 sequences")),
-        untested(&["helpers.NAME.description"], "shown where the policy is offered models as tools (tool_orchestra's expert list); a random policy never calls one"),
+        source("policy", scripted, engine),
+        source("path", engine, "path = \"{model2}\", max_tokens = 16"),
+        source("url", engine, teacher),
+        helper(
+            "max_tokens",
+            "policy = true",
+            "max_tokens = 1",
+            Metric("agent/helper/executor/tokens"),
+        ),
+        helper("temperature", engine, "temperature = 1.0", Turns),
+        helper(
+            "timeout_secs",
+            engine,
+            "timeout_secs = 1e-9",
+            Metric("agent/failed_frac"),
+        ),
+        helper(
+            "price_per_million_tokens",
+            scripted,
+            "price_per_million_tokens = 1e5",
+            Metric("agent/helper/executor/cost"),
+        ),
+        // Without it the helper asks the server's /models, which the scripted expert lacks.
+        case(
+            &["helpers.NAME.model"],
+            executor("url = \"{experts}\", max_tokens = 32"),
+            executor(scripted),
+            Rescues("which model it serves"),
+        ),
+        helper(
+            "api_key_env",
+            teacher,
+            "api_key_env = \"OOZE_TEST_NO_SUCH_KEY\"",
+            Fails("OOZE_TEST_NO_SUCH_KEY"),
+        ),
+        helper(
+            "slots",
+            "path = \"{model2}\", max_tokens = 16",
+            "slots = 1",
+            Stderr("1 sequences"),
+        ),
     ]);
+    // An expert's description is in tool_orchestra's prompt.
+    let orchestra = agent("tool_orchestra", "");
+    let described: Vec<String> = orchestra
+        .iter()
+        .map(|s| {
+            s.replace(
+                "helpers.expert={",
+                "helpers.expert={description = \"a careful model\", ",
+            )
+        })
+        .collect();
+    c.push(case(
+        &["helpers.NAME.description"],
+        orchestra,
+        described,
+        Turns,
+    ));
     c
 }

@@ -68,7 +68,11 @@ fn init_model(path: &Path, seed: &str) {
 
 impl Env {
     pub fn new() -> Env {
-        let dir = tempfile::tempdir().unwrap();
+        let mut dir = tempfile::tempdir().unwrap();
+        if std::env::var_os("RECIPE_KEYS_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("recipe_keys: the runs stay in {}", dir.path().display());
+        }
         let p = |name: &str| dir.path().join(name);
         init_model(&p("model"), "0");
         init_model(&p("model2"), "7");
@@ -111,15 +115,37 @@ impl Env {
              {\"id\": \"2\", \"contents\": \"Rome\\nThe capital of Italy.\"}\n",
         )
         .unwrap();
-        // Tiny models warm-started on the search_r1 and retool demonstrations (they search and
-        // call the interpreter), one per agent, built at once on the two cores.
+        // Tiny models warm-started on each agent's demonstrations (they search, call the
+        // interpreter, plan tool steps, call experts), built at once on the two cores.
         std::thread::scope(|s| {
             for recipe in WARM {
                 let dir = dir.path().join(format!("warm-{recipe}"));
-                s.spawn(move || crate::common::agent_warm_start(recipe, &dir, 200, &[]));
+                s.spawn(move || {
+                    crate::common::agent_warm_start(recipe, &dir, 200, &[], &|sft| match recipe {
+                        "tool_orchestra" => vary_orchestration(sft),
+                        "agentflow" => vary_plans(sft),
+                        _ => {}
+                    })
+                });
             }
         });
+        // search_r1's questions with the gold answer "matched": the text of a search that found
+        // nothing ("No documents matched the query.") holds it, so a well-formed wrong answer
+        // after such a search earns format_reward.retrieval.
+        let questions = std::fs::read_to_string(p("warm-search_r1/data/train.jsonl")).unwrap();
+        let matched: String = questions
+            .lines()
+            .map(|l| {
+                let row: Value = serde_json::from_str(l).unwrap();
+                format!(
+                    "{}\n",
+                    serde_json::json!({"prompt": row["prompt"], "label": "matched"})
+                )
+            })
+            .collect();
+        std::fs::write(p("search_matched.jsonl"), matched).unwrap();
         let url = reward_server();
+        let experts = format!("{url}/v1");
         // The teacher server serves the policy's own starting weights.
         let (teacher, teacher_url) = super::common::serve(&p("model"), &[]);
         let teacher_url = teacher_url.trim_end_matches("/v1").to_owned();
@@ -131,22 +157,19 @@ impl Env {
             ("{bad_data}", s(p("bad.jsonl"))),
             ("{mem_data}", s(p("mem.jsonl"))),
             ("{corpus}", s(p("corpus.jsonl"))),
+            ("{search_matched}", s(p("search_matched.jsonl"))),
             ("{dir}", s(dir.path().to_owned())),
             ("{url}", url),
             ("{teacher}", teacher_url),
         ];
         let mut vars = vars;
         for recipe in WARM {
-            let warm = dir.path().join(format!("warm-{recipe}"));
             vars.push((
-                if recipe == "search_r1" {
-                    "{warm_search_r1}"
-                } else {
-                    "{warm_retool}"
-                },
-                s(warm),
+                warm_var(recipe),
+                s(dir.path().join(format!("warm-{recipe}"))),
             ));
         }
+        vars.push(("{experts}", experts));
         std::fs::write(p("base.toml"), fill(&vars, BASE)).unwrap();
         Env {
             dir,
@@ -175,7 +198,49 @@ impl Env {
 }
 
 /// The agents with a warm-started model: `{warm_NAME}/sft/final-model`, `{warm_NAME}/data/`.
-const WARM: [&str; 2] = ["search_r1", "retool"];
+const WARM: [&str; 4] = ["search_r1", "retool", "agentflow", "tool_orchestra"];
+
+fn warm_var(recipe: &str) -> &'static str {
+    match recipe {
+        "search_r1" => "{warm_search_r1}",
+        "retool" => "{warm_retool}",
+        "agentflow" => "{warm_agentflow}",
+        _ => "{warm_tool_orchestra}",
+    }
+}
+
+/// The generated planner demonstrations all choose python_coder; the warm start here learns to
+/// choose base_generator one time in two, so that the executor's own reply reaches the next plan.
+fn vary_plans(sft: &Path) {
+    let text = std::fs::read_to_string(sft).unwrap();
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let tool = ["python_coder", "base_generator"][i % 2];
+        out.push_str(&line.replace(r#"Tool: python_coder"}"#, &format!(r#"Tool: {tool}"}}"#)));
+        out.push('\n');
+    }
+    assert!(
+        out.contains("Tool: base_generator\"}"),
+        "the demonstrations changed shape"
+    );
+    std::fs::write(sft, out).unwrap();
+}
+
+/// The generated orchestrator demonstrations all answer at once; the warm start here learns to
+/// call `reason` (4 in 10), `search` (4 in 10) and `answer` (2 in 10), so that the tool and
+/// search keys act.
+fn vary_orchestration(sft: &Path) {
+    let text = std::fs::read_to_string(sft).unwrap();
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let tool = ["reason", "search", "answer", "reason", "search"][i % 5];
+        let line = line.replace(r#"\"name\":\"answer\""#, &format!(r#"\"name\":\"{tool}\""#));
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert!(out.contains("reason"), "the demonstrations changed shape");
+    std::fs::write(sft, out).unwrap();
+}
 
 fn fill(vars: &[(&str, String)], text: &str) -> String {
     vars.iter()
@@ -261,6 +326,15 @@ impl Out {
             .collect()
     }
 
+    /// Every sample's own prompt token ids (null where it is the group's) and response ids.
+    pub fn turns(&self) -> Vec<Value> {
+        self.groups
+            .iter()
+            .flat_map(|g| g["samples"].as_array().cloned().unwrap_or_default())
+            .map(|s| serde_json::json!([s["prompt_ids"], s["response_ids"]]))
+            .collect()
+    }
+
     /// Every sample's response token ids.
     pub fn response_ids(&self) -> Vec<Value> {
         self.responses().into_iter().map(|r| r[0].clone()).collect()
@@ -274,7 +348,7 @@ impl Out {
 
 /// A remote reward model on a free port: `POST /score` answers `{"score": s}` with `s` the
 /// response's byte sum mod 3 over 2 (0, 0.5 or 1: spread within groups), plus 1 when the request
-/// carries metadata; `/double` answers twice that; `/slow` answers after 1.5 s; `/flaky` fails
+/// carries metadata; `/v1/chat/completions` is the [`scripted_expert`]; `/double` answers twice that; `/slow` answers after 1.5 s; `/flaky` fails
 /// every odd-numbered attempt of a request body with a 503 (one retry succeeds, none fails).
 fn reward_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -317,6 +391,14 @@ fn answer(mut stream: TcpStream, seen: &Mutex<BTreeMap<String, u32>>) -> std::io
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if path == "/v1/chat/completions" {
+        let text = scripted_expert(&request).to_string();
+        return write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+            text.len()
+        );
+    }
     let response = request["response"].as_str().unwrap_or("");
     let mut score = (response.bytes().map(u64::from).sum::<u64>() % 3) as f64 / 2.0;
     if !request["metadata"].is_null() {
@@ -337,6 +419,38 @@ fn answer(mut stream: TcpStream, seen: &Mutex<BTreeMap<String, u32>>) -> std::io
         text.len()
     )?;
     stream.flush()
+}
+
+/// The fixed modules of the warm-started agentflow and tool_orchestra runs: an OpenAI chat
+/// completion that does what the last message asks for — Python that computes for a while and
+/// prints 60 words, a search query, STOP-or-CONTINUE (always CONTINUE), a yes-or-no verdict (yes),
+/// or a boxed answer — with token counts of about a word each.
+fn scripted_expert(request: &Value) -> Value {
+    let asked = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("");
+    let reply = if asked.contains("Write Python") {
+        "```python\nprint(sum(range(3_000_000)))\nprint('done ' * 60)\n```"
+    } else if asked.contains("search query") {
+        "the capital"
+    } else if asked.contains("Reply STOP") {
+        "CONTINUE"
+    } else if asked.contains("yes or no") {
+        "yes"
+    } else {
+        "\\boxed{0}"
+    };
+    serde_json::json!({
+        "id": "scripted",
+        "object": "chat.completion",
+        "model": request["model"],
+        "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": reply}}],
+        "usage": {"prompt_tokens": asked.split_whitespace().count(),
+            "completion_tokens": reply.split_whitespace().count()},
+    })
 }
 
 /// Whether this attempt of `body` fails: the 1st, 3rd, … of each body.
