@@ -237,6 +237,16 @@ pub fn cases() -> Vec<Case> {
             )
         })
         .collect();
+    let retrieved = |sets: Vec<String>| -> Vec<String> {
+        sets.into_iter()
+            .map(|s| {
+                s.replace(
+                    "corpus = \"{warm_search_r1}/data/corpus.jsonl\"",
+                    "retrieval_url = \"{url}/retrieve\"",
+                )
+            })
+            .collect()
+    };
     // The questions whose gold answer a failed search's text holds (see the harness).
     let matched = |sets: Vec<String>| -> Vec<String> {
         let mut sets: Vec<String> = sets
@@ -255,7 +265,13 @@ pub fn cases() -> Vec<Case> {
             sr("max_turns = 1"),
             Metric("agent/turns"),
         ),
-        case(&["agent(search_r1).topk"], sr(""), sr("topk = 1"), Turns),
+        // Through a retrieval service that always returns `topk` documents.
+        case(
+            &["agent(search_r1).topk"],
+            retrieved(sr("")),
+            retrieved(sr("topk = 1")),
+            Turns,
+        ),
         case(
             &["agent(search_r1).max_observation_tokens"],
             sr(""),

@@ -348,7 +348,8 @@ impl Out {
 
 /// A remote reward model on a free port: `POST /score` answers `{"score": s}` with `s` the
 /// response's byte sum mod 3 over 2 (0, 0.5 or 1: spread within groups), plus 1 when the request
-/// carries metadata; `/v1/chat/completions` is the [`scripted_expert`]; `/double` answers twice that; `/slow` answers after 1.5 s; `/flaky` fails
+/// carries metadata; `/v1/chat/completions` is the [`scripted_expert`], `/retrieve`
+/// [`every_document`]; `/double` answers twice that; `/slow` answers after 1.5 s; `/flaky` fails
 /// every odd-numbered attempt of a request body with a 503 (one retry succeeds, none fails).
 fn reward_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -391,8 +392,13 @@ fn answer(mut stream: TcpStream, seen: &Mutex<BTreeMap<String, u32>>) -> std::io
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if path == "/v1/chat/completions" {
-        let text = scripted_expert(&request).to_string();
+    if path == "/v1/chat/completions" || path == "/retrieve" {
+        let text = if path == "/retrieve" {
+            every_document(&request)
+        } else {
+            scripted_expert(&request)
+        }
+        .to_string();
         return write!(
             stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
@@ -451,6 +457,21 @@ fn scripted_expert(request: &Value) -> Value {
         "usage": {"prompt_tokens": asked.split_whitespace().count(),
             "completion_tokens": reply.split_whitespace().count()},
     })
+}
+
+/// A retrieval service (Search-R1's `/retrieve`) that answers every query with `topk` (default 3)
+/// made-up documents, whatever the query: the tiny warm-started model's queries match nothing in
+/// a real corpus.
+fn every_document(request: &Value) -> Value {
+    let k = request["topk"].as_u64().unwrap_or(3);
+    let queries = request["queries"].as_array().map_or(0, Vec::len);
+    let docs: Vec<Value> = (1..=k)
+        .map(|i| {
+            serde_json::json!({"document": {"id": i.to_string(),
+                "contents": format!("Document {i}\nThe text of document {i}.")}, "score": 1.0})
+        })
+        .collect();
+    serde_json::json!({"result": vec![docs; queries]})
 }
 
 /// Whether this attempt of `body` fails: the 1st, 3rd, … of each body.
