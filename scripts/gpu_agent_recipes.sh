@@ -5,7 +5,8 @@
 #   retool          Python-tool arithmetic
 #   multi_agent     solvers → rewriters → selector, every call a trained sibling
 #   memagent        chunked reading with an overwritten memory; eval at 1, 2, 4, 8× the length
-#   agentflow       planner trained; executor, verifier, generator, judge frozen (the SFT model)
+#   agentflow       planner trained; executor, verifier, generator, judge frozen (the SFT model);
+#                   its demonstrations are recorded from the recipe's agent with an oracle
 #   tool_orchestra  orchestrator over two experts warm-started on expert demonstrations: `small`
 #                   (tiny model, few steps, cheap) and `large` (small model, more steps, 15× the
 #                   price); the orchestrator's demonstrations always call `small`
@@ -53,12 +54,18 @@ for recipe in "$@"; do
       ;;
     retool | multi_agent | agentflow | tool_orchestra)
       task=${TASK:-$([ "$recipe" = retool ] && echo arithmetic || echo addition)}
-      $ooze recipe-data "$recipe" "$dir/data" --n "$n" --task "$task" --demonstrations
+      record=()
+      if [ "$recipe" = agentflow ]; then
+        # Recorded from the recipe's own agent, rendered with the model's chat template.
+        $ooze init-model --family qwen2 --size small "$dir/model" >/dev/null
+        record=(--recipe "recipes/$recipe/recipe.toml" --model "$dir/model")
+      fi
+      $ooze recipe-data "$recipe" "$dir/data" --n "$n" --task "$task" --demonstrations "${record[@]}"
       sets+=(--set "eval.datasets=[$(eval_set test "$dir/data/test.parquet" 4)]")
       ;;
     *) echo "unknown recipe $recipe" >&2; exit 2 ;;
   esac
-  $ooze init-model --family qwen2 --size small "$dir/model" >/dev/null
+  [ -d "$dir/model" ] || $ooze init-model --family qwen2 --size small "$dir/model" >/dev/null
   sft "$dir/model" "$dir/data/sft.jsonl" "$dir/sft" "$sft_steps"
   case $recipe in
     agentflow)

@@ -15,9 +15,13 @@
 //! The agent returns its conversations as [`Sample`]s (siblings: one execution, one rollout id),
 //! with rewards per sample, per trajectory (broadcast to the siblings), or left to the recipe's
 //! scorer.
+//!
+//! A context made with [`AgentContext::scripted`] asks an [`Oracle`] instead of the engine and the
+//! helpers, and records every conversation: the demonstrations of [`crate::oracle`].
 
 use crate::cancel::{wait_output, CancelToken, WaitError};
 use crate::helpers::{HelperError, HelperReply, HelperUsage, Helpers};
+use crate::oracle::{Caller, Oracle, Recording};
 use crate::prompts::PromptItem;
 use crate::seeds::sample_seed;
 use ooze_core::{FinishReason, Sample, SplitMix64, StopMatch};
@@ -114,6 +118,8 @@ pub struct Conversation {
     open_turn: bool,
     /// Engine calls made for this conversation.
     pub turns: usize,
+    /// Its number within the execution (the order conversations started in).
+    id: u64,
 }
 
 impl Conversation {
@@ -155,9 +161,21 @@ impl Turn {
     }
 }
 
+/// Who writes the policy's turns.
+enum PolicySource {
+    /// The policy's engine.
+    Engine(EngineHandle),
+    /// An oracle, for demonstrations; it answers the helpers' calls too, and every conversation
+    /// is recorded.
+    Oracle {
+        oracle: Arc<dyn Oracle>,
+        recording: Arc<Recording>,
+    },
+}
+
 /// What an agent may use during one execution.
 pub struct AgentContext {
-    engine: EngineHandle,
+    policy: PolicySource,
     tokenizer: Arc<Tokenizer>,
     sampling: Sampling,
     limits: AgentLimits,
@@ -168,6 +186,8 @@ pub struct AgentContext {
     calls: AtomicU64,
     helpers: Helpers,
     helper_usage: Mutex<BTreeMap<String, HelperUsage>>,
+    /// Conversations and helper calls started so far.
+    conversations: AtomicU64,
 }
 
 impl AgentContext {
@@ -181,7 +201,7 @@ impl AgentContext {
     ) -> AgentContext {
         AgentContext {
             deadline: Instant::now() + limits.deadline,
-            engine,
+            policy: PolicySource::Engine(engine),
             tokenizer,
             sampling,
             limits,
@@ -190,6 +210,30 @@ impl AgentContext {
             calls: AtomicU64::new(0),
             helpers: Helpers::default(),
             helper_usage: Mutex::new(BTreeMap::new()),
+            conversations: AtomicU64::new(0),
+        }
+    }
+
+    /// A context whose turns and helper replies `oracle` writes, recording every conversation in
+    /// `recording` (see [`crate::oracle`]).
+    pub fn scripted(
+        tokenizer: Arc<Tokenizer>,
+        limits: AgentLimits,
+        oracle: Arc<dyn Oracle>,
+        recording: Arc<Recording>,
+    ) -> AgentContext {
+        AgentContext {
+            deadline: Instant::now() + limits.deadline,
+            policy: PolicySource::Oracle { oracle, recording },
+            tokenizer,
+            sampling: Sampling::default(),
+            limits,
+            cancel: CancelToken::default(),
+            seed: 0,
+            calls: AtomicU64::new(0),
+            helpers: Helpers::default(),
+            helper_usage: Mutex::new(BTreeMap::new()),
+            conversations: AtomicU64::new(0),
         }
     }
 
@@ -220,6 +264,22 @@ impl AgentContext {
         max_tokens: usize,
         stop: &[&str],
     ) -> Result<HelperReply, AgentError> {
+        if let PolicySource::Oracle { oracle, recording } = &self.policy {
+            let text = oracle
+                .reply(Caller::Helper(name), messages)
+                .map_err(AgentError::Agent)?;
+            let mut shown = messages.to_vec();
+            shown.push(json!({"role": "assistant", "content": text}));
+            let id = self.conversations.fetch_add(1, Ordering::Relaxed);
+            recording.put(id, name, &shown);
+            let completion_tokens = self.encode(&text)?.len();
+            return Ok(HelperReply {
+                text,
+                prompt_tokens: 0,
+                completion_tokens,
+                latency: Duration::ZERO,
+            });
+        }
         let helper = self.helpers.get(name)?.clone();
         let reply = helper
             .chat(
@@ -325,6 +385,7 @@ impl AgentContext {
             sample: Sample::with_prompt(ids),
             open_turn: false,
             turns: 0,
+            id: self.conversations.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -336,6 +397,7 @@ impl AgentContext {
             sample: Sample::with_prompt(prompt.input_ids.clone()),
             open_turn: false,
             turns: 0,
+            id: self.conversations.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -363,15 +425,22 @@ impl AgentContext {
                 tokens: 0,
             });
         }
-        let mut sampling = self.sampling.clone();
-        sampling.max_new_tokens = budget;
-        sampling.stop = stop.iter().map(|s| s.to_string()).collect();
-        sampling.seed = Some(self.next_seed());
-        let request = Request {
-            input_ids: conv.sample.tokens.clone(),
-            sampling,
+        let output = match &self.policy {
+            PolicySource::Engine(engine) => {
+                let mut sampling = self.sampling.clone();
+                sampling.max_new_tokens = budget;
+                sampling.stop = stop.iter().map(|s| s.to_string()).collect();
+                sampling.seed = Some(self.next_seed());
+                let request = Request {
+                    input_ids: conv.sample.tokens.clone(),
+                    sampling,
+                };
+                wait_output(engine, request, self.deadline, &self.cancel).await?
+            }
+            PolicySource::Oracle { oracle, .. } => {
+                self.scripted_turn(oracle.as_ref(), conv, stop, budget)?
+            }
         };
-        let output = wait_output(&self.engine, request, self.deadline, &self.cancel).await?;
         conv.sample
             .push_generated(&output.tokens, &output.log_probs)
             .map_err(|e| AgentError::Agent(e.to_string()))?;
@@ -403,10 +472,66 @@ impl AgentContext {
                 .push(json!({"role": "assistant", "content": text.clone()}));
         }
         conv.open_turn = !closed;
+        if let PolicySource::Oracle { recording, .. } = &self.policy {
+            recording.put(conv.id, "policy", &conv.messages);
+        }
         Ok(Turn {
             text,
             finish: output.finish,
             tokens: output.tokens.len(),
+        })
+    }
+
+    /// The oracle's turn as the engine would return it: the reply's tokens, ending at a stop
+    /// string (the turn stays open) or with the end-of-turn token, cut to `budget`.
+    fn scripted_turn(
+        &self,
+        oracle: &dyn Oracle,
+        conv: &Conversation,
+        stop: &[&str],
+        budget: usize,
+    ) -> Result<ooze_engine::Output, AgentError> {
+        let text = oracle
+            .reply(Caller::Policy, &conv.messages)
+            .map_err(AgentError::Agent)?;
+        let mut tokens = self.encode(&text)?;
+        let mut finish = match stop.iter().find(|s| text.ends_with(**s)) {
+            Some(s) => FinishReason::Stop {
+                matched: StopMatch::Text((*s).to_owned()),
+            },
+            None => {
+                // The end-of-turn token: the first token of what the template writes after an
+                // assistant message's content.
+                let mut closed = conv.clone();
+                closed
+                    .messages
+                    .push(json!({"role": "assistant", "content": text}));
+                let eos = *self
+                    .encode(&self.turn_closing(&closed)?)?
+                    .first()
+                    .ok_or_else(|| {
+                        AgentError::Template("the template closes a turn with no text".into())
+                    })?;
+                tokens.push(eos);
+                FinishReason::Stop {
+                    matched: StopMatch::Token(eos),
+                }
+            }
+        };
+        if tokens.len() > budget {
+            tokens.truncate(budget);
+            finish = FinishReason::Length;
+        }
+        Ok(ooze_engine::Output {
+            id: ooze_engine::RequestId(0),
+            log_probs: vec![0.0; tokens.len()],
+            prompt_log_probs: Vec::new(),
+            prompt_tokens: conv.sample.tokens.len(),
+            cached_tokens: 0,
+            weight_version: 0,
+            seed: 0,
+            tokens,
+            finish,
         })
     }
 

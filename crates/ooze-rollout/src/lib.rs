@@ -4,6 +4,7 @@
 //! - [`cancel`]: cancellation tokens, and engine requests run to a deadline.
 //! - [`seeds`]: per-sample sampling seeds.
 //! - [`agent`]: multi-turn agents, token-in/token-out, with budgets, deadlines and cancellation.
+//! - [`oracle`]: demonstrations recorded from the agent's own code, an oracle writing its turns.
 //! - [`helpers`]: fixed helper models (judges, executors, experts) agents call by name: engines in
 //!   this process or OpenAI-compatible endpoints.
 //!
@@ -28,6 +29,7 @@ pub mod helpers;
 pub mod http_client;
 pub mod manager;
 pub mod math_answer;
+pub mod oracle;
 pub mod parquet_out;
 pub mod prompts;
 pub mod qa;

@@ -6,6 +6,8 @@
 //!   replay modes.
 //! - [`teacher`]: an on-policy distillation teacher behind an SGLang-compatible `/generate`.
 //! - [`agents`]: the `[agent]` and `[helpers]` sections as the running agent and helper models.
+//! - [`demonstrate`]: SFT demonstrations recorded from the recipe's agent, an oracle writing its
+//!   turns.
 //! - [`eval`]: eval sets and held-out pass@k.
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
 //!   console.
@@ -13,6 +15,7 @@
 
 pub mod agents;
 pub mod checkpoint;
+pub mod demonstrate;
 pub mod eval;
 pub mod evaluate;
 pub mod metrics_log;

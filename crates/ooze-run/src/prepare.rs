@@ -182,7 +182,7 @@ pub(crate) fn sampling(params: SamplingParams, section: &str) -> anyhow::Result<
     })
 }
 
-fn data_config(recipe: &Recipe, path: &str) -> DataConfig {
+pub(crate) fn data_config(recipe: &Recipe, path: &str) -> DataConfig {
     let d = &recipe.data;
     DataConfig {
         path: path.to_owned(),
@@ -195,7 +195,7 @@ fn data_config(recipe: &Recipe, path: &str) -> DataConfig {
     }
 }
 
-fn prompt_format(recipe: &Recipe) -> PromptFormat {
+pub(crate) fn prompt_format(recipe: &Recipe) -> PromptFormat {
     PromptFormat {
         apply_chat_template: recipe.data.apply_chat_template,
         system_prompt: recipe.data.system_prompt.clone(),

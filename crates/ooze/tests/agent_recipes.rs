@@ -29,6 +29,8 @@ fn runs(mask: &[u64]) -> Vec<(usize, usize, u64)> {
 /// What a recipe run left: the run directory, the metrics lines and the tokenizer.
 struct Run {
     dir: PathBuf,
+    /// The generated data and demonstrations.
+    data: PathBuf,
     metrics: Vec<Value>,
     tokenizer: ooze_model::Tokenizer,
     _tmp: tempfile::TempDir,
@@ -91,6 +93,7 @@ fn run_recipe_with(
     let tokenizer = ooze_model::Tokenizer::load(&sft.join("final-model")).unwrap();
     Run {
         dir: run,
+        data,
         metrics,
         tokenizer,
         _tmp: tmp,
@@ -412,7 +415,7 @@ fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
             "helpers.verifier={policy = true, max_tokens = 8}".to_string(),
             "helpers.generator={policy = true, max_tokens = 32}".to_string(),
             "agent.max_turns=2".to_string(),
-            "agent.max_tokens_per_turn=48".to_string(),
+            "agent.max_tokens_per_turn=160".to_string(),
         ],
         |model| {
             // The judge is an OpenAI-compatible server: `ooze serve` on the warm-started model.
@@ -422,6 +425,8 @@ fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
         },
     );
     drop(judge);
+    // Every planner prompt of the rollouts, its values masked, has the shape of a demonstrated one.
+    planner_prompts_are_demonstrated(&run, "You plan the next step");
     for siblings in executions(&run) {
         let m = &siblings[0]["agent_metrics"];
         let steps = m["steps"].as_f64().unwrap() as usize;
@@ -437,6 +442,102 @@ fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
             "{r:?}"
         );
     }
+}
+
+/// The shape of a rendered prompt: each line kept where it is one of the demonstrations' common
+/// lines (in at least 5% of their prompts), else its label (`Problem:`, `Step 2:`) and `*` where the
+/// label is common, else `*`; what follows a masked line, up to the next kept one, is part of it.
+fn shape(text: &str, common: &std::collections::HashSet<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let label = line.split_once(':').map(|(l, _)| format!("{l}:"));
+        let shown = if common.contains(line) {
+            line.to_owned()
+        } else if let Some(l) = label.filter(|l| common.contains(l)) {
+            format!("{l}*")
+        } else if out.last().is_some_and(|l| l.ends_with('*')) {
+            continue;
+        } else {
+            "*".to_owned()
+        };
+        out.push(shown);
+    }
+    out
+}
+
+/// Checks that every policy prompt of `run`'s rollouts has the shape of a demonstrated prompt
+/// (`sft.jsonl` rows whose last user message starts with `marker`, rendered with the model's
+/// template as the agent renders them), values masked.
+fn planner_prompts_are_demonstrated(run: &Run, marker: &str) {
+    let template = run.tokenizer.chat_template(false).unwrap();
+    let options = ooze_model::RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let demos: Vec<String> = std::fs::read_to_string(run.data.join("sft.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let row: Value = serde_json::from_str(l).unwrap();
+            let messages = row["messages"].as_array().unwrap();
+            let asked = &messages[..messages.len() - 1];
+            asked.last()?["content"]
+                .as_str()?
+                .starts_with(marker)
+                .then(|| template.render(asked, &options).unwrap())
+        })
+        .collect();
+    assert!(
+        !demos.is_empty(),
+        "no demonstrated prompt starts with {marker:?}"
+    );
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    for d in &demos {
+        let mut seen = std::collections::HashSet::new();
+        for line in d.lines() {
+            let label = line.split_once(':').map(|(l, _)| format!("{l}:"));
+            for key in std::iter::once(line.to_owned()).chain(label) {
+                if seen.insert(key.clone()) {
+                    *counts.entry(key).or_default() += 1;
+                }
+            }
+        }
+    }
+    let common = counts
+        .into_iter()
+        .filter(|(_, n)| *n * 20 >= demos.len())
+        .map(|(k, _)| k)
+        .collect();
+    let shapes: std::collections::HashSet<Vec<String>> =
+        demos.iter().map(|d| shape(d, &common)).collect();
+    let mut checked = 0;
+    for k in 1..=2 {
+        let text = std::fs::read_to_string(run.dir.join(format!("rollouts/rollout-{k:06}.jsonl")))
+            .unwrap();
+        for line in text.lines() {
+            let group: Value = serde_json::from_str(line).unwrap();
+            for sample in group["samples"].as_array().unwrap() {
+                let ids = sample
+                    .get("prompt_ids")
+                    .filter(|v| !v.is_null())
+                    .unwrap_or(&group["prompt"]["input_ids"]);
+                let ids: Vec<u32> = ids
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                let prompt = run.tokenizer.decode(&ids, false).unwrap();
+                let s = shape(&prompt, &common);
+                assert!(
+                    shapes.contains(&s),
+                    "a rollout prompt with no demonstrated shape:\n{prompt}\nshape: {s:?}\ndemonstrated: {shapes:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0);
 }
 
 #[test]

@@ -137,6 +137,52 @@ pub fn judge_verdict(reply: &str) -> Option<bool> {
     })
 }
 
+/// What the executor is asked for a step: Python for `python_coder`, a brief answer otherwise.
+pub fn executor_request(problem: &str, plan: &Plan) -> String {
+    let task = format!(
+        "Problem: {problem}\nContext: {}\nSub-goal: {}",
+        plan.context, plan.sub_goal
+    );
+    if plan.tool == "python_coder" {
+        format!("{task}\n{PYTHON_ASK}")
+    } else {
+        format!("{task}\n{BRIEF_ASK}")
+    }
+}
+
+const PYTHON_ASK: &str =
+    "Write Python code that achieves the sub-goal and prints the result, in one ```python block.";
+const BRIEF_ASK: &str = "Achieve the sub-goal. Be brief.";
+
+/// A step as the memory keeps it.
+fn memory_entry(plan: &Plan, result: &str) -> String {
+    format!(
+        "tool {}, sub-goal: {}; result: {result}",
+        plan.tool, plan.sub_goal
+    )
+}
+
+/// The verifier's question after each step.
+pub fn verifier_request(problem: &str, memory: &str) -> String {
+    format!(
+        "Problem: {problem}\nSteps so far:\n{memory}\nIs the problem solved by these \
+         steps? Reply STOP if it is, CONTINUE if more steps are needed."
+    )
+}
+
+/// The generator's request for the final answer.
+pub fn generator_request(problem: &str, memory: &str) -> String {
+    format!("Problem: {problem}\nSteps and results:\n{memory}\nGive the final answer.")
+}
+
+/// The judge's question.
+pub fn judge_request(problem: &str, reference: &str, response: &str) -> String {
+    format!(
+        "Question: {problem}\nReference answer: {reference}\nResponse: {response}\nDoes the \
+         response give the reference answer? Reply yes or no."
+    )
+}
+
 impl AgentflowAgent {
     /// Runs `plan`'s tool through the executor; returns the result text.
     async fn execute(
@@ -145,28 +191,19 @@ impl AgentflowAgent {
         problem: &str,
         plan: &Plan,
     ) -> Result<String, AgentError> {
-        let tokens = self.config.helper_tokens;
-        let task = format!(
-            "Problem: {problem}\nContext: {}\nSub-goal: {}",
-            plan.context, plan.sub_goal
-        );
-        if plan.tool == "python_coder" {
-            let ask = format!(
-                "{task}\nWrite Python code that achieves the sub-goal and prints the result, in \
-                 one ```python block."
-            );
-            let reply = ctx.prompt_helper("executor", &ask, tokens).await?;
-            Ok(
-                match super::run_written_code(&self.sandbox, &reply.text).await? {
-                    Ok((_, run)) => run.observation(),
-                    Err(nothing) => format!("executor: {nothing}"),
-                },
-            )
-        } else {
-            let ask = format!("{task}\nAchieve the sub-goal. Be brief.");
-            let reply = ctx.prompt_helper("executor", &ask, tokens).await?;
-            Ok(reply.text)
+        let ask = executor_request(problem, plan);
+        let reply = ctx
+            .prompt_helper("executor", &ask, self.config.helper_tokens)
+            .await?;
+        if plan.tool != "python_coder" {
+            return Ok(reply.text);
         }
+        Ok(
+            match super::run_written_code(&self.sandbox, &reply.text).await? {
+                Ok((_, run)) => run.observation(),
+                Err(nothing) => format!("executor: {nothing}"),
+            },
+        )
     }
 }
 
@@ -197,37 +234,23 @@ impl Agent for AgentflowAgent {
                         }
                         let result = self.execute(ctx, &problem, &plan).await?;
                         let result = ctx.truncate(result.trim(), self.config.max_result_tokens)?;
-                        format!(
-                            "tool {}, sub-goal: {}; result: {result}",
-                            plan.tool, plan.sub_goal
-                        )
+                        memory_entry(&plan, &result)
                     }
                 };
                 memory.push(entry);
                 if ctx.should_stop() {
                     break;
                 }
-                let check = format!(
-                    "Problem: {problem}\nSteps so far:\n{}\nIs the problem solved by these \
-                     steps? Reply STOP if it is, CONTINUE if more steps are needed.",
-                    memory_text(&memory)
-                );
+                let check = verifier_request(&problem, &memory_text(&memory));
                 let verdict = ctx.prompt_helper("verifier", &check, 16).await?;
                 if verdict.text.to_ascii_uppercase().contains("STOP") {
                     stopped = true;
                     break;
                 }
             }
-            let ask = format!(
-                "Problem: {problem}\nSteps and results:\n{}\nGive the final answer.",
-                memory_text(&memory)
-            );
+            let ask = generator_request(&problem, &memory_text(&memory));
             let answer = ctx.prompt_helper("generator", &ask, tokens).await?;
-            let judge = format!(
-                "Question: {problem}\nReference answer: {}\nResponse: {}\nDoes the response give \
-                 the reference answer? Reply yes or no.",
-                prompt.label, answer.text
-            );
+            let judge = judge_request(&problem, &prompt.label, &answer.text);
             let verdict = ctx.prompt_helper("judge", &judge, 8).await?;
             let judged = judge_verdict(&verdict.text);
             let reward = (judged == Some(true)) as u8 as f64;
@@ -256,18 +279,134 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
     super::math_rows(n, seed, task, str::to_owned)
 }
 
-/// A planner demonstration for a [`synthetic`] row: a first step that computes the expression.
-pub fn demonstration(row: &Value) -> Value {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let expression = super::expression(problem);
-    let step = format!(
-        "Justification: the expression has several operations and must be exact.\n\
-         Context: the expression is {expression}\nSub-goal: compute {expression}\nTool: python_coder"
-    );
-    json!({"messages": [
-        {"role": "user", "content": planner_instruction(problem, &memory_text(&[]))},
-        {"role": "assistant", "content": step},
-    ]})
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]): it plans, and plays every fixed module,
+/// knowing the problem's answer. Plans differ by problem (a hash of it), so that the demonstrations
+/// show the planner after one and two earlier steps, and show the verifier both verdicts:
+/// - half the problems: `python_coder` at once;
+/// - a quarter: a `base_generator` estimate first, then `python_coder`;
+/// - a quarter: two estimates, then `python_coder`.
+///
+/// The modules, as fixed models that an SFT model can learn from their inputs alone: the executor
+/// writes `print(EXPRESSION)` for `python_coder` and "about N" (the answer rounded to ten) for
+/// `base_generator`; the verifier says STOP after a `python_coder` result and CONTINUE after an
+/// estimate or a failed step; the generator boxes the last `python_coder` result (else the last
+/// estimate); the judge says yes when the boxed answer is the reference.
+pub struct AgentflowOracle {
+    expression: String,
+    answer: String,
+    estimates: usize,
+}
+
+impl AgentflowOracle {
+    pub fn new(prompt: &PromptItem) -> Result<AgentflowOracle, AgentError> {
+        let problem = problem_text(prompt)?;
+        let hash = problem.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        Ok(AgentflowOracle {
+            expression: super::expression(problem).to_owned(),
+            answer: prompt.label.clone(),
+            estimates: match hash % 4 {
+                0 | 1 => 0,
+                2 => 1,
+                _ => 2,
+            },
+        })
+    }
+
+    fn plan(&self, steps_so_far: usize) -> String {
+        let x = &self.expression;
+        if steps_so_far < self.estimates {
+            format!(
+                "Justification: a quick estimate may be enough.\nContext: the expression is {x}\n\
+                 Sub-goal: estimate {x}\nTool: base_generator"
+            )
+        } else if steps_so_far == 0 {
+            format!(
+                "Justification: the expression has several operations and must be exact.\n\
+                 Context: the expression is {x}\nSub-goal: compute {x}\nTool: python_coder"
+            )
+        } else {
+            format!(
+                "Justification: an estimate is not exact; compute the value with code.\n\
+                 Context: the expression is {x}\nSub-goal: compute {x}\nTool: python_coder"
+            )
+        }
+    }
+
+    fn estimate(&self) -> String {
+        let value: f64 = self.answer.parse().unwrap_or(0.0);
+        format!("about {}", ((value / 10.0).round() * 10.0) as i64)
+    }
+}
+
+/// The memory's steps: (tool, result) per `Step k:` line of a module's request.
+fn steps_in(request: &str) -> Vec<(&str, &str)> {
+    request
+        .lines()
+        .filter(|l| l.starts_with("Step "))
+        .map(|l| {
+            let tool = l
+                .split_once(": tool ")
+                .and_then(|(_, r)| r.split(',').next())
+                .unwrap_or("");
+            let result = l.rsplit_once("; result: ").map_or("", |(_, r)| r);
+            (tool, result)
+        })
+        .collect()
+}
+
+impl ooze_rollout::oracle::Oracle for AgentflowOracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[Value],
+    ) -> Result<String, String> {
+        use ooze_rollout::oracle::Caller;
+        let asked = messages
+            .last()
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("");
+        Ok(match caller {
+            Caller::Policy => self.plan(steps_in(asked).len()),
+            Caller::Helper("executor") if asked.ends_with(PYTHON_ASK) => {
+                format!("```python\nprint({})\n```", self.expression)
+            }
+            Caller::Helper("executor") => self.estimate(),
+            Caller::Helper("verifier") => {
+                let done = steps_in(asked).last().is_some_and(|(tool, result)| {
+                    *tool == "python_coder" && *result == self.answer
+                });
+                if done { "STOP" } else { "CONTINUE" }.to_owned()
+            }
+            Caller::Helper("generator") => {
+                let steps = steps_in(asked);
+                let exact = steps
+                    .iter()
+                    .rev()
+                    .find(|(tool, r)| *tool == "python_coder" && !r.is_empty());
+                let value = match exact {
+                    Some((_, r)) => r.trim().to_owned(),
+                    None => steps
+                        .iter()
+                        .rev()
+                        .find_map(|(_, r)| r.strip_prefix("about "))
+                        .unwrap_or("0")
+                        .to_owned(),
+                };
+                format!("The answer is \\boxed{{{value}}}.")
+            }
+            Caller::Helper("judge") => {
+                let response = asked.split_once("\nResponse: ").map_or("", |(_, r)| {
+                    r.split("\nDoes the response").next().unwrap_or("")
+                });
+                let right = ooze_rollout::math_answer::last_boxed(response)
+                    .is_some_and(|a| ooze_rollout::math_answer::equivalent(a, &self.answer));
+                if right { "yes" } else { "no" }.to_owned()
+            }
+            Caller::Helper(other) => return Err(format!("agentflow has no helper \"{other}\"")),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -288,13 +427,89 @@ mod tests {
         assert!(parse_plan("Tool: base_generator")
             .unwrap_err()
             .contains("Sub-goal"));
-        for row in crate::recipes::MATH_TASKS
-            .iter()
-            .flat_map(|(_, task)| synthetic(5, 1, *task))
-        {
-            let demo = demonstration(&row);
-            assert!(parse_plan(demo["messages"][1]["content"].as_str().unwrap()).is_ok());
+        let oracle = |problem: &str| {
+            let prompt = PromptItem {
+                source_line: 1,
+                text: String::new(),
+                input_ids: vec![1],
+                label: "184".into(),
+                metadata: json!({ "problem": problem }),
+            };
+            AgentflowOracle::new(&prompt).unwrap()
+        };
+        for problem in [
+            "Compute ((20 + 4) - 1) * 8",
+            "Compute (5 * 7) + 149",
+            "Compute 1 + 183",
+        ] {
+            let o = oracle(problem);
+            for steps in 0..3 {
+                assert!(parse_plan(&o.plan(steps)).is_ok());
+            }
         }
+    }
+
+    #[test]
+    fn the_oracle_plays_the_modules() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let prompt = PromptItem {
+            source_line: 1,
+            text: String::new(),
+            input_ids: vec![1],
+            label: "184".into(),
+            metadata: json!({ "problem": "Compute ((20 + 4) - 1) * 8" }),
+        };
+        let o = AgentflowOracle::new(&prompt).unwrap();
+        let ask = |who, text: String| {
+            o.reply(who, &[json!({"role": "user", "content": text})])
+                .unwrap()
+        };
+        let plan = parse_plan(&o.plan(0)).unwrap();
+        let p = "Compute ((20 + 4) - 1) * 8";
+        let code = ask(Caller::Helper("executor"), executor_request(p, &plan));
+        let estimate = |tool: &str| Plan {
+            tool: tool.into(),
+            ..plan.clone()
+        };
+        assert_eq!(
+            ask(
+                Caller::Helper("executor"),
+                executor_request(p, &estimate("base_generator"))
+            ),
+            "about 180"
+        );
+        assert!(code.contains("print(((20 + 4) - 1) * 8)"), "{code}");
+        let exact = memory_text(&[memory_entry(&plan, "184")]);
+        let rough = memory_text(&[memory_entry(&estimate("base_generator"), "about 180")]);
+        assert_eq!(
+            ask(Caller::Helper("verifier"), verifier_request(p, &exact)),
+            "STOP"
+        );
+        assert_eq!(
+            ask(Caller::Helper("verifier"), verifier_request(p, &rough)),
+            "CONTINUE"
+        );
+        assert!(
+            ask(Caller::Helper("generator"), generator_request(p, &exact)).contains("\\boxed{184}")
+        );
+        assert!(
+            ask(Caller::Helper("generator"), generator_request(p, &rough)).contains("\\boxed{180}")
+        );
+        assert_eq!(
+            ask(
+                Caller::Helper("judge"),
+                judge_request(p, "184", "so \\boxed{184}.")
+            ),
+            "yes"
+        );
+        assert_eq!(
+            ask(
+                Caller::Helper("judge"),
+                judge_request(p, "184", "so \\boxed{180}.")
+            ),
+            "no"
+        );
+        assert!(o.reply(Caller::Helper("nobody"), &[]).is_err());
     }
 
     #[test]

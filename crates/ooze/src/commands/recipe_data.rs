@@ -11,14 +11,21 @@
 //!   `--task addition` writes two-number sums instead (for all four arithmetic recipes).
 //! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
 //!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
-//!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a planner step
-//!   (agentflow), a call to an expert's `answer`, each expert as often (tool_orchestra); tool_orchestra also
+//!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a call to an
+//!   expert's `answer`, each expert as often (tool_orchestra); tool_orchestra also
 //!   writes `experts.jsonl`, an expert's reply to an `answer` and a `reason` request per problem,
 //!   to warm-start expert models.
 //! - `memagent`: long-document QA rows (`context` document, `question`, gold answers in
 //!   `reward_model.ground_truth`): `train` at `--words` words per document and
 //!   `test_<words>` sets at 1, 2, 4 and 8 times that, for evaluation at growing context lengths;
 //!   demonstrations: each memory update and the boxed answer, reading ~200-word sections.
+//!
+//! agentflow's demonstrations are recorded from the agent itself ([`ooze_run::demonstrate`]):
+//! every training problem runs through the recipe's agent (`--recipe`, with `--set`; default: the
+//! agent type's defaults) with an oracle writing the planner's steps and playing the executor,
+//! verifier, generator and judge, rendered with `--model`'s chat template (default: the recipe's
+//! `model.path`). They cover every turn the agent renders, the modules' included, with the real
+//! tool outputs.
 
 use super::write_jsonl;
 use anyhow::Context;
@@ -48,6 +55,17 @@ pub struct Args {
     /// memagent: words per training document.
     #[arg(long, default_value_t = 600)]
     words: usize,
+    /// agentflow demonstrations: the recipe whose agent is run (default: the agent type's
+    /// defaults).
+    #[arg(long = "recipe")]
+    recipe_file: Option<PathBuf>,
+    /// agentflow demonstrations: the model whose tokenizer and chat template render the turns
+    /// (default: the recipe's `model.path`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// agentflow demonstrations: KEY=VALUE overrides of the recipe, as in `ooze train`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 /// Writes question rows as `NAME.jsonl` and, in the public format, `NAME.parquet`.
@@ -118,6 +136,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// The arithmetic recipes (DAPO-Math rows).
 fn math_recipe(args: &Args) -> anyhow::Result<()> {
     use ooze_agents::recipes::{agentflow, multi_agent, retool, tool_orchestra};
+    if !args.sets.is_empty() || args.recipe_file.is_some() || args.model.is_some() {
+        anyhow::ensure!(
+            args.demonstrations && args.recipe_name_records(),
+            "--recipe, --model and --set apply to agentflow's --demonstrations"
+        );
+    }
     let test_n = (args.n / 10).max(1);
     let total = args.n + test_n;
     let name = args.task.as_deref().unwrap_or("arithmetic");
@@ -152,7 +176,7 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
                 .iter()
                 .flat_map(|row| multi_agent::demonstrations(row, args.solvers))
                 .collect(),
-            "agentflow" => rows.iter().map(agentflow::demonstration).collect(),
+            "agentflow" => recorded(args)?,
             _ => rows.iter().map(tool_orchestra::demonstration).collect(),
         };
         write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
@@ -171,6 +195,63 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+impl Args {
+    /// Whether this recipe's demonstrations are recorded from its agent.
+    fn recipe_name_records(&self) -> bool {
+        self.recipe == "agentflow"
+    }
+}
+
+/// The demonstrations recorded from the recipe's agent on the train split just written.
+fn recorded(args: &Args) -> anyhow::Result<Vec<serde_json::Value>> {
+    let train = args.out.join("train.jsonl").display().to_string();
+    let mut sets = vec![format!("data.path={}", toml_string(&train))];
+    if let Some(model) = &args.model {
+        sets.push(format!(
+            "model.path={}",
+            toml_string(&model.display().to_string())
+        ));
+    }
+    sets.extend(args.sets.iter().cloned());
+    let recipe = match &args.recipe_file {
+        Some(path) => ooze_run::recipe::Recipe::load(path, &sets)?,
+        None => {
+            let defaults = format!(
+                "[model]\npath = \"(set --model)\"\n[data]\ninput_key = \"prompt\"\n\
+                 label_key = \"reward_model.ground_truth\"\nmetadata_key = \"extra_info\"\n\
+                 [agent]\ntype = \"{}\"\n{}",
+                args.recipe,
+                ["executor", "verifier", "generator", "judge"]
+                    .map(|h| format!("[helpers.{h}]\npolicy = true\n"))
+                    .concat()
+            );
+            ooze_run::recipe::Recipe::parse(
+                &defaults,
+                std::path::Path::new("(agent defaults)"),
+                &sets,
+            )?
+        }
+    };
+    let model = &recipe.model.path;
+    let tokenizer = ooze_model::Tokenizer::load(model).with_context(|| {
+        format!(
+            "the tokenizer of {} (the model whose chat template renders the demonstrations: \
+             --model or the recipe's model.path)",
+            model.display()
+        )
+    })?;
+    let shown =
+        ooze_run::demonstrate::demonstrations(&recipe, std::sync::Arc::new(tokenizer), &train)?;
+    Ok(shown
+        .into_iter()
+        .map(|d| serde_json::json!({"messages": d.messages}))
+        .collect())
+}
+
+fn toml_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
 }
 
 /// MemAgent's long documents: train, and test sets at growing lengths.

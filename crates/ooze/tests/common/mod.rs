@@ -59,10 +59,10 @@ pub fn ooze_ok(args: &[&str]) -> std::process::Output {
     out
 }
 
-/// Warm-starts a tiny model for agent `recipe` in `dir`: `recipe-data` writes `n` prompts with
-/// worked trajectories (and `data_args`) into `dir/data`, `edit` may rewrite the demonstrations
-/// (`dir/data/sft.jsonl`), `init-model` writes a tiny random Qwen2 into `dir/model`, and
-/// `ooze sft` fine-tunes it on them for 120 steps into `dir/sft`. Returns the fine-tuned model's
+/// Warm-starts a tiny model for agent `recipe` in `dir`: `init-model` writes a tiny random Qwen2
+/// into `dir/model`, `recipe-data` writes `n` prompts with worked trajectories (and `data_args`)
+/// into `dir/data`, `edit` may rewrite the demonstrations (`dir/data/sft.jsonl`), and `ooze sft`
+/// fine-tunes the model on them for 120 steps into `dir/sft`. Returns the fine-tuned model's
 /// directory (`dir/sft/final-model`).
 #[allow(dead_code)] // not every test crate that shares this module warm-starts an agent
 pub fn agent_warm_start(
@@ -77,14 +77,18 @@ pub fn agent_warm_start(
     };
     let p = |name: &str| dir.join(name).display().to_string();
     let n = n.to_string();
+    let model = p("model");
+    ooze(&["init-model", "--family", "qwen2", "--size", "tiny", &model]);
     let mut data = vec!["recipe-data", recipe];
     let data_dir = p("data");
     data.extend([data_dir.as_str(), "--n", n.as_str(), "--demonstrations"]);
+    if recipe == "agentflow" {
+        // Recorded from the agent itself, rendered with this model's chat template.
+        data.extend(["--model", model.as_str()]);
+    }
     data.extend_from_slice(data_args);
     ooze(&data);
     edit(&dir.join("data/sft.jsonl"));
-    let model = p("model");
-    ooze(&["init-model", "--family", "qwen2", "--size", "tiny", &model]);
     // One thread: the callers warm-start several agents at once on two cores.
     let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
         .env("OMP_NUM_THREADS", "1")

@@ -404,7 +404,7 @@ pub fn cases() -> Vec<Case> {
         ),
     ]);
     // [helpers.NAME], through agentflow's executor on the warm-started planner (the other modules
-    // scripted): what the executor replies to a base_generator step is in the next plan's prompt.
+    // scripted): what the executor's step gave is in the next plan's prompt.
     let executor = |h: &str| {
         let mut s = af("");
         s.retain(|x| !x.starts_with("helpers.executor="));
@@ -431,16 +431,19 @@ pub fn cases() -> Vec<Case> {
         )
     };
     c.extend([
+        // A scripted executor's code runs and its output is in the next plan's prompt; an
+        // engine's (the tiny models write no code) leaves "no code was written" there.
         source("policy", scripted, engine),
-        source("path", engine, "path = \"{model2}\", max_tokens = 16"),
-        source("url", engine, teacher),
+        source("path", scripted, "path = \"{model2}\", max_tokens = 16"),
+        source("url", engine, scripted),
         helper(
             "max_tokens",
             "policy = true",
             "max_tokens = 1",
             Metric("agent/helper/executor/tokens"),
         ),
-        helper("temperature", engine, "temperature = 1.0", Turns),
+        // The scripted expert prints the temperature it was asked with.
+        helper("temperature", scripted, "temperature = 1.0", Turns),
         helper(
             "timeout_secs",
             engine,

@@ -123,7 +123,7 @@ impl Env {
                 s.spawn(move || {
                     crate::common::agent_warm_start(recipe, &dir, 200, &[], &|sft| match recipe {
                         "tool_orchestra" => vary_orchestration(sft),
-                        "agentflow" => vary_plans(sft),
+                        "agentflow" => planner_only(sft),
                         _ => {}
                     })
                 });
@@ -209,21 +209,18 @@ fn warm_var(recipe: &str) -> &'static str {
     }
 }
 
-/// The generated planner demonstrations all choose python_coder; the warm start here learns to
-/// choose base_generator one time in two, so that the executor's own reply reaches the next plan.
-fn vary_plans(sft: &Path) {
+/// agentflow's demonstrations hold the planner's turns and its modules' (the recipe's modules
+/// are the SFT model); here the modules are the scripted expert, so the tiny model's 120 steps go
+/// to the planner alone.
+fn planner_only(sft: &Path) {
     let text = std::fs::read_to_string(sft).unwrap();
-    let mut out = String::new();
-    for (i, line) in text.lines().enumerate() {
-        let tool = ["python_coder", "base_generator"][i % 2];
-        out.push_str(&line.replace(r#"Tool: python_coder"}"#, &format!(r#"Tool: {tool}"}}"#)));
-        out.push('\n');
-    }
-    assert!(
-        out.contains("Tool: base_generator\"}"),
-        "the demonstrations changed shape"
-    );
-    std::fs::write(sft, out).unwrap();
+    let kept: String = text
+        .lines()
+        .filter(|l| l.contains("You plan the next step"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!kept.is_empty(), "the demonstrations changed shape");
+    std::fs::write(sft, kept).unwrap();
 }
 
 /// The generated orchestrator demonstrations all answer at once; the warm start here learns to
@@ -429,7 +426,7 @@ fn answer(mut stream: TcpStream, seen: &Mutex<BTreeMap<String, u32>>) -> std::io
 
 /// The fixed modules of the warm-started agentflow and tool_orchestra runs: an OpenAI chat
 /// completion that does what the last message asks for — Python that computes for a while and
-/// prints 60 words, a search query, STOP-or-CONTINUE (always CONTINUE), a yes-or-no verdict (yes),
+/// prints the request's temperature and 60 words, a search query, STOP-or-CONTINUE (always CONTINUE), a yes-or-no verdict (yes),
 /// or a boxed answer — with token counts of about a word each.
 fn scripted_expert(request: &Value) -> Value {
     let asked = request["messages"]
@@ -438,15 +435,19 @@ fn scripted_expert(request: &Value) -> Value {
         .and_then(|m| m["content"].as_str())
         .unwrap_or("");
     let reply = if asked.contains("Write Python") {
-        "```python\nprint(sum(range(3_000_000)))\nprint('done ' * 60)\n```"
+        // The temperature it was asked with shows in the output: the helper's key reached it.
+        format!(
+            "```python\nprint(sum(range(3_000_000)))\nprint('temperature {}', 'done ' * 60)\n```",
+            request["temperature"]
+        )
     } else if asked.contains("search query") {
-        "the capital"
+        "the capital".to_owned()
     } else if asked.contains("Reply STOP") {
-        "CONTINUE"
+        "CONTINUE".to_owned()
     } else if asked.contains("yes or no") {
-        "yes"
+        "yes".to_owned()
     } else {
-        "\\boxed{0}"
+        "\\boxed{0}".to_owned()
     };
     serde_json::json!({
         "id": "scripted",

@@ -1,0 +1,95 @@
+//! Demonstrations for a recipe's agent, recorded from the agent itself: each training prompt runs
+//! through the recipe's own agent (its settings, the model's chat template, real tools) with the
+//! agent type's oracle writing every turn and playing every helper ([`ooze_rollout::oracle`]).
+//! `ooze recipe-data … --demonstrations` writes them for `ooze sft`.
+
+use crate::agents::agent_rollout;
+use crate::prepare::{data_config, prompt_format};
+use crate::recipe::{AgentSection, Recipe};
+use anyhow::{bail, Context};
+use ooze_agents::recipes::agentflow::AgentflowOracle;
+use ooze_model::Tokenizer;
+use ooze_rollout::oracle::{demonstrate, Demonstration, Oracle};
+use ooze_rollout::prompts::{prepare, PromptItem};
+use std::sync::Arc;
+
+/// Executions run at once (each may wait on the sandbox).
+const AT_ONCE: usize = 8;
+
+/// The agent types whose demonstrations an oracle writes.
+pub fn has_oracle(agent: &AgentSection) -> bool {
+    matches!(agent, AgentSection::Agentflow(_))
+}
+
+fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn Oracle>> {
+    Ok(match agent {
+        AgentSection::Agentflow(_) => Arc::new(AgentflowOracle::new(prompt)?),
+        other => bail!(
+            "agent.type = \"{}\" has no oracle for demonstrations",
+            other.spec().map_or("none", |s| s.type_name())
+        ),
+    })
+}
+
+/// Every conversation of the recipe's agent on each prompt of the data file `path` (read with
+/// the recipe's `[data]` keys), in prompt order. Progress goes to stderr.
+pub fn demonstrations(
+    recipe: &Recipe,
+    tokenizer: Arc<Tokenizer>,
+    path: &str,
+) -> anyhow::Result<Vec<Demonstration>> {
+    let Some(spec) = recipe.agent.spec() else {
+        bail!("the recipe has no [agent]: demonstrations are an agent's conversations");
+    };
+    let rows = ooze_rollout::data::load(&data_config(recipe, path))?.rows;
+    let (prompts, _) = prepare(
+        rows,
+        &tokenizer,
+        &prompt_format(recipe),
+        recipe.data.max_prompt_tokens,
+        path,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let longest = prompts.iter().map(|p| p.input_ids.len()).max().unwrap_or(0);
+    let rollout = agent_rollout(recipe, longest + spec.context_len())?
+        .context("the recipe has no [agent]")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let started = std::time::Instant::now();
+    let mut out: Vec<Vec<Demonstration>> = vec![Vec::new(); prompts.len()];
+    runtime.block_on(async {
+        let mut running = tokio::task::JoinSet::new();
+        let mut next = 0;
+        let mut done = 0;
+        while done < prompts.len() {
+            while next < prompts.len() && running.len() < AT_ONCE {
+                let prompt = prompts[next].clone();
+                let oracle = oracle(&recipe.agent, &prompt)?;
+                let (agent, limits, tokenizer) = (
+                    rollout.agent.clone(),
+                    rollout.limits.clone(),
+                    tokenizer.clone(),
+                );
+                running.spawn(async move {
+                    let shown = demonstrate(&*agent, oracle, &tokenizer, &limits, &prompt).await;
+                    (next, prompt.source_line, shown)
+                });
+                next += 1;
+            }
+            let (i, line, shown) = running.join_next().await.expect("tasks are running")?;
+            out[i] = shown.with_context(|| format!("{path}:{line}: the demonstration failed"))?;
+            done += 1;
+            if done % 100 == 0 || done == prompts.len() {
+                eprintln!(
+                    "demonstrations: {done}/{} prompts ({:.0}s)",
+                    prompts.len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(out.into_iter().flatten().collect())
+}
