@@ -15,7 +15,8 @@
 # expressions, which need its Python tool. TASK=arithmetic|addition sets one task for all.
 # Each run's metrics are in OUT/NAME/grpo/metrics.jsonl; a line per recipe reports the times.
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
-#        (env: OOZE, ROLLOUTS=20, LR=1e-4, SFT_STEPS=400, N=5000 problems, DEVICE=cuda)
+#        (env: OOZE, ROLLOUTS=20, LR=1e-4, SFT_STEPS=400, N=5000 problems, DEVICE=cuda,
+#         SEED=0: the models' initialisation, the SFT order and the RL sampling; the data stays)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...}
@@ -26,10 +27,11 @@ lr=${LR:-1e-4}
 sft_steps=${SFT_STEPS:-400}
 n=${N:-5000}
 device=${DEVICE:-cuda}
+seed=${SEED:-0}
 
 sft() { # MODEL_DIR DATA OUT STEPS
   $ooze sft --model "$1" --data "$2" --out "$3" --device "$device" --dtype "$([ "$device" = cpu ] && echo fp32 || echo bf16)" --batch-size 64 \
-    --lr 2e-3 --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 2>&1 |
+    --lr 2e-3 --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 --seed "$seed" 2>&1 |
     grep -v "^sft: step [0-9]*/[0-9]* loss" || true
 }
 
@@ -57,7 +59,7 @@ for recipe in "$@"; do
       record=()
       if [ "$recipe" = agentflow ]; then
         # Recorded from the recipe's own agent, rendered with the model's chat template.
-        $ooze init-model --family qwen2 --size small "$dir/model" >/dev/null
+        $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
         record=(--recipe "recipes/$recipe/recipe.toml" --model "$dir/model")
       fi
       $ooze recipe-data "$recipe" "$dir/data" --n "$n" --task "$task" --demonstrations "${record[@]}"
@@ -65,7 +67,7 @@ for recipe in "$@"; do
       ;;
     *) echo "unknown recipe $recipe" >&2; exit 2 ;;
   esac
-  [ -d "$dir/model" ] || $ooze init-model --family qwen2 --size small "$dir/model" >/dev/null
+  [ -d "$dir/model" ] || $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
   sft "$dir/model" "$dir/data/sft.jsonl" "$dir/sft" "$sft_steps"
   case $recipe in
     agentflow)
@@ -74,9 +76,9 @@ for recipe in "$@"; do
       done
       ;;
     tool_orchestra)
-      $ooze init-model --family qwen2 --size tiny "$dir/experts/small-init" >/dev/null
+      $ooze init-model --seed "$seed" --family qwen2 --size tiny "$dir/experts/small-init" >/dev/null
       sft "$dir/experts/small-init" "$dir/data/experts.jsonl" "$dir/experts/small" $((sft_steps * 3 / 8))
-      $ooze init-model --family qwen2 --size small "$dir/experts/large-init" >/dev/null
+      $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/experts/large-init" >/dev/null
       sft "$dir/experts/large-init" "$dir/data/experts.jsonl" "$dir/experts/large" $((sft_steps * 5 / 2))
       sets+=(--set "helpers.small.path=\"$dir/experts/small/final-model\""
         --set "helpers.large.path=\"$dir/experts/large/final-model\"")
@@ -87,7 +89,8 @@ for recipe in "$@"; do
     --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$dir/data/train.parquet\"" \
     --set "logging.run_dir=\"$dir/grpo\"" --set "rollout.num_rollouts=$rollouts" \
     --set "eval.interval=$rollouts" --set "trainer.lr=$lr" --set trainer.save_interval=1000 \
-    --set logging.progress=false --set "model.device=\"$device\"" "${sets[@]}"
+    --set logging.progress=false --set "model.device=\"$device\"" \
+    --set "rollout.seed=$((1234 + seed))" --set "data.seed=$((42 + seed))" "${sets[@]}"
   end=$(date +%s)
   echo "gpu $recipe: data and sft $((sft_done - start)) s, grpo $((end - sft_done)) s"
 done

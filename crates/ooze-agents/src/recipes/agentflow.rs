@@ -281,10 +281,11 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 
 /// The demonstrations' teacher ([`ooze_rollout::oracle`]): it plans, and plays every fixed module,
 /// knowing the problem's answer. Plans differ by problem (a hash of it), so that the demonstrations
-/// show the planner after one and two earlier steps, and show the verifier both verdicts:
-/// - half the problems: `python_coder` at once;
-/// - a quarter: a `base_generator` estimate first, then `python_coder`;
-/// - a quarter: two estimates, then `python_coder`.
+/// show the planner after one and more earlier steps, and show the verifier both verdicts:
+/// - a third of the problems: `python_coder` at once;
+/// - a third: a `base_generator` estimate first, then `python_coder`;
+/// - a third: estimates until the turns run out, whose answer is usually wrong: the warm-started
+///   planner starts imperfect, and RL has the exact tool to find.
 ///
 /// The modules, as fixed models that an SFT model can learn from their inputs alone: the executor
 /// writes `print(EXPRESSION)` for `python_coder` and "about N" (the answer rounded to ten) for
@@ -306,10 +307,10 @@ impl AgentflowOracle {
         Ok(AgentflowOracle {
             expression: super::expression(problem).to_owned(),
             answer: prompt.label.clone(),
-            estimates: match hash % 4 {
-                0 | 1 => 0,
-                2 => 1,
-                _ => 2,
+            estimates: match hash % 3 {
+                0 => 0,
+                1 => 1,
+                _ => usize::MAX,
             },
         })
     }
