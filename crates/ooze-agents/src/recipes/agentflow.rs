@@ -465,7 +465,11 @@ mod tests {
             o.reply(who, &[json!({"role": "user", "content": text})])
                 .unwrap()
         };
-        let plan = parse_plan(&o.plan(0)).unwrap();
+        let step = parse_plan(&o.plan(0)).unwrap();
+        let plan = Plan {
+            tool: "python_coder".into(),
+            ..step
+        };
         let p = "Compute ((20 + 4) - 1) * 8";
         let code = ask(Caller::Helper("executor"), executor_request(p, &plan));
         let estimate = |tool: &str| Plan {
