@@ -16,11 +16,6 @@ use std::sync::Arc;
 /// Executions run at once (each may wait on the sandbox).
 const AT_ONCE: usize = 8;
 
-/// The agent types whose demonstrations an oracle writes.
-pub fn has_oracle(agent: &AgentSection) -> bool {
-    matches!(agent, AgentSection::Agentflow(_))
-}
-
 fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn Oracle>> {
     Ok(match agent {
         AgentSection::Agentflow(_) => Arc::new(AgentflowOracle::new(prompt)?),
