@@ -389,7 +389,8 @@ pub enum RecipeError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// Sets `dotted = value` in `table` (the value parsed as TOML, or taken as a string).
+/// Sets `dotted = value` in `table` (the value parsed as TOML, or taken as a string when it is a
+/// bare word; a table, array or quoted string must parse).
 fn set_key(table: &mut toml::Table, assignment: &str) -> Result<(), RecipeError> {
     let bad = |m: &str| RecipeError::Set(assignment.to_owned(), m.to_owned());
     let (key, raw) = assignment
@@ -398,6 +399,13 @@ fn set_key(table: &mut toml::Table, assignment: &str) -> Result<(), RecipeError>
     let key = key.trim();
     let value: toml::Value = match format!("v = {raw}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").expect("invariant: parsed `v = …`"),
+        // A table, array or quoted string that does not parse is a mistake, not a bare word.
+        Err(e) if raw.trim_start().starts_with(['{', '[', '"', '\'']) => {
+            return Err(bad(&format!(
+                "the value is not valid TOML: {}",
+                e.message().trim_end()
+            )))
+        }
         Err(_) => toml::Value::String(raw.to_owned()),
     };
     let parts: Vec<&str> = key.split('.').collect();
@@ -678,6 +686,16 @@ mod tests {
         assert!(e.contains("reward.pattern"), "{e}");
         let e = parse(MIN, &["model.path.x=1"]).unwrap_err();
         assert!(e.contains("`path` is not a section"), "{e}");
+        // A malformed table is named as such, not read as a string.
+        let e = parse(MIN, &["rollout={max_new_tokens = 1, max_new_tokens = 2}"]).unwrap_err();
+        assert!(
+            e.starts_with("--set rollout=")
+                && e.contains("not valid TOML")
+                && e.contains("duplicate key"),
+            "{e}"
+        );
+        let e = parse(MIN, &["rollout.stop=[\"a\""]).unwrap_err();
+        assert!(e.contains("not valid TOML"), "{e}");
     }
 
     #[test]
