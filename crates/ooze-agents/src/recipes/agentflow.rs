@@ -414,6 +414,17 @@ impl ooze_rollout::oracle::Oracle for AgentflowOracle {
 mod tests {
     use super::*;
 
+    /// A prompt of `problem` with answer 184.
+    fn prompt(problem: &str) -> PromptItem {
+        PromptItem {
+            source_line: 1,
+            text: String::new(),
+            input_ids: vec![1],
+            label: "184".into(),
+            metadata: json!({ "problem": problem }),
+        }
+    }
+
     #[test]
     fn plans() {
         let plan =
@@ -428,16 +439,7 @@ mod tests {
         assert!(parse_plan("Tool: base_generator")
             .unwrap_err()
             .contains("Sub-goal"));
-        let oracle = |problem: &str| {
-            let prompt = PromptItem {
-                source_line: 1,
-                text: String::new(),
-                input_ids: vec![1],
-                label: "184".into(),
-                metadata: json!({ "problem": problem }),
-            };
-            AgentflowOracle::new(&prompt).unwrap()
-        };
+        let oracle = |problem: &str| AgentflowOracle::new(&prompt(problem)).unwrap();
         for problem in [
             "Compute ((20 + 4) - 1) * 8",
             "Compute (5 * 7) + 149",
@@ -453,14 +455,7 @@ mod tests {
     #[test]
     fn the_oracle_plays_the_modules() {
         use ooze_rollout::oracle::{Caller, Oracle};
-        let prompt = PromptItem {
-            source_line: 1,
-            text: String::new(),
-            input_ids: vec![1],
-            label: "184".into(),
-            metadata: json!({ "problem": "Compute ((20 + 4) - 1) * 8" }),
-        };
-        let o = AgentflowOracle::new(&prompt).unwrap();
+        let o = AgentflowOracle::new(&prompt("Compute ((20 + 4) - 1) * 8")).unwrap();
         let ask = |who, text: String| {
             o.reply(who, &[json!({"role": "user", "content": text})])
                 .unwrap()

@@ -138,7 +138,7 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
     use ooze_agents::recipes::{agentflow, multi_agent, retool, tool_orchestra};
     if !args.sets.is_empty() || args.recipe_file.is_some() || args.model.is_some() {
         anyhow::ensure!(
-            args.demonstrations && args.recipe_name_records(),
+            args.demonstrations && args.records_demonstrations(),
             "--recipe, --model and --set apply to agentflow's --demonstrations"
         );
     }
@@ -199,7 +199,7 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
 
 impl Args {
     /// Whether this recipe's demonstrations are recorded from its agent.
-    fn recipe_name_records(&self) -> bool {
+    fn records_demonstrations(&self) -> bool {
         self.recipe == "agentflow"
     }
 }

@@ -46,8 +46,15 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
 /// fails.
 #[allow(dead_code)] // not every test crate that shares this module runs the CLI this way
 pub fn ooze_ok(args: &[&str]) -> std::process::Output {
+    ooze_ok_with(args, &[])
+}
+
+/// [`ooze_ok`] with environment variables `envs` set.
+#[allow(dead_code)]
+pub fn ooze_ok_with(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
         .args(args)
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -90,10 +97,8 @@ pub fn agent_warm_start(
     ooze(&data);
     edit(&dir.join("data/sft.jsonl"));
     // One thread: the callers warm-start several agents at once on two cores.
-    let out = Command::new(env!("CARGO_BIN_EXE_ooze"))
-        .env("OMP_NUM_THREADS", "1")
-        .stdin(Stdio::null())
-        .args([
+    ooze_ok_with(
+        &[
             "sft",
             "--model",
             &model,
@@ -115,13 +120,8 @@ pub fn agent_warm_start(
             "100000",
             "--eval-every",
             "100000",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ooze sft for {recipe} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[("OMP_NUM_THREADS", "1")],
     );
     dir.join("sft/final-model")
 }
