@@ -1,37 +1,44 @@
 #!/usr/bin/env bash
 # The agent recipes on a GPU, each on its generated data: a small Qwen2-architecture model
-# warm-started by `ooze sft` on the recipe's demonstrations (bf16), then `ooze train` on the
-# recipe's TOML for ROLLOUTS rollouts with held-out evaluation at the start and the end.
-#   retool          Python-tool arithmetic
+# warm-started by `ooze sft` on demonstrations recorded from the recipe's own agent (bf16), then
+# `ooze train` on the recipe's TOML for ROLLOUTS rollouts with held-out evaluation at the start
+# and the end.
+#   search_r1       search over a BM25 corpus of made-up facts (held-out questions: unseen facts)
+#   retool          Python-tool arithmetic (multi-step expressions)
 #   multi_agent     solvers → rewriters → selector, every call a trained sibling
 #   memagent        chunked reading with an overwritten memory; eval at 1, 2, 4, 8× the length
-#   agentflow       planner trained; executor, verifier, generator, judge frozen (the SFT model);
-#                   its demonstrations are recorded from the recipe's agent with an oracle
-#   tool_orchestra  orchestrator over two experts warm-started on expert demonstrations: `small`
-#                   (tiny model, few steps, cheap) and `large` (small model, more steps, 15× the
-#                   price); the orchestrator's demonstrations always call `small`
-# The recipes whose models answer without a tool (multi_agent, agentflow's fixed modules,
-# tool_orchestra's experts) get two-number sums (`--task addition`); retool gets multi-step
-# expressions, which need its Python tool. TASK=arithmetic|addition sets one task for all.
-# Each run's metrics are in OUT/NAME/grpo/metrics.jsonl; a line per recipe reports the times.
+#   agentflow       planner trained; executor, verifier, generator, judge frozen (the SFT model)
+#   tool_orchestra  orchestrator over two experts warm-started on the recorded expert
+#                   conversations: `small` (tiny model, few steps, cheap) and `large` (small
+#                   model, more steps, 15× the price)
+# The demonstrations come from `ooze recipe-data RECIPE … --demonstrations --recipe TOML --model
+# MODEL`: the recipe's agent runs every training row with the agent type's oracle writing the
+# turns (see each oracle's docs for the habits it mixes), rendered with the model's template.
+# multi_agent, agentflow and tool_orchestra get two-number sums (`--task addition`); retool gets
+# multi-step expressions, which need its Python tool. TASK=arithmetic|addition sets one task.
+# Every seed of every recipe runs at once (one GPU holds them all); each run's log is
+# OUT/RECIPE/seed-S/log, its metrics OUT/RECIPE/seed-S/grpo/metrics.jsonl, and a line per run
+# reports held-out pass@1 at the start and the end, and the times.
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
-#        (env: OOZE, ROLLOUTS=20, LR=1e-4, SFT_STEPS=400, N=5000 problems, DEVICE=cuda,
-#         SEED=0: the models' initialisation, the SFT order and the RL sampling; the data stays)
+#        (env: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4, SFT_STEPS=1500, N=5000 problems
+#         (memagent: 2000 documents), DEVICE=cuda; a seed sets the models' initialisation, the
+#         SFT order and the RL sampling; the data is the same for every seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...}
 shift
 ooze=${OOZE:-target/release/ooze}
+seeds=${SEEDS:-0 1 2}
 rollouts=${ROLLOUTS:-20}
 lr=${LR:-1e-4}
-sft_steps=${SFT_STEPS:-400}
+sft_steps=${SFT_STEPS:-1500}
 n=${N:-5000}
+documents=${N:-2000}
 device=${DEVICE:-cuda}
-seed=${SEED:-0}
 
-sft() { # MODEL_DIR DATA OUT STEPS
+sft() { # MODEL_DIR DATA OUT STEPS SEED
   $ooze sft --model "$1" --data "$2" --out "$3" --device "$device" --dtype "$([ "$device" = cpu ] && echo fp32 || echo bf16)" --batch-size 64 \
-    --lr 2e-3 --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 --seed "$seed" 2>&1 |
+    --lr 2e-3 --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 --seed "$5" 2>&1 |
     grep -v "^sft: step [0-9]*/[0-9]* loss" || true
 }
 
@@ -39,58 +46,103 @@ eval_set() { # NAME PATH N_SAMPLES
   echo "{name = \"$1\", path = \"$2\", n_samples = $3, pass_k = [1]}"
 }
 
-for recipe in "$@"; do
-  dir="$out/$recipe"
-  rm -rf "$dir"
-  mkdir -p "$dir"
+# One recipe's data, SFT and GRPO for one seed, in DIR.
+run_one() { # RECIPE SEED DIR DATA
+  local recipe=$1 seed=$2 dir=$3 data=$4
+  local start sft_done end
   start=$(date +%s)
-  sets=()
+  local sets=() record=(--recipe "recipes/$recipe/recipe.toml")
   case $recipe in
     memagent)
-      $ooze recipe-data memagent "$dir/data" --n "$n" --words 300 --demonstrations
-      evals=""
+      local evals="" w
       for w in 300 600 1200 2400; do
-        evals="$evals$(eval_set "words_$w" "$dir/data/test_$w.parquet" 2), "
+        evals="$evals$(eval_set "words_$w" "$data/test_$w.parquet" 2), "
       done
       sets+=(--set "eval.datasets=[${evals%, }]" --set agent.chunk_tokens=256)
+      record+=(--set agent.chunk_tokens=256)
       ;;
-    retool | multi_agent | agentflow | tool_orchestra)
-      task=${TASK:-$([ "$recipe" = retool ] && echo arithmetic || echo addition)}
-      record=()
-      if [ "$recipe" = agentflow ]; then
-        # Recorded from the recipe's own agent, rendered with the model's chat template.
-        $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
-        record=(--recipe "recipes/$recipe/recipe.toml" --model "$dir/model")
-      fi
-      $ooze recipe-data "$recipe" "$dir/data" --n "$n" --task "$task" --demonstrations "${record[@]}"
-      sets+=(--set "eval.datasets=[$(eval_set test "$dir/data/test.parquet" 4)]")
+    search_r1)
+      sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]"
+        --set "agent.corpus=\"$data/corpus.jsonl\"")
       ;;
-    *) echo "unknown recipe $recipe" >&2; exit 2 ;;
+    *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]") ;;
   esac
-  [ -d "$dir/model" ] || $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
-  sft "$dir/model" "$dir/data/sft.jsonl" "$dir/sft" "$sft_steps"
+  $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
+  # The demonstrations are rendered with the model's template, so each seed records its own
+  # (the same conversations: the oracle and the data do not depend on the seed).
+  local demos="$dir/demos"
+  mkdir -p "$demos"
+  local -a data_args
+  case $recipe in
+    memagent) data_args=(--n "$documents" --words 300) ;;
+    search_r1) data_args=(--n "$n") ;;
+    retool) data_args=(--n "$n" --task "${TASK:-arithmetic}") ;;
+    *) data_args=(--n "$n" --task "${TASK:-addition}") ;;
+  esac
+  $ooze recipe-data "$recipe" "$demos" "${data_args[@]}" --demonstrations "${record[@]}" \
+    --model "$dir/model"
+  sft "$dir/model" "$demos/sft.jsonl" "$dir/sft" "$sft_steps" "$seed"
   case $recipe in
     agentflow)
+      local h
       for h in executor verifier generator judge; do
         sets+=(--set "helpers.$h.path=\"$dir/sft/final-model\"")
       done
       ;;
     tool_orchestra)
       $ooze init-model --seed "$seed" --family qwen2 --size tiny "$dir/experts/small-init" >/dev/null
-      sft "$dir/experts/small-init" "$dir/data/experts.jsonl" "$dir/experts/small" $((sft_steps * 3 / 8))
+      sft "$dir/experts/small-init" "$demos/experts.jsonl" "$dir/experts/small" $((sft_steps * 3 / 8)) "$seed"
       $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/experts/large-init" >/dev/null
-      sft "$dir/experts/large-init" "$dir/data/experts.jsonl" "$dir/experts/large" $((sft_steps * 5 / 2))
+      sft "$dir/experts/large-init" "$demos/experts.jsonl" "$dir/experts/large" $((sft_steps * 5 / 2)) "$seed"
       sets+=(--set "helpers.small.path=\"$dir/experts/small/final-model\""
         --set "helpers.large.path=\"$dir/experts/large/final-model\"")
       ;;
   esac
   sft_done=$(date +%s)
   $ooze train "recipes/$recipe/recipe.toml" \
-    --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$dir/data/train.parquet\"" \
+    --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$data/train.parquet\"" \
     --set "logging.run_dir=\"$dir/grpo\"" --set "rollout.num_rollouts=$rollouts" \
     --set "eval.interval=$rollouts" --set "trainer.lr=$lr" --set trainer.save_interval=1000 \
     --set logging.progress=false --set "model.device=\"$device\"" \
     --set "rollout.seed=$((1234 + seed))" --set "data.seed=$((42 + seed))" "${sets[@]}"
   end=$(date +%s)
-  echo "gpu $recipe: data and sft $((sft_done - start)) s, grpo $((end - sft_done)) s"
+  echo "gpu $recipe seed $seed: data and sft $((sft_done - start)) s, grpo $((end - sft_done)) s"
+}
+
+# Held-out pass@1 per eval set at the first and the last evaluation of a run.
+summary() { # RECIPE SEED METRICS
+  python3 - "$@" <<'EOF'
+import json, sys
+recipe, seed, path = sys.argv[1:]
+evals = [m for m in map(json.loads, open(path)) if any(k.startswith("eval/") for k in m)]
+keys = sorted(k for k in evals[0] if k.startswith("eval/") and k.endswith("/pass@1"))
+cells = [f"{k[5:-7]} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys]
+print(f"result {recipe} seed {seed}: " + ", ".join(cells))
+EOF
+}
+
+pids=()
+for recipe in "$@"; do
+  case $recipe in
+    search_r1 | retool | multi_agent | memagent | agentflow | tool_orchestra) ;;
+    *) echo "unknown recipe $recipe" >&2; exit 2 ;;
+  esac
+  data="$out/$recipe/data"
+  rm -rf "${out:?}/$recipe"
+  mkdir -p "$out/$recipe"
+  # The train and test splits, shared by the seeds.
+  case $recipe in
+    memagent) $ooze recipe-data memagent "$data" --n "$documents" --words 300 ;;
+    search_r1) $ooze recipe-data search_r1 "$data" --n "$n" ;;
+    retool) $ooze recipe-data retool "$data" --n "$n" --task "${TASK:-arithmetic}" ;;
+    *) $ooze recipe-data "$recipe" "$data" --n "$n" --task "${TASK:-addition}" ;;
+  esac
+  for seed in $seeds; do
+    dir="$out/$recipe/seed-$seed"
+    mkdir -p "$dir"
+    (run_one "$recipe" "$seed" "$dir" "$data" >"$dir/log" 2>&1 && tail -1 "$dir/log" &&
+      summary "$recipe" "$seed" "$dir/grpo/metrics.jsonl" || echo "gpu $recipe seed $seed FAILED: see $dir/log") &
+    pids+=($!)
+  done
 done
+for pid in "${pids[@]}"; do wait "$pid"; done

@@ -103,6 +103,7 @@ fn two_hundred_fifty_six_tool_trajectories_all_finish() {
                 input_ids: tokenizer.encode(&rendered, false).unwrap(),
                 label: String::new(),
                 metadata: serde_json::Value::Null,
+                messages: Vec::new(),
             };
             (i as u64, item)
         })

@@ -265,20 +265,7 @@ impl AgentContext {
         stop: &[&str],
     ) -> Result<HelperReply, AgentError> {
         if let PolicySource::Oracle { oracle, recording } = &self.policy {
-            let text = oracle
-                .reply(Caller::Helper(name), messages)
-                .map_err(AgentError::Agent)?;
-            let mut shown = messages.to_vec();
-            shown.push(json!({"role": "assistant", "content": text}));
-            let id = self.conversations.fetch_add(1, Ordering::Relaxed);
-            recording.put(id, name, &shown);
-            let completion_tokens = self.encode(&text)?.len();
-            return Ok(HelperReply {
-                text,
-                prompt_tokens: 0,
-                completion_tokens,
-                latency: Duration::ZERO,
-            });
+            return self.scripted_helper(oracle.as_ref(), recording, name, messages, max_tokens);
         }
         let helper = self.helpers.get(name)?.clone();
         let reply = helper
@@ -297,6 +284,52 @@ impl AgentContext {
         u.tokens += reply.prompt_tokens + reply.completion_tokens;
         u.cost += reply.cost(helper.price_per_million_tokens);
         u.seconds += reply.latency.as_secs_f64();
+        Ok(reply)
+    }
+
+    /// The oracle's reply to helper `name` (cut to its token limit, as a model's would be),
+    /// recorded as a conversation of its own and counted in the usage at the helper's price.
+    fn scripted_helper(
+        &self,
+        oracle: &dyn Oracle,
+        recording: &Recording,
+        name: &str,
+        messages: &[Value],
+        max_tokens: usize,
+    ) -> Result<HelperReply, AgentError> {
+        let helper = self.helpers.get(name).ok();
+        let limit = helper.map_or(max_tokens, |h| max_tokens.min(h.max_tokens).max(1));
+        let mut text = oracle
+            .reply(Caller::Helper(name), messages)
+            .map_err(AgentError::Agent)?;
+        let mut tokens = self.encode(&text)?;
+        if tokens.len() > limit {
+            tokens.truncate(limit);
+            text = self
+                .tokenizer
+                .decode(&tokens, false)
+                .map_err(|e| AgentError::Tokenizer(e.to_string()))?;
+        }
+        let mut shown = messages.to_vec();
+        shown.push(json!({"role": "assistant", "content": text}));
+        let id = self.conversations.fetch_add(1, Ordering::Relaxed);
+        recording.put(id, name, &shown);
+        // The prompt's size as the policy's tokenizer counts its messages' text.
+        let mut prompt_tokens = 0;
+        for content in messages.iter().filter_map(|m| m["content"].as_str()) {
+            prompt_tokens += self.encode(content)?.len();
+        }
+        let reply = HelperReply {
+            text,
+            prompt_tokens,
+            completion_tokens: tokens.len(),
+            latency: Duration::ZERO,
+        };
+        let mut usage = self.helper_usage.lock().expect("never poisoned");
+        let u = usage.entry(name.to_owned()).or_default();
+        u.calls += 1;
+        u.tokens += reply.prompt_tokens + reply.completion_tokens;
+        u.cost += helper.map_or(0.0, |h| reply.cost(h.price_per_million_tokens));
         Ok(reply)
     }
 
@@ -389,10 +422,11 @@ impl AgentContext {
         })
     }
 
-    /// A conversation that starts from an already rendered prompt (the dataset's `input_ids`).
+    /// A conversation that starts from an already rendered prompt (the dataset's `input_ids`); its
+    /// messages are the ones the prompt was rendered from (none for a raw text prompt).
     pub fn start_rendered(&self, prompt: &PromptItem) -> Conversation {
         Conversation {
-            messages: Vec::new(),
+            messages: prompt.messages.clone(),
             tools: None,
             sample: Sample::with_prompt(prompt.input_ids.clone()),
             open_turn: false,

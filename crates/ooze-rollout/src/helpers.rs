@@ -34,6 +34,9 @@ pub enum HelperBackend {
         model: String,
         api_key: Option<String>,
     },
+    /// No model: a scripted context's oracle answers in its place (demonstrations,
+    /// [`crate::oracle`]); the helper keeps its price and description for the agent's prompts.
+    Scripted,
 }
 
 /// One named helper model and its settings.
@@ -58,6 +61,7 @@ impl std::fmt::Debug for Helper {
         let backend = match &self.backend {
             HelperBackend::Engine { .. } => "engine".to_owned(),
             HelperBackend::Http { base_url, .. } => base_url.clone(),
+            HelperBackend::Scripted => "scripted".to_owned(),
         };
         f.debug_struct("Helper")
             .field("name", &self.name)
@@ -247,6 +251,10 @@ impl Helper {
                     latency: started.elapsed(),
                 })
             }
+            HelperBackend::Scripted => Err(fail(
+                "a scripted helper has no model; only a scripted context's oracle answers it"
+                    .into(),
+            )),
         }
     }
 }

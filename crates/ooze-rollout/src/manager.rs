@@ -495,6 +495,7 @@ mod tests {
             input_ids: vec![1],
             label: String::new(),
             metadata: serde_json::Value::Null,
+            messages: Vec::new(),
         };
         // Execution 0 has three siblings with per-sample rewards, execution 1 one sample.
         let group = Group {

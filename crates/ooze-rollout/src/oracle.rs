@@ -6,6 +6,7 @@
 //! prompts change.
 
 use crate::agent::{Agent, AgentContext, AgentError, AgentLimits};
+use crate::helpers::Helpers;
 use crate::prompts::PromptItem;
 use ooze_model::Tokenizer;
 use serde_json::Value;
@@ -61,18 +62,24 @@ impl Recording {
     }
 }
 
-/// Runs `agent` once on `prompt` with `oracle` writing every turn; returns the conversations it
-/// held, policy and helpers, in the order they started. Tools run for real.
+/// Runs `agent` once on `prompt` with `oracle` writing every turn and answering for `helpers`
+/// (their names, prices and descriptions as the recipe sets them; [`HelperBackend::Scripted`]);
+/// returns the conversations it held, policy and helpers, in the order they started. Tools run
+/// for real.
+///
+/// [`HelperBackend::Scripted`]: crate::helpers::HelperBackend::Scripted
 pub async fn demonstrate(
     agent: &dyn Agent,
     oracle: Arc<dyn Oracle>,
     tokenizer: &Arc<Tokenizer>,
     limits: &AgentLimits,
+    helpers: Helpers,
     prompt: &PromptItem,
 ) -> Result<Vec<Demonstration>, AgentError> {
     let recording = Arc::new(Recording::default());
     let mut ctx =
-        AgentContext::scripted(tokenizer.clone(), limits.clone(), oracle, recording.clone());
+        AgentContext::scripted(tokenizer.clone(), limits.clone(), oracle, recording.clone())
+            .with_helpers(helpers);
     agent.run(&mut ctx, prompt).await?;
     Ok(recording.take())
 }

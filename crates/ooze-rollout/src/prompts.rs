@@ -26,6 +26,9 @@ pub struct PromptItem {
     pub input_ids: Vec<u32>,
     pub label: String,
     pub metadata: Value,
+    /// The chat messages `text` was rendered from (the system prompt included); empty for a raw
+    /// text prompt (`data.apply_chat_template = false`).
+    pub messages: Vec<Value>,
 }
 
 /// Task items as rows (line = item number).
@@ -49,8 +52,17 @@ pub fn render(
     tokenizer: &Tokenizer,
     format: &PromptFormat,
 ) -> Result<String, String> {
+    render_with_messages(row, tokenizer, format).map(|(text, _)| text)
+}
+
+/// [`render`], and the chat messages it rendered (none for a raw text prompt).
+fn render_with_messages(
+    row: &PromptRow,
+    tokenizer: &Tokenizer,
+    format: &PromptFormat,
+) -> Result<(String, Vec<Value>), String> {
     let messages: Vec<Value> = match (&row.input, format.apply_chat_template) {
-        (PromptInput::Text(text), false) => return Ok(text.clone()),
+        (PromptInput::Text(text), false) => return Ok((text.clone(), Vec::new())),
         (PromptInput::Messages(_), false) => {
             return Err(
                 "the input is a list of chat messages; set data.apply_chat_template = true".into(),
@@ -71,7 +83,7 @@ pub fn render(
     let template = tokenizer
         .chat_template(row.tools.is_some())
         .map_err(|e| e.to_string())?;
-    template
+    let text = template
         .render(
             &messages,
             &RenderOptions {
@@ -80,7 +92,8 @@ pub fn render(
                 ..Default::default()
             },
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok((text, messages))
 }
 
 /// Turns rows into prompts; rows longer than `max_prompt_tokens` are left out and counted.
@@ -95,8 +108,8 @@ pub fn prepare(
     let mut items = Vec::with_capacity(rows.len());
     let mut too_long = 0;
     for row in rows {
-        let text =
-            render(&row, tokenizer, format).map_err(|e| format!("{origin}:{}: {e}", row.line))?;
+        let (text, messages) = render_with_messages(&row, tokenizer, format)
+            .map_err(|e| format!("{origin}:{}: {e}", row.line))?;
         let input_ids = tokenizer
             .encode(&text, false)
             .map_err(|e| format!("{origin}:{}: {e}", row.line))?;
@@ -113,6 +126,7 @@ pub fn prepare(
             input_ids,
             label: row.label,
             metadata: row.metadata,
+            messages,
         });
     }
     Ok((items, too_long))

@@ -61,6 +61,7 @@ fn prompt() -> PromptItem {
         input_ids: Vec::new(),
         label: String::new(),
         metadata: serde_json::Value::Null,
+        messages: Vec::new(),
     }
 }
 

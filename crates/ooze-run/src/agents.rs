@@ -457,6 +457,20 @@ pub fn build_helpers(
     Ok(Helpers::new(helpers))
 }
 
+/// The recipe's helpers with no models behind them, for demonstrations: an oracle answers each
+/// ([`HelperBackend::Scripted`]); their names, limits, prices and descriptions are the recipe's.
+pub fn scripted_helpers(recipe: &Recipe) -> Helpers {
+    Helpers::new(recipe.helpers.iter().map(|(name, h)| Helper {
+        name: name.clone(),
+        backend: HelperBackend::Scripted,
+        temperature: h.temperature,
+        max_tokens: h.max_tokens,
+        timeout: Duration::from_secs_f64(h.timeout_secs),
+        price_per_million_tokens: h.price_per_million_tokens,
+        description: h.description.clone(),
+    }))
+}
+
 fn remote_or_policy(
     name: &str,
     h: &HelperSection,

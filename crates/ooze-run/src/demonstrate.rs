@@ -3,11 +3,10 @@
 //! agent type's oracle writing every turn and playing every helper ([`ooze_rollout::oracle`]).
 //! `ooze recipe-data … --demonstrations` writes them for `ooze sft`.
 
-use crate::agents::agent_rollout;
+use crate::agents::{agent_rollout, scripted_helpers};
 use crate::prepare::{data_config, prompt_format};
 use crate::recipe::{AgentSection, Recipe};
 use anyhow::{bail, Context};
-use ooze_agents::recipes::agentflow::AgentflowOracle;
 use ooze_model::Tokenizer;
 use ooze_rollout::oracle::{demonstrate, Demonstration, Oracle};
 use ooze_rollout::prompts::{prepare, PromptItem};
@@ -16,13 +15,19 @@ use std::sync::Arc;
 /// Executions run at once (each may wait on the sandbox).
 const AT_ONCE: usize = 8;
 
+/// The agent type's oracle for one prompt.
 fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn Oracle>> {
+    use ooze_agents::recipes::{
+        agentflow, memagent, multi_agent, retool, search_r1, tool_orchestra,
+    };
     Ok(match agent {
-        AgentSection::Agentflow(_) => Arc::new(AgentflowOracle::new(prompt)?),
-        other => bail!(
-            "agent.type = \"{}\" has no oracle for demonstrations",
-            other.spec().map_or("none", |s| s.type_name())
-        ),
+        AgentSection::None => bail!("the recipe has no [agent]"),
+        AgentSection::SearchR1(_) => Arc::new(search_r1::SearchR1Oracle::new(prompt)?),
+        AgentSection::Retool(_) => Arc::new(retool::RetoolOracle::new(prompt)?),
+        AgentSection::MultiAgent(_) => Arc::new(multi_agent::MultiAgentOracle::new(prompt)?),
+        AgentSection::Memagent(_) => Arc::new(memagent::MemAgentOracle::new(prompt)?),
+        AgentSection::Agentflow(_) => Arc::new(agentflow::AgentflowOracle::new(prompt)?),
+        AgentSection::ToolOrchestra(_) => Arc::new(tool_orchestra::OrchestraOracle::new(prompt)?),
     })
 }
 
@@ -45,6 +50,17 @@ pub fn demonstrations(
         path,
     )
     .map_err(anyhow::Error::msg)?;
+    let continues_the_prompt = matches!(
+        recipe.agent,
+        AgentSection::SearchR1(_) | AgentSection::Retool(_)
+    );
+    if continues_the_prompt && prompts.iter().any(|p| p.messages.is_empty()) {
+        bail!(
+            "{path}: this agent continues the row's rendered prompt, and demonstrations are chat \
+             messages: the prompts must be chat messages (data.apply_chat_template = true)"
+        );
+    }
+    let helpers = scripted_helpers(recipe);
     let longest = prompts.iter().map(|p| p.input_ids.len()).max().unwrap_or(0);
     let rollout = agent_rollout(recipe, longest + spec.context_len())?
         .context("the recipe has no [agent]")?;
@@ -62,13 +78,15 @@ pub fn demonstrations(
             while next < prompts.len() && running.len() < AT_ONCE {
                 let prompt = prompts[next].clone();
                 let oracle = oracle(&recipe.agent, &prompt)?;
-                let (agent, limits, tokenizer) = (
+                let (agent, limits, tokenizer, helpers) = (
                     rollout.agent.clone(),
                     rollout.limits.clone(),
                     tokenizer.clone(),
+                    helpers.clone(),
                 );
                 running.spawn(async move {
-                    let shown = demonstrate(&*agent, oracle, &tokenizer, &limits, &prompt).await;
+                    let shown =
+                        demonstrate(&*agent, oracle, &tokenizer, &limits, helpers, &prompt).await;
                     (next, prompt.source_line, shown)
                 });
                 next += 1;

@@ -211,6 +211,13 @@ fn search_r1_trains_on_exact_trajectories() {
             || t.contains("[Invalid action.")
     };
     let searches = check_trajectories(&run, &ok, "<information>", "</search>");
+    prompts_are_demonstrated(&run, "", "");
+    observations_are_demonstrated(
+        &run,
+        "<information>",
+        "</information>",
+        "No documents matched",
+    );
     assert!(
         searches > 0,
         "the warm-started model searched at least once"
@@ -262,6 +269,8 @@ fn retool_trains_on_exact_trajectories() {
     let run = run_recipe("retool", "jsonl", &[]);
     let ok = |t: &str| t.starts_with("\n<interpreter>\n") && t.ends_with("\n</interpreter>\n");
     let calls = check_trajectories(&run, &ok, "<interpreter>", "</tool_call>");
+    prompts_are_demonstrated(&run, "", "");
+    observations_are_demonstrated(&run, "<interpreter>", "</interpreter>", "Error");
     assert!(
         calls > 0,
         "the warm-started model called the interpreter at least once"
@@ -358,7 +367,14 @@ fn rewards(siblings: &[Value]) -> Vec<f64> {
 
 #[test]
 fn multi_agent_trains_every_call_as_a_sibling() {
-    let run = run_recipe("multi_agent", "parquet", &["agent.solvers=2".to_string()]);
+    let run = run_recipe_with(
+        "multi_agent",
+        "parquet",
+        &["--set", "agent.solvers=2"],
+        &["agent.solvers=2".to_string()],
+        |_| Vec::new(),
+    );
+    prompts_are_demonstrated(&run, "", "");
     for siblings in executions(&run) {
         // 2 solvers, 2 rewriters, 1 selector.
         assert_eq!(siblings.len(), 5);
@@ -377,13 +393,49 @@ fn memagent_reads_in_chunks_and_broadcasts_the_reward() {
     let run = run_recipe_with(
         "memagent",
         "parquet",
-        &["--words", "150"],
+        &[
+            "--words",
+            "150",
+            "--set",
+            "agent.chunk_tokens=128",
+            "--set",
+            "agent.max_tokens_per_turn=24",
+        ],
         &[
             "agent.chunk_tokens=128".to_string(),
             "agent.max_tokens_per_turn=24".to_string(),
             "eval.datasets=[{name = \"words_150\", path = \"{data}/test_150.parquet\", n_samples = 2, pass_k = [1]}, {name = \"words_600\", path = \"{data}/test_600.parquet\", n_samples = 2, pass_k = [1]}]".to_string(),
         ],
         |_| Vec::new(),
+    );
+    prompts_are_demonstrated(&run, "", "");
+    // The demonstrations read sections as long as the run's chunks (values are masked above).
+    let longest_section = |prompts: Vec<String>| {
+        prompts
+            .iter()
+            .filter_map(|p| p.split_once("\nSection:\n"))
+            .map(|(_, rest)| {
+                let section = rest.split("\nNew memory:").next().unwrap();
+                run.tokenizer.encode(section, false).unwrap().len()
+            })
+            .max()
+            .unwrap()
+    };
+    let demonstrated = demonstrations(&run, "")
+        .iter()
+        .map(|m| m[0]["content"].as_str().unwrap().to_owned())
+        .collect();
+    let seen = rollout_samples(&run)
+        .iter()
+        .map(|(_, s)| {
+            let prompt = run.tokenizer.decode(&token_ids(&s["prompt_ids"]), false);
+            prompt.unwrap()
+        })
+        .collect();
+    let (demonstrated, seen) = (longest_section(demonstrated), longest_section(seen));
+    assert!(
+        demonstrated.abs_diff(seen) <= 2,
+        "{demonstrated} vs {seen} tokens"
     );
     for siblings in executions(&run) {
         let chunks = siblings[0]["agent_metrics"]["chunks"].as_f64().unwrap() as usize;
@@ -426,7 +478,7 @@ fn agentflow_plans_with_fixed_helpers_and_an_http_judge() {
     );
     drop(judge);
     // Every planner prompt of the rollouts, its values masked, has the shape of a demonstrated one.
-    planner_prompts_are_demonstrated(&run, "You plan the next step");
+    prompts_are_demonstrated(&run, "You plan the next step", "");
     for siblings in executions(&run) {
         let m = &siblings[0]["agent_metrics"];
         let steps = m["steps"].as_f64().unwrap() as usize;
@@ -465,39 +517,18 @@ fn shape(text: &str, common: &std::collections::HashSet<String>) -> Vec<String> 
     out
 }
 
-/// Checks that every policy prompt of `run`'s rollouts has the shape of a demonstrated prompt
-/// (`sft.jsonl` rows whose last user message starts with `marker`, rendered with the model's
-/// template as the agent renders them), values masked.
-fn planner_prompts_are_demonstrated(run: &Run, marker: &str) {
-    let template = run.tokenizer.chat_template(false).unwrap();
-    let options = ooze_model::RenderOptions {
-        add_generation_prompt: true,
-        ..Default::default()
-    };
-    let demos: Vec<String> = std::fs::read_to_string(run.data.join("sft.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let row: Value = serde_json::from_str(l).unwrap();
-            let messages = row["messages"].as_array().unwrap();
-            let asked = &messages[..messages.len() - 1];
-            asked.last()?["content"]
-                .as_str()?
-                .starts_with(marker)
-                .then(|| template.render(asked, &options).unwrap())
-        })
-        .collect();
-    assert!(
-        !demos.is_empty(),
-        "no demonstrated prompt starts with {marker:?}"
-    );
+/// Checks that every text of `seen` (from the rollouts) has the shape of one of `demonstrated`,
+/// values masked; `what` names them in the failure.
+fn shapes_are_demonstrated(demonstrated: &[String], seen: &[String], what: &str) {
+    assert!(!demonstrated.is_empty(), "no demonstrated {what}");
+    assert!(!seen.is_empty(), "no {what} in the rollouts");
     let mut counts: std::collections::HashMap<String, usize> = Default::default();
-    for d in &demos {
-        let mut seen = std::collections::HashSet::new();
+    for d in demonstrated {
+        let mut once = std::collections::HashSet::new();
         for line in d.lines() {
             let label = line.split_once(':').map(|(l, _)| format!("{l}:"));
             for key in std::iter::once(line.to_owned()).chain(label) {
-                if seen.insert(key.clone()) {
+                if once.insert(key.clone()) {
                     *counts.entry(key).or_default() += 1;
                 }
             }
@@ -505,39 +536,121 @@ fn planner_prompts_are_demonstrated(run: &Run, marker: &str) {
     }
     let common = counts
         .into_iter()
-        .filter(|(_, n)| *n * 20 >= demos.len())
+        .filter(|(_, n)| *n * 20 >= demonstrated.len())
         .map(|(k, _)| k)
         .collect();
     let shapes: std::collections::HashSet<Vec<String>> =
-        demos.iter().map(|d| shape(d, &common)).collect();
-    let mut checked = 0;
+        demonstrated.iter().map(|d| shape(d, &common)).collect();
+    for text in seen {
+        let s = shape(text, &common);
+        assert!(
+            shapes.contains(&s),
+            "{what} with no demonstrated shape:\n{text}\nshape: {s:?}\ndemonstrated: {shapes:?}"
+        );
+    }
+}
+
+/// The `sft.jsonl` conversations of `run` whose last user message starts with `marker`.
+fn demonstrations(run: &Run, marker: &str) -> Vec<Vec<Value>> {
+    std::fs::read_to_string(run.data.join("sft.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["messages"]
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .filter(|m| {
+            m.iter()
+                .rev()
+                .find(|m| m["role"] == "user")
+                .is_some_and(|u| u["content"].as_str().is_some_and(|c| c.starts_with(marker)))
+        })
+        .collect()
+}
+
+/// Every saved sample of `run`'s two rollouts.
+fn rollout_samples(run: &Run) -> Vec<(Value, Value)> {
+    let mut out = Vec::new();
     for k in 1..=2 {
         let text = std::fs::read_to_string(run.dir.join(format!("rollouts/rollout-{k:06}.jsonl")))
             .unwrap();
         for line in text.lines() {
             let group: Value = serde_json::from_str(line).unwrap();
             for sample in group["samples"].as_array().unwrap() {
-                let ids = sample
-                    .get("prompt_ids")
-                    .filter(|v| !v.is_null())
-                    .unwrap_or(&group["prompt"]["input_ids"]);
-                let ids: Vec<u32> = ids
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as u32)
-                    .collect();
-                let prompt = run.tokenizer.decode(&ids, false).unwrap();
-                let s = shape(&prompt, &common);
-                assert!(
-                    shapes.contains(&s),
-                    "a rollout prompt with no demonstrated shape:\n{prompt}\nshape: {s:?}\ndemonstrated: {shapes:?}"
-                );
-                checked += 1;
+                out.push((group.clone(), sample.clone()));
             }
         }
     }
-    assert!(checked > 0);
+    out
+}
+
+fn token_ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Checks that every turn prompt of `run`'s rollouts has the shape of a demonstrated one: the
+/// `sft.jsonl` conversations whose last user message starts with `marker`, rendered with the
+/// model's template as the agent renders them, values masked. Prompts holding `undemonstrated`
+/// (feedback on a malformed action, which the demonstrations never write) are left out.
+fn prompts_are_demonstrated(run: &Run, marker: &str, undemonstrated: &str) {
+    let template = run.tokenizer.chat_template(false).unwrap();
+    let options = ooze_model::RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let demonstrated: Vec<String> = demonstrations(run, marker)
+        .iter()
+        .map(|m| template.render(&m[..m.len() - 1], &options).unwrap())
+        .collect();
+    let seen: Vec<String> = rollout_samples(run)
+        .iter()
+        .map(|(group, sample)| {
+            let ids = sample
+                .get("prompt_ids")
+                .filter(|v| !v.is_null())
+                .unwrap_or(&group["prompt"]["input_ids"]);
+            run.tokenizer.decode(&token_ids(ids), false).unwrap()
+        })
+        .filter(|p| undemonstrated.is_empty() || !p.contains(undemonstrated))
+        .collect();
+    shapes_are_demonstrated(&demonstrated, &seen, "a turn prompt");
+}
+
+/// For agents that append tool output inside the model's turn: checks that every appended block
+/// of the rollouts (`open` … `close`) has the shape of one in the demonstrations' turns, except
+/// the output of a failed call (holding `failed`), which the demonstrations never make.
+fn observations_are_demonstrated(run: &Run, open: &str, close: &str, failed: &str) {
+    let blocks = |text: &str| -> Vec<String> {
+        text.split(open)
+            .skip(1)
+            .filter_map(|rest| {
+                rest.split_once(close)
+                    .map(|(inside, _)| format!("{open}{inside}{close}"))
+            })
+            .collect()
+    };
+    let demonstrated: Vec<String> = demonstrations(run, "")
+        .iter()
+        .flat_map(|m| blocks(m.last().unwrap()["content"].as_str().unwrap()))
+        .collect();
+    let mut seen = Vec::new();
+    for (_, sample) in rollout_samples(run) {
+        let ids = token_ids(&sample["response_ids"]);
+        let mask = token_ids(&sample["loss_mask"]);
+        for (a, b, m) in runs(&mask.iter().map(|&m| u64::from(m)).collect::<Vec<_>>()) {
+            if m == 0 {
+                let text = run.tokenizer.decode(&ids[a..b], false).unwrap();
+                seen.extend(blocks(&text).into_iter().filter(|b| !b.contains(failed)));
+            }
+        }
+    }
+    shapes_are_demonstrated(&demonstrated, &seen, "a tool output");
 }
 
 #[test]
@@ -557,6 +670,7 @@ fn tool_orchestra_pays_for_its_experts() {
             "rollout.min_reward_std=0".to_string(),
         ],
     );
+    prompts_are_demonstrated(&run, "", "Earlier attempts:");
     let mut paid = 0;
     for siblings in executions(&run) {
         let m = &siblings[0]["agent_metrics"];

@@ -301,13 +301,10 @@ pub struct AgentflowOracle {
 impl AgentflowOracle {
     pub fn new(prompt: &PromptItem) -> Result<AgentflowOracle, AgentError> {
         let problem = problem_text(prompt)?;
-        let hash = problem.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
         Ok(AgentflowOracle {
             expression: super::expression(problem).to_owned(),
             answer: prompt.label.clone(),
-            estimates: match hash % 3 {
+            estimates: match super::strategy(problem, 3) {
                 0 => 0,
                 1 => 1,
                 _ => usize::MAX,
@@ -336,8 +333,7 @@ impl AgentflowOracle {
     }
 
     fn estimate(&self) -> String {
-        let value: f64 = self.answer.parse().unwrap_or(0.0);
-        format!("about {}", ((value / 10.0).round() * 10.0) as i64)
+        format!("about {}", super::estimate_of(&self.answer))
     }
 }
 
@@ -364,10 +360,7 @@ impl ooze_rollout::oracle::Oracle for AgentflowOracle {
         messages: &[Value],
     ) -> Result<String, String> {
         use ooze_rollout::oracle::Caller;
-        let asked = messages
-            .last()
-            .and_then(|m| m["content"].as_str())
-            .unwrap_or("");
+        let asked = super::last_text(messages);
         Ok(match caller {
             Caller::Policy => self.plan(steps_in(asked).len()),
             Caller::Helper("executor") if asked.ends_with(PYTHON_ASK) => {
@@ -422,6 +415,7 @@ mod tests {
             input_ids: vec![1],
             label: "184".into(),
             metadata: json!({ "problem": problem }),
+            messages: Vec::new(),
         }
     }
 

@@ -187,34 +187,98 @@ pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
         .collect()
 }
 
-/// SFT demonstrations for a [`synthetic`] row read in `pieces` (the document split the way the
-/// agent would): each update keeps the needle once seen, and the answer is boxed.
-pub fn demonstrations(row: &Value, pieces: &[&str]) -> Vec<Value> {
-    let question = row["question"].as_str().unwrap_or_default();
-    let needle = row["extra_info"]["needle"].as_str().unwrap_or_default();
-    let answer = row["reward_model"]["ground_truth"][0]
-        .as_str()
-        .unwrap_or_default();
-    let chat = |user: String, assistant: String| json!({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]});
-    let mut memory = NO_MEMORY.to_owned();
-    let mut out = Vec::new();
-    for chunk in pieces {
-        let next = if memory == NO_MEMORY && chunk.contains(needle) {
-            needle.to_owned()
-        } else {
-            memory.clone()
-        };
-        out.push(chat(
-            update_instruction(question, &memory, chunk),
-            next.clone(),
-        ));
-        memory = next;
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row: it writes
+/// every memory update and the answer of the agent's own run, chunks and all. Two memory habits,
+/// fixed per question (a hash of it), so the warm-started policy starts imperfect and RL has the
+/// better habit to find:
+/// - half the questions: the memory becomes the question's fact once a section holds it, and
+///   stays so (the answer is right);
+/// - half: the memory becomes the last code-word fact of each section that has one, whoever it is
+///   about (the answer is usually wrong: only the last fact of the document survives).
+///
+/// The answer boxes the code word of the memory's fact, so it is learned as reading the memory.
+pub struct MemAgentOracle {
+    needle: String,
+    keeps_the_question: bool,
+}
+
+impl MemAgentOracle {
+    pub fn new(prompt: &PromptItem) -> Result<MemAgentOracle, AgentError> {
+        let (_, question) = document_and_question(prompt)?;
+        let needle = prompt.metadata["extra_info"]["needle"]
+            .as_str()
+            .ok_or_else(|| {
+                AgentError::Agent(format!(
+                    "prompt at line {}: memagent's oracle reads the fact that answers the \
+                     question from extra_info.needle (rows of `ooze recipe-data memagent`)",
+                    prompt.source_line
+                ))
+            })?;
+        Ok(MemAgentOracle {
+            needle: needle.to_owned(),
+            keeps_the_question: super::strategy(question, 2) == 0,
+        })
     }
-    out.push(chat(
-        answer_instruction(question, &memory),
-        format!("\\boxed{{{answer}}}"),
-    ));
+
+    /// The new memory after reading `section` with `memory`.
+    fn update(&self, memory: &str, section: &str) -> String {
+        if self.keeps_the_question {
+            if section.contains(&self.needle) {
+                self.needle.clone()
+            } else {
+                memory.to_owned()
+            }
+        } else {
+            facts(section)
+                .last()
+                .map_or(memory.to_owned(), |f| (*f).to_owned())
+        }
+    }
+}
+
+/// The whole "The code word of X is Y." sentences of `text`.
+fn facts(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("The code word of ") {
+        let Some(end) = rest[at..].find('.') else {
+            break;
+        };
+        let sentence = &rest[at..at + end + 1];
+        if sentence.contains(" is ") {
+            out.push(sentence);
+        }
+        rest = &rest[at + end + 1..];
+    }
     out
+}
+
+impl ooze_rollout::oracle::Oracle for MemAgentOracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[Value],
+    ) -> Result<String, String> {
+        if caller != ooze_rollout::oracle::Caller::Policy {
+            return Err("memagent asks no helpers".into());
+        }
+        let asked = super::last_text(messages);
+        let memory = asked.split_once("\nMemory: ").map_or("", |(_, rest)| {
+            rest.split("\nSection:\n").next().unwrap_or(rest)
+        });
+        Ok(match asked.split_once("\nSection:\n") {
+            Some((_, section)) => {
+                let section = section.strip_suffix("\nNew memory:").unwrap_or(section);
+                self.update(memory, section)
+            }
+            None => {
+                let word = memory
+                    .rsplit_once(" is ")
+                    .map_or("unknown", |(_, w)| w.trim_end_matches('.'));
+                format!("\\boxed{{{word}}}")
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -240,17 +304,51 @@ mod tests {
     }
 
     #[test]
-    fn demonstrations_carry_the_needle_to_the_answer() {
-        let row = &synthetic(1, 300, 2)[0];
-        let doc = row["context"].as_str().unwrap();
-        let needle = row["extra_info"]["needle"].as_str().unwrap();
-        let (a, b) = doc.split_at(doc.find(needle).unwrap() + needle.len());
-        let demos = demonstrations(row, &[a, b]);
-        assert_eq!(demos.len(), 3);
-        let last = demos[2]["messages"][0]["content"].as_str().unwrap();
-        assert!(last.contains(needle));
-        let reply = demos[2]["messages"][1]["content"].as_str().unwrap();
-        let gold = golds(&row["reward_model"]["ground_truth"].to_string());
-        assert_eq!(exact_match(last_boxed(reply).unwrap(), &gold), 1.0);
+    fn the_oracle_keeps_a_fact_and_answers_from_memory() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let rows = synthetic(8, 300, 2);
+        let mut habits = [0, 0];
+        for row in &rows {
+            let prompt = PromptItem {
+                source_line: 1,
+                text: String::new(),
+                input_ids: vec![1],
+                label: row["reward_model"]["ground_truth"].to_string(),
+                metadata: row.clone(),
+                messages: Vec::new(),
+            };
+            let o = MemAgentOracle::new(&prompt).unwrap();
+            habits[o.keeps_the_question as usize] += 1;
+            let doc = row["context"].as_str().unwrap();
+            let question = row["question"].as_str().unwrap();
+            let needle = row["extra_info"]["needle"].as_str().unwrap();
+            let at = doc.find(needle).unwrap() + needle.len();
+            // The needle in the first section, a later fact in the second.
+            let (a, b) = doc.split_at(at);
+            let ask = |text: String| {
+                o.reply(Caller::Policy, &[json!({"role": "user", "content": text})])
+                    .unwrap()
+            };
+            let first = ask(update_instruction(question, NO_MEMORY, a));
+            let second = ask(update_instruction(question, &first, b));
+            let reply = ask(answer_instruction(question, &second));
+            let gold = golds(&prompt.label);
+            let right = exact_match(last_boxed(&reply).unwrap(), &gold) == 1.0;
+            if o.keeps_the_question {
+                assert_eq!(second, needle);
+                assert!(right, "{reply}");
+            } else {
+                assert_eq!(
+                    Some(second.as_str()),
+                    facts(b).last().copied().or(Some(&first))
+                );
+                assert_eq!(right, second == needle, "{reply}");
+            }
+        }
+        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
+        assert_eq!(
+            facts("x. The code word of Ab is Cd. The code word of"),
+            vec!["The code word of Ab is Cd."]
+        );
     }
 }

@@ -72,14 +72,27 @@ pub const MATH_TASKS: &[(&str, Task)] = &[
     ("addition", Task::Addition),
 ];
 
-/// A [`math_rows`] row's bare problem, its expression and its answer (empty where missing), for
-/// the recipes' demonstrations.
-pub fn worked_problem(row: &serde_json::Value) -> (&str, &str, &str) {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let answer = row["reward_model"]["ground_truth"]
-        .as_str()
-        .unwrap_or_default();
-    (problem, expression(problem), answer)
+/// Which of `n` demonstrated strategies the oracle follows for `text` (a problem or question): a
+/// hash of it, so the choice is fixed per problem and spread evenly over a data set.
+pub(crate) fn strategy(text: &str, n: u64) -> u64 {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    hash % n
+}
+
+/// The text of the last message of `messages` (what an oracle is asked, or the policy's open turn).
+pub(crate) fn last_text(messages: &[serde_json::Value]) -> &str {
+    messages
+        .last()
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+}
+
+/// "about N": `answer` rounded to ten, the demonstrations' guess at a sum (right one time in ten).
+pub(crate) fn estimate_of(answer: &str) -> i64 {
+    let value: f64 = answer.trim().parse().unwrap_or(0.0);
+    ((value / 10.0).round() * 10.0) as i64
 }
 
 /// The expression of a generated problem (`Compute (3 + 4) * 2` or `What is 3 + 4?`).

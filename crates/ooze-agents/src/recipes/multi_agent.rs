@@ -172,21 +172,79 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
     super::math_rows(n, seed, task, solver_instruction)
 }
 
-/// SFT demonstrations for a [`synthetic`] row, one per role: a solver's and a rewriter's worked
-/// answer, and a selector's judgment. Each is `{"messages": [user, assistant]}`.
-pub fn demonstrations(row: &Value, solvers: usize) -> Vec<Value> {
-    let (problem, expression, answer) = super::worked_problem(row);
-    let solution = format!("{expression} = {answer}, so the answer is \\boxed{{{answer}}}.");
-    let solutions = vec![solution.clone(); solvers];
-    let chat = |user: String, assistant: String| json!({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]});
-    vec![
-        chat(solver_instruction(problem), solution.clone()),
-        chat(rewriter_instruction(problem, &solutions), solution),
-        chat(
-            selector_instruction(problem, &solutions),
-            "All solutions agree. Judgment: 1".into(),
-        ),
-    ]
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing every
+/// call of the agent's own run (the rewriters and the selector see the solvers' real solutions,
+/// as many as `agent.solvers`). The solvers' habit is fixed per problem (a hash of it), so the
+/// warm-started policy starts imperfect and RL has the exact solution to find:
+/// - half the problems: the solvers compute the expression exactly;
+/// - half: they estimate it, rounded to ten (right one time in ten).
+///
+/// A rewriter rewrites the solution most solutions agree on (the first of the most common boxed
+/// answers); the selector chooses that one's number.
+pub struct MultiAgentOracle {
+    expression: String,
+    answer: String,
+    exact: bool,
+}
+
+impl MultiAgentOracle {
+    pub fn new(prompt: &PromptItem) -> Result<MultiAgentOracle, AgentError> {
+        let problem = problem_text(prompt)?;
+        Ok(MultiAgentOracle {
+            expression: super::expression(problem).to_owned(),
+            answer: prompt.label.clone(),
+            exact: super::strategy(problem, 2) == 0,
+        })
+    }
+}
+
+/// The solutions of a rewriter's or selector's request, in order.
+fn solutions_in(request: &str) -> Vec<&str> {
+    request
+        .split("\nSolution ")
+        .skip(1)
+        .map(|s| s.split_once(":\n").map_or("", |(_, text)| text.trim_end()))
+        .collect()
+}
+
+/// The index of the first solution whose boxed answer is the most common one.
+fn agreed(solutions: &[&str]) -> Option<usize> {
+    let answers: Vec<Option<&str>> = solutions.iter().map(|s| last_boxed(s)).collect();
+    let count = |a: &Option<&str>| answers.iter().filter(|b| *b == a).count();
+    (0..answers.len())
+        .filter(|i| answers[*i].is_some())
+        .max_by_key(|i| (count(&answers[*i]), std::cmp::Reverse(*i)))
+}
+
+impl ooze_rollout::oracle::Oracle for MultiAgentOracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[Value],
+    ) -> Result<String, String> {
+        if caller != ooze_rollout::oracle::Caller::Policy {
+            return Err("multi_agent asks no helpers".into());
+        }
+        let asked = super::last_text(messages);
+        let solutions = solutions_in(asked);
+        let chosen = agreed(&solutions);
+        Ok(if asked.contains("\nChoose the best of these solutions.") {
+            format!("Judgment: {}", chosen.map_or(1, |i| i + 1))
+        } else if let Some(i) = chosen {
+            solutions[i].to_owned()
+        } else if self.exact {
+            format!(
+                "{} = {}, so the answer is \\boxed{{{}}}.",
+                self.expression, self.answer, self.answer
+            )
+        } else {
+            let guess = super::estimate_of(&self.answer);
+            format!(
+                "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
+                self.expression
+            )
+        })
+    }
 }
 
 #[cfg(test)]
@@ -203,17 +261,44 @@ mod tests {
     }
 
     #[test]
-    fn demonstrations_are_right() {
-        for row in crate::recipes::MATH_TASKS
-            .iter()
-            .flat_map(|(_, task)| synthetic(10, 1, *task))
-        {
+    fn the_oracle_solves_rewrites_and_selects() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let mut habits = [0, 0];
+        for row in synthetic(16, 1, ooze_rollout::Task::Addition) {
+            let problem = row["extra_info"]["problem"].as_str().unwrap();
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
-            let demos = demonstrations(&row, 3);
-            let reply = |d: &Value| d["messages"][1]["content"].as_str().unwrap().to_owned();
-            assert_eq!(correct(&reply(&demos[0]), label), 1.0);
-            assert_eq!(correct(&reply(&demos[1]), label), 1.0);
-            assert_eq!(judgment(&reply(&demos[2]), 3), Some(1));
+            let prompt = PromptItem {
+                source_line: 1,
+                text: String::new(),
+                input_ids: vec![1],
+                label: label.into(),
+                metadata: row["extra_info"].clone(),
+                messages: Vec::new(),
+            };
+            let o = MultiAgentOracle::new(&prompt).unwrap();
+            habits[o.exact as usize] += 1;
+            let ask = |text: String| {
+                o.reply(Caller::Policy, &[json!({"role": "user", "content": text})])
+                    .unwrap()
+            };
+            let solution = ask(solver_instruction(problem));
+            let guess = format!("{}", crate::recipes::estimate_of(label));
+            assert_eq!(
+                correct(&solution, label),
+                o.exact as u8 as f64 + (!o.exact && guess == label) as u8 as f64
+            );
+            // The rewriter follows the majority; the selector names it.
+            let shown = vec![
+                "x \\boxed{1}".to_owned(),
+                solution.clone(),
+                solution.clone(),
+            ];
+            assert_eq!(ask(rewriter_instruction(problem, &shown)), solution);
+            assert_eq!(
+                judgment(&ask(selector_instruction(problem, &shown)), 3),
+                Some(2)
+            );
         }
+        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
     }
 }

@@ -161,14 +161,59 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
     super::math_rows(n, seed, task, instruction)
 }
 
-/// A worked trajectory for a [`synthetic`] row: one tool call that computes the expression, its
-/// output, and the boxed answer.
-pub fn demonstration(row: &Value) -> String {
-    let (_, expression, answer) = super::worked_problem(row);
-    let call = json!({"name": TOOL, "arguments": {"code": format!("print({expression})")}});
-    format!(
-        "<tool_call>{call}</tool_call>\n<interpreter>\n{answer}\n\n</interpreter>\nThe result is \\boxed{{{answer}}}"
-    )
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing the
+/// agent's turns in its own run (so the interpreter's output is the sandbox's). Two habits, fixed
+/// per problem (a hash of it), so the warm-started policy starts imperfect and RL has the tool to
+/// find:
+/// - half the problems: one `code_interpreter` call that prints the expression, then the
+///   interpreter's output boxed;
+/// - half: the answer boxed at once, worked out without the tool (which a small model gets right
+///   only by luck on multi-step expressions).
+pub struct RetoolOracle {
+    expression: String,
+    answer: String,
+    uses_the_tool: bool,
+}
+
+impl RetoolOracle {
+    pub fn new(prompt: &PromptItem) -> Result<RetoolOracle, AgentError> {
+        let problem = super::problem_text(prompt)?;
+        Ok(RetoolOracle {
+            expression: super::expression(problem).to_owned(),
+            answer: prompt.label.clone(),
+            uses_the_tool: super::strategy(problem, 2) == 0,
+        })
+    }
+}
+
+impl ooze_rollout::oracle::Oracle for RetoolOracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[Value],
+    ) -> Result<String, String> {
+        if caller != ooze_rollout::oracle::Caller::Policy {
+            return Err("retool asks no helpers".into());
+        }
+        let so_far = match messages.last() {
+            Some(m) if m["role"] == "assistant" => super::last_text(messages),
+            _ => "",
+        };
+        Ok(match so_far.rsplit_once("<interpreter>\n") {
+            Some((_, output)) => {
+                let value = output.split("\n</interpreter>").next().unwrap_or("").trim();
+                format!("The result is \\boxed{{{value}}}")
+            }
+            None if self.uses_the_tool => {
+                let call = json!({"name": TOOL, "arguments": {"code": format!("print({})", self.expression)}});
+                format!("<tool_call>{call}</tool_call>")
+            }
+            None => format!(
+                "Working it out directly: {} = {}, so the answer is \\boxed{{{}}}",
+                self.expression, self.answer, self.answer
+            ),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -199,15 +244,41 @@ mod tests {
     }
 
     #[test]
-    fn demonstrations_compute_the_label() {
-        for row in crate::recipes::MATH_TASKS
-            .iter()
-            .flat_map(|(_, task)| synthetic(20, 3, *task))
-        {
-            let demo = demonstration(&row);
-            let label = row["reward_model"]["ground_truth"].as_str().unwrap();
-            assert_eq!(reward(&demo, label, 1), 1.0, "{demo}");
-            assert!(code_of(&demo).unwrap().is_ok());
+    fn the_oracle_calls_the_tool_or_answers_at_once() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let mut habits = [0, 0];
+        for row in synthetic(20, 3, ooze_rollout::Task::Arithmetic) {
+            let prompt = PromptItem {
+                source_line: 1,
+                text: String::new(),
+                input_ids: vec![1],
+                label: row["reward_model"]["ground_truth"].as_str().unwrap().into(),
+                metadata: row["extra_info"].clone(),
+                messages: Vec::new(),
+            };
+            let o = RetoolOracle::new(&prompt).unwrap();
+            habits[o.uses_the_tool as usize] += 1;
+            let user = row["prompt"][0].clone();
+            let first = o
+                .reply(Caller::Policy, std::slice::from_ref(&user))
+                .unwrap();
+            if !o.uses_the_tool {
+                assert_eq!(reward(&first, &prompt.label, 0), 1.0, "{first}");
+                continue;
+            }
+            assert!(first.ends_with("</tool_call>"));
+            assert_eq!(
+                code_of(&first),
+                Some(Ok(format!("print({})", o.expression)))
+            );
+            let shown = format!(
+                "{first}\n<interpreter>\n{}\n\n</interpreter>\n",
+                prompt.label
+            );
+            let assistant = json!({"role": "assistant", "content": shown});
+            let last = o.reply(Caller::Policy, &[user, assistant]).unwrap();
+            assert_eq!(reward(&last, &prompt.label, 1), 1.0, "{last}");
         }
+        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
     }
 }

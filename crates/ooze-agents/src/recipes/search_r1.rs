@@ -295,21 +295,78 @@ pub fn synthetic(n: usize, seed: u64) -> Synthetic {
     Synthetic { corpus, questions }
 }
 
-/// A worked trajectory for question `row` of [`synthetic`] (its fact is `fact`): think, search for
-/// the subject, read the fact, answer. For an SFT warm start that teaches the action format; the
-/// information block is part of the demonstration text (and so trained) there.
-pub fn demonstration(row: &serde_json::Value, fact: &serde_json::Value) -> String {
-    let question = row["question"].as_str().unwrap_or_default();
-    let answer = row["golden_answers"][0].as_str().unwrap_or_default();
-    let doc = crate::search::Document {
-        row: fact.clone(),
-        score: 1.0,
-    };
-    let (subject, _) = doc.title_and_text();
-    format!(
-        "<think>I need to look up {subject}.</think>\n<search>{subject}</search>\n\n<information>{}</information>\n\n<think>The document answers \"{question}\"</think>\n<answer>{answer}</answer>",
-        format_documents(std::slice::from_ref(&doc))
-    )
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]) for [`synthetic`] questions, writing the
+/// agent's turns in its own run (so the information blocks are the searcher's real results at the
+/// recipe's `topk`). Two habits, fixed per question (a hash of it), so the warm-started policy
+/// starts imperfect and RL has the search to find, as Search-R1 learns when to search:
+/// - half the questions: think, search for the question's subject, read, answer;
+/// - half: think and answer at once, from memory (which knows no made-up fact it was not trained
+///   on: right on the held-out questions only by luck).
+pub struct SearchR1Oracle {
+    golds: Vec<String>,
+    searches: bool,
+}
+
+/// The subject of a [`synthetic`] question ("What is the capital of Kalomi?" → "Kalomi").
+fn subject_of(question: &str) -> &str {
+    let q = question.trim().trim_end_matches('?');
+    [
+        "What is the capital of ",
+        "What is the longest river of ",
+        "Who founded ",
+    ]
+    .iter()
+    .find_map(|p| q.strip_prefix(p))
+    .unwrap_or(q)
+}
+
+impl SearchR1Oracle {
+    pub fn new(prompt: &PromptItem) -> Result<SearchR1Oracle, AgentError> {
+        let golds = golds(&prompt.label);
+        if golds.is_empty() {
+            return Err(AgentError::Agent(format!(
+                "prompt at line {}: search_r1's oracle needs the gold answers (data.label_key)",
+                prompt.source_line
+            )));
+        }
+        Ok(SearchR1Oracle {
+            golds,
+            searches: super::strategy(&prompt.text, 2) == 0,
+        })
+    }
+}
+
+impl ooze_rollout::oracle::Oracle for SearchR1Oracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[serde_json::Value],
+    ) -> Result<String, String> {
+        if caller != ooze_rollout::oracle::Caller::Policy {
+            return Err("search_r1 asks no helpers".into());
+        }
+        let question = messages
+            .iter()
+            .rev()
+            .filter(|m| m["role"] == "user")
+            .find_map(|m| m["content"].as_str()?.rsplit_once("Question: "))
+            .map(|(_, q)| q.trim())
+            .ok_or("the prompt has no \"Question: \" line")?;
+        let searched = messages.last().is_some_and(|m| {
+            m["role"] == "assistant" && super::last_text(messages).contains("</information>")
+        });
+        let answer = &self.golds[0];
+        Ok(if searched {
+            format!(
+                "<think>The information answers \"{question}\"</think>\n<answer>{answer}</answer>"
+            )
+        } else if self.searches {
+            let subject = subject_of(question);
+            format!("<think>I need to look up {subject}.</think>\n<search>{subject}</search>")
+        } else {
+            format!("<think>I know the answer to \"{question}\"</think>\n<answer>{answer}</answer>")
+        })
+    }
 }
 
 #[cfg(test)]
@@ -355,5 +412,43 @@ mod tests {
         };
         let searched = "<think>t</think><search>q</search><information>Doc 1(Title: F) The capital is Paris.</information><think>t</think><answer>Rome</answer>";
         assert!((with_retrieval.score(searched, &golds) - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_oracle_searches_or_answers_at_once() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let data = synthetic(12, 5);
+        let mut habits = [0, 0];
+        for row in &data.questions {
+            let user = row["prompt"][0].clone();
+            let prompt = PromptItem {
+                source_line: 1,
+                text: user["content"].as_str().unwrap().into(),
+                input_ids: vec![1],
+                label: row["reward_model"]["ground_truth"]["target"].to_string(),
+                metadata: serde_json::Value::Null,
+                messages: vec![user.clone()],
+            };
+            let o = SearchR1Oracle::new(&prompt).unwrap();
+            habits[o.searches as usize] += 1;
+            let first = o
+                .reply(Caller::Policy, std::slice::from_ref(&user))
+                .unwrap();
+            let gold = row["golden_answers"][0].as_str().unwrap();
+            let question = row["question"].as_str().unwrap();
+            if !o.searches {
+                assert_eq!(last_tag(&first, "answer"), Some(gold));
+                continue;
+            }
+            assert!(first.ends_with("</search>"));
+            let (_, query) = tag_action(&first, &["search", "answer"]).unwrap().unwrap();
+            assert!(question.contains(query) && !query.contains(' '), "{query}");
+            let shown = format!("{first}\n\n<information>Doc 1 …</information>\n\n");
+            let assistant = serde_json::json!({"role": "assistant", "content": shown});
+            let last = o.reply(Caller::Policy, &[user, assistant]).unwrap();
+            assert!(well_formed(&(shown + &last)), "{last}");
+            assert_eq!(last_tag(&last, "answer"), Some(gold));
+        }
+        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
     }
 }

@@ -57,23 +57,6 @@ pub struct Expert {
     pub latency_secs: Option<f64>,
 }
 
-/// The experts of the recipe's defaults (`recipes/tool_orchestra/recipe.toml`), which the
-/// generated demonstrations show.
-pub fn default_experts() -> Vec<Expert> {
-    [
-        ("small", "a small, fast model", 0.2),
-        ("large", "a larger model, slower and more expensive", 3.0),
-    ]
-    .into_iter()
-    .map(|(name, description, price)| Expert {
-        name: name.into(),
-        description: description.into(),
-        price_per_million_tokens: price,
-        latency_secs: None,
-    })
-    .collect()
-}
-
 /// The tools and the experts, with prices and latencies.
 pub fn tools_description(experts: &[Expert], search: bool) -> String {
     let models: String = experts
@@ -323,47 +306,68 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
     super::math_rows(n, seed, task, str::to_owned)
 }
 
-/// An orchestrator demonstration for a [`synthetic`] row, on the first turn's prompt with the
-/// [`default_experts`]: ask an expert to answer, each expert as often (by row), so a warm-started
-/// orchestrator tries both and RL learns which pays. The prompt shows the experts' latencies
-/// as a run does: unmeasured in one row of four, else measured (0.05–2 s, varied by row), so a
-/// model warm-started on them reads prompts from the whole run.
-pub fn demonstration(row: &Value) -> Value {
-    let problem = row["extra_info"]["problem"].as_str().unwrap_or_default();
-    let index = row["extra_info"]["index"].as_u64().unwrap_or(0);
-    let mut experts = default_experts();
-    if !index.is_multiple_of(4) {
-        let mut rng = ooze_core::SplitMix64::new(index);
-        for e in &mut experts {
-            e.latency_secs = Some(0.05 + rng.below(1951) as f64 / 1000.0);
-        }
-    }
-    let prompt = orchestrator_prompt(&tools_description(&experts, false), problem, "");
-    let chosen = &experts[(index / 4) as usize % experts.len()].name;
-    let call = json!({"name": "answer", "arguments": {"model": chosen}});
-    json!({"messages": [
-        {"role": "user", "content": prompt},
-        {"role": "assistant", "content": format!("<tool_call>{call}</tool_call>")},
-    ]})
+/// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing the
+/// orchestrator's turns and every expert's reply in the agent's own run (tool descriptions,
+/// prices and measured latencies as the run shows them). The orchestrator asks one expert listed
+/// in its prompt to answer, the expert chosen by a hash of the problem, so each expert is called
+/// as often and RL learns which one pays. The experts answer right: a `\boxed{}` answer, a
+/// program printing the expression, or a query. The recorded expert conversations warm-start the
+/// expert models (`experts.jsonl`).
+pub struct OrchestraOracle {
+    expression: String,
+    answer: String,
+    pick: u64,
 }
 
-/// Expert demonstrations for a [`synthetic`] row, to warm-start expert models: the boxed answer
-/// to an `answer` request, and a program printing the expression to a `reason` request.
-pub fn expert_demonstrations(row: &Value) -> [Value; 2] {
-    let (problem, expression, answer) = super::worked_problem(row);
-    let conversation = |task, reply: String| {
-        json!({"messages": [
-            {"role": "user", "content": expert_request(task, problem, "")},
-            {"role": "assistant", "content": reply},
-        ]})
-    };
-    [
-        conversation(ExpertTask::Answer, format!("\\boxed{{{answer}}}")),
-        conversation(
-            ExpertTask::Reason,
-            format!("```python\nprint({expression})\n```"),
-        ),
-    ]
+impl OrchestraOracle {
+    pub fn new(prompt: &PromptItem) -> Result<OrchestraOracle, AgentError> {
+        let problem = problem_text(prompt)?;
+        Ok(OrchestraOracle {
+            expression: super::expression(problem).to_owned(),
+            answer: prompt.label.clone(),
+            pick: super::strategy(problem, 1 << 16),
+        })
+    }
+}
+
+/// The model names of a tool description's `Models:` list.
+fn models_in(prompt: &str) -> Vec<&str> {
+    prompt
+        .split_once("\nModels:\n")
+        .map_or("", |(_, rest)| rest)
+        .lines()
+        .map_while(|l| l.strip_prefix("- "))
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name))
+        .collect()
+}
+
+impl ooze_rollout::oracle::Oracle for OrchestraOracle {
+    fn reply(
+        &self,
+        caller: ooze_rollout::oracle::Caller<'_>,
+        messages: &[Value],
+    ) -> Result<String, String> {
+        use ooze_rollout::oracle::Caller;
+        let asked = super::last_text(messages);
+        Ok(match caller {
+            Caller::Policy => {
+                let models = models_in(asked);
+                if models.is_empty() {
+                    return Err("the orchestrator's prompt lists no models".into());
+                }
+                let model = models[(self.pick % models.len() as u64) as usize];
+                let call = json!({"name": "answer", "arguments": {"model": model}});
+                format!("<tool_call>{call}</tool_call>")
+            }
+            Caller::Helper(_) if asked.ends_with("in one ```python block.") => {
+                format!("```python\nprint({})\n```", self.expression)
+            }
+            Caller::Helper(_) if asked.ends_with("Reply with the query only.") => {
+                self.expression.clone()
+            }
+            Caller::Helper(_) => format!("\\boxed{{{}}}", self.answer),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -391,47 +395,61 @@ mod tests {
     }
 
     #[test]
-    fn demonstrations_show_measured_and_unmeasured_latencies() {
-        let prompts: Vec<String> = synthetic(8, 1, ooze_rollout::Task::Addition)
-            .iter()
-            .map(|row| {
-                demonstration(row)["messages"][0]["content"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
+    fn the_oracle_calls_each_expert_and_plays_them() {
+        use ooze_rollout::oracle::{Caller, Oracle};
+        let experts: Vec<Expert> = [("small", 0.2), ("large", 3.0), ("huge", 9.0)]
+            .into_iter()
+            .map(|(name, price)| Expert {
+                name: name.into(),
+                description: "a model".into(),
+                price_per_million_tokens: price,
+                latency_secs: Some(0.5),
             })
             .collect();
-        assert_eq!(
-            prompts
-                .iter()
-                .filter(|p| p.contains("latency unmeasured"))
-                .count(),
-            2
-        );
-        assert!(prompts.iter().any(|p| p.contains(" s)")));
-    }
-
-    #[test]
-    fn expert_demonstrations_answer_and_print_the_label() {
-        for row in crate::recipes::MATH_TASKS
-            .iter()
-            .flat_map(|(_, task)| synthetic(20, 3, *task))
-        {
+        let tools = tools_description(&experts, true);
+        let mut called = std::collections::BTreeMap::<String, usize>::new();
+        for row in synthetic(30, 3, ooze_rollout::Task::Arithmetic) {
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             let problem = row["extra_info"]["problem"].as_str().unwrap();
-            let [answer, reason] = expert_demonstrations(&row);
-            assert_eq!(
-                answer["messages"][0]["content"],
-                expert_request(ExpertTask::Answer, problem, "")
+            let prompt = PromptItem {
+                source_line: 1,
+                text: String::new(),
+                input_ids: vec![1],
+                label: label.into(),
+                metadata: row["extra_info"].clone(),
+                messages: Vec::new(),
+            };
+            let o = OrchestraOracle::new(&prompt).unwrap();
+            let ask = |caller, text: String| {
+                o.reply(caller, &[json!({"role": "user", "content": text})])
+                    .unwrap()
+            };
+            let turn = ask(Caller::Policy, orchestrator_prompt(&tools, problem, ""));
+            let call = tool_calls(&turn).remove(0).unwrap();
+            assert_eq!(call.name, "answer");
+            *called
+                .entry(call.string_argument("model").unwrap().to_owned())
+                .or_default() += 1;
+            let answer = ask(
+                Caller::Helper("small"),
+                expert_request(ExpertTask::Answer, problem, ""),
             );
-            let boxed = last_boxed(answer["messages"][1]["content"].as_str().unwrap());
-            assert!(boxed.is_some_and(|a| is_correct(a, label)), "{answer}");
-            let reply = reason["messages"][1]["content"].as_str().unwrap();
-            let code = crate::parse::code_block(reply, &["python"])
+            assert!(
+                last_boxed(&answer).is_some_and(|a| is_correct(a, label)),
+                "{answer}"
+            );
+            let code = ask(
+                Caller::Helper("large"),
+                expert_request(ExpertTask::Reason, problem, ""),
+            );
+            let code = crate::parse::code_block(&code, &["python"])
                 .unwrap()
                 .unwrap();
-            let expression = crate::recipes::expression(problem);
-            assert_eq!(code.trim(), format!("print({expression})"));
+            assert_eq!(
+                code.trim(),
+                format!("print({})", crate::recipes::expression(problem))
+            );
         }
+        assert_eq!(called.len(), 3, "{called:?}");
     }
 }

@@ -2,30 +2,25 @@
 //! recipe reads, so it can be tried with no downloads.
 //!
 //! - `search_r1`: `corpus.jsonl` (`{"id", "contents": "Title\ntext"}`), `train` and `test` (each
-//!   as `.jsonl` and as `.parquet`, Search-R1's format) in Search-R1's row layout (`prompt` messages, `reward_model.ground_truth.target`
-//!   gold answers). The facts are made up, so only searching finds the answers. With
-//!   `--demonstrations`, `sft.jsonl` holds a worked trajectory per train question.
-//! - `retool`: `train` and `test` (`.jsonl` and `.parquet`), multi-step arithmetic problems in the DAPO-Math /
-//!   ReTool row layout (`prompt` messages, `reward_model.ground_truth`); with `--demonstrations`,
-//!   `sft.jsonl` holds a worked solution with one `code_interpreter` call each.
+//!   as `.jsonl` and as `.parquet`, Search-R1's format) in Search-R1's row layout (`prompt`
+//!   messages, `reward_model.ground_truth.target` gold answers). The facts are made up, so only
+//!   searching finds the answers.
+//! - `retool`: `train` and `test` (`.jsonl` and `.parquet`), multi-step arithmetic problems in the
+//!   DAPO-Math / ReTool row layout (`prompt` messages, `reward_model.ground_truth`);
 //!   `--task addition` writes two-number sums instead (for all four arithmetic recipes).
 //! - `multi_agent`, `agentflow`, `tool_orchestra`: the same arithmetic problems in the same layout,
-//!   the bare problem in `extra_info.problem` (these agents write their own prompts around it);
-//!   demonstrations: a solver's, a rewriter's and a selector's reply (multi_agent), a call to an
-//!   expert's `answer`, each expert as often (tool_orchestra); tool_orchestra also
-//!   writes `experts.jsonl`, an expert's reply to an `answer` and a `reason` request per problem,
-//!   to warm-start expert models.
+//!   the bare problem in `extra_info.problem` (these agents write their own prompts around it).
 //! - `memagent`: long-document QA rows (`context` document, `question`, gold answers in
-//!   `reward_model.ground_truth`): `train` at `--words` words per document and
-//!   `test_<words>` sets at 1, 2, 4 and 8 times that, for evaluation at growing context lengths;
-//!   demonstrations: each memory update and the boxed answer, reading ~200-word sections.
+//!   `reward_model.ground_truth`): `train` at `--words` words per document and `test_<words>` sets
+//!   at 1, 2, 4 and 8 times that, for evaluation at growing context lengths.
 //!
-//! agentflow's demonstrations are recorded from the agent itself ([`ooze_run::demonstrate`]):
-//! every training problem runs through the recipe's agent (`--recipe`, with `--set`; default: the
-//! agent type's defaults) with an oracle writing the planner's steps and playing the executor,
-//! verifier, generator and judge, rendered with `--model`'s chat template (default: the recipe's
-//! `model.path`). They cover every turn the agent renders, the modules' included, with the real
-//! tool outputs.
+//! With `--demonstrations`, `sft.jsonl` holds demonstrations recorded from the recipe's own agent
+//! ([`ooze_run::demonstrate`]): every training row runs through the agent (the recipe's TOML,
+//! `--recipe`, or the shipped `recipes/RECIPE/recipe.toml`, with `--set`), with the agent type's
+//! oracle writing every turn and answering for every helper, rendered with `--model`'s tokenizer
+//! and chat template. Tools, searches and the agent's prompts are the real ones, so every turn
+//! looks as it will in a rollout. tool_orchestra's expert conversations go to `experts.jsonl`, to
+//! warm-start the expert models; every other recipe's helper conversations join `sft.jsonl`.
 
 use super::write_jsonl;
 use anyhow::Context;
@@ -41,29 +36,26 @@ pub struct Args {
     n: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Also write `sft.jsonl`: chat rows with a worked trajectory for each train question.
+    /// Also write `sft.jsonl`: every conversation of the recipe's agent on each train row, recorded
+    /// with its oracle writing the turns.
     #[arg(long)]
     demonstrations: bool,
     /// retool, multi_agent, agentflow, tool_orchestra: the problems, `arithmetic` (multi-step
     /// expressions) or `addition` (two numbers below 100).
     #[arg(long)]
     task: Option<String>,
-    /// multi_agent: solutions the rewriter and selector demonstrations show (the recipe's
-    /// `agent.solvers`).
-    #[arg(long, default_value_t = 5)]
-    solvers: usize,
     /// memagent: words per training document.
     #[arg(long, default_value_t = 600)]
     words: usize,
-    /// agentflow demonstrations: the recipe whose agent is run (default: the agent type's
-    /// defaults).
+    /// Demonstrations: the recipe whose agent is run (default: the shipped
+    /// `recipes/RECIPE/recipe.toml`).
     #[arg(long = "recipe")]
     recipe_file: Option<PathBuf>,
-    /// agentflow demonstrations: the model whose tokenizer and chat template render the turns
-    /// (default: the recipe's `model.path`).
+    /// Demonstrations: the model whose tokenizer and chat template render the turns (default: the
+    /// recipe's `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// agentflow demonstrations: KEY=VALUE overrides of the recipe, as in `ooze train`.
+    /// Demonstrations: KEY=VALUE overrides of the recipe, as in `ooze train`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
 }
@@ -105,19 +97,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             write_jsonl(&args.out.join("corpus.jsonl"), &data.corpus)?;
             write_split(&args.out, "train", train)?;
             write_split(&args.out, "test", &test)?;
-            if args.demonstrations {
-                let rows: Vec<serde_json::Value> = train
-                    .iter()
-                    .zip(&data.corpus)
-                    .map(|(row, fact)| {
-                        serde_json::json!({"messages": [
-                            row["prompt"][0],
-                            {"role": "assistant", "content": ooze_agents::recipes::search_r1::demonstration(row, fact)},
-                        ]})
-                    })
-                    .collect();
-                write_jsonl(&args.out.join("sft.jsonl"), &rows)?;
-            }
             eprintln!(
                 "wrote {} documents, {} train and {} test questions to {}",
                 data.corpus.len(),
@@ -125,23 +104,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 test.len(),
                 args.out.display()
             );
-            Ok(())
         }
-        "retool" | "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args),
-        "memagent" => memagent(&args),
+        "retool" | "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args)?,
+        "memagent" => memagent(&args)?,
         other => anyhow::bail!("unknown recipe `{other}`; expected search_r1, retool, multi_agent, memagent, agentflow or tool_orchestra"),
     }
+    if args.demonstrations {
+        write_demonstrations(&args)?;
+    } else if args.recipe_file.is_some() || args.model.is_some() || !args.sets.is_empty() {
+        anyhow::bail!("--recipe, --model and --set apply to --demonstrations");
+    }
+    Ok(())
 }
 
 /// The arithmetic recipes (DAPO-Math rows).
 fn math_recipe(args: &Args) -> anyhow::Result<()> {
     use ooze_agents::recipes::{agentflow, multi_agent, retool, tool_orchestra};
-    if !args.sets.is_empty() || args.recipe_file.is_some() || args.model.is_some() {
-        anyhow::ensure!(
-            args.demonstrations && args.records_demonstrations(),
-            "--recipe, --model and --set apply to agentflow's --demonstrations"
-        );
-    }
     let test_n = (args.n / 10).max(1);
     let total = args.n + test_n;
     let name = args.task.as_deref().unwrap_or("arithmetic");
@@ -161,33 +139,6 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     write_split(&args.out, "train", &rows)?;
     write_split(&args.out, "test", &test)?;
-    if args.demonstrations {
-        let demos: Vec<serde_json::Value> = match args.recipe.as_str() {
-            "retool" => rows
-                .iter()
-                .map(|row| {
-                    serde_json::json!({"messages": [
-                        row["prompt"][0],
-                        {"role": "assistant", "content": retool::demonstration(row)},
-                    ]})
-                })
-                .collect(),
-            "multi_agent" => rows
-                .iter()
-                .flat_map(|row| multi_agent::demonstrations(row, args.solvers))
-                .collect(),
-            "agentflow" => recorded(args)?,
-            _ => rows.iter().map(tool_orchestra::demonstration).collect(),
-        };
-        write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
-        if args.recipe == "tool_orchestra" {
-            let experts: Vec<serde_json::Value> = rows
-                .iter()
-                .flat_map(tool_orchestra::expert_demonstrations)
-                .collect();
-            write_jsonl(&args.out.join("experts.jsonl"), &experts)?;
-        }
-    }
     eprintln!(
         "wrote {} train and {} test problems to {}",
         rows.len(),
@@ -197,15 +148,37 @@ fn math_recipe(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-impl Args {
-    /// Whether this recipe's demonstrations are recorded from its agent.
-    fn records_demonstrations(&self) -> bool {
-        self.recipe == "agentflow"
-    }
-}
+/// The recipes `--demonstrations` runs by default, as shipped.
+const SHIPPED: [(&str, &str); 6] = [
+    (
+        "search_r1",
+        include_str!("../../../../recipes/search_r1/recipe.toml"),
+    ),
+    (
+        "retool",
+        include_str!("../../../../recipes/retool/recipe.toml"),
+    ),
+    (
+        "multi_agent",
+        include_str!("../../../../recipes/multi_agent/recipe.toml"),
+    ),
+    (
+        "memagent",
+        include_str!("../../../../recipes/memagent/recipe.toml"),
+    ),
+    (
+        "agentflow",
+        include_str!("../../../../recipes/agentflow/recipe.toml"),
+    ),
+    (
+        "tool_orchestra",
+        include_str!("../../../../recipes/tool_orchestra/recipe.toml"),
+    ),
+];
 
-/// The demonstrations recorded from the recipe's agent on the train split just written.
-fn recorded(args: &Args) -> anyhow::Result<Vec<serde_json::Value>> {
+/// Records the recipe's agent on the train split just written: `sft.jsonl`, and for
+/// tool_orchestra the experts' conversations in `experts.jsonl`.
+fn write_demonstrations(args: &Args) -> anyhow::Result<()> {
     let train = args.out.join("train.jsonl").display().to_string();
     let mut sets = vec![format!("data.path={}", toml_string(&train))];
     if let Some(model) = &args.model {
@@ -214,40 +187,58 @@ fn recorded(args: &Args) -> anyhow::Result<Vec<serde_json::Value>> {
             toml_string(&model.display().to_string())
         ));
     }
+    if args.recipe == "search_r1" {
+        // The agent searches the corpus just written.
+        let corpus = args.out.join("corpus.jsonl").display().to_string();
+        sets.push(format!("agent.corpus={}", toml_string(&corpus)));
+    }
     sets.extend(args.sets.iter().cloned());
     let recipe = match &args.recipe_file {
         Some(path) => ooze_run::recipe::Recipe::load(path, &sets)?,
         None => {
-            let defaults = format!(
-                "[model]\npath = \"(set --model)\"\n[data]\ninput_key = \"prompt\"\n\
-                 label_key = \"reward_model.ground_truth\"\nmetadata_key = \"extra_info\"\n\
-                 [agent]\ntype = \"{}\"\n{}",
-                args.recipe,
-                ["executor", "verifier", "generator", "judge"]
-                    .map(|h| format!("[helpers.{h}]\npolicy = true\n"))
-                    .concat()
-            );
-            ooze_run::recipe::Recipe::parse(
-                &defaults,
-                std::path::Path::new("(agent defaults)"),
-                &sets,
-            )?
+            let (_, text) = SHIPPED
+                .iter()
+                .find(|(name, _)| *name == args.recipe)
+                .context("every recipe has a shipped TOML")?;
+            let origin = format!("recipes/{}/recipe.toml (shipped)", args.recipe);
+            ooze_run::recipe::Recipe::parse(text, std::path::Path::new(&origin), &sets)?
         }
     };
     let model = &recipe.model.path;
     let tokenizer = ooze_model::Tokenizer::load(model).with_context(|| {
         format!(
-            "the tokenizer of {} (the model whose chat template renders the demonstrations: \
-             --model or the recipe's model.path)",
+            "the tokenizer of {} (the model whose tokenizer and chat template render the \
+             demonstrations: --model, or the recipe's model.path)",
             model.display()
         )
     })?;
     let shown =
         ooze_run::demonstrate::demonstrations(&recipe, std::sync::Arc::new(tokenizer), &train)?;
-    Ok(shown
-        .into_iter()
-        .map(|d| serde_json::json!({"messages": d.messages}))
-        .collect())
+    let experts_apart = args.recipe == "tool_orchestra";
+    let (mut policy, mut experts) = (Vec::new(), Vec::new());
+    for d in shown {
+        let row = serde_json::json!({"messages": d.messages});
+        if experts_apart && d.caller != "policy" {
+            experts.push(row);
+        } else {
+            policy.push(row);
+        }
+    }
+    write_jsonl(&args.out.join("sft.jsonl"), &policy)?;
+    if experts_apart {
+        write_jsonl(&args.out.join("experts.jsonl"), &experts)?;
+    }
+    eprintln!(
+        "wrote {} demonstrations{} to {}",
+        policy.len(),
+        if experts_apart {
+            format!(" and {} expert conversations", experts.len())
+        } else {
+            String::new()
+        },
+        args.out.display()
+    );
+    Ok(())
 }
 
 fn toml_string(s: &str) -> String {
@@ -268,14 +259,6 @@ fn memagent(args: &Args) -> anyhow::Result<()> {
         let rows = memagent::synthetic(test_n, words, args.seed ^ (0x7e57 + k as u64));
         write_split(&args.out, &format!("test_{words}"), &rows)?;
     }
-    if args.demonstrations {
-        let mut demos = Vec::new();
-        for row in &train {
-            let doc = row["context"].as_str().unwrap_or_default();
-            demos.extend(memagent::demonstrations(row, &sections(doc, 200)));
-        }
-        write_jsonl(&args.out.join("sft.jsonl"), &demos)?;
-    }
     eprintln!(
         "wrote {} train documents of {} words and test sets of {test_n} at {}, {}, {} and {} words to {}",
         train.len(),
@@ -287,22 +270,4 @@ fn memagent(args: &Args) -> anyhow::Result<()> {
         args.out.display()
     );
     Ok(())
-}
-
-/// `text` cut after the sentence that reaches each `words` words.
-fn sections(text: &str, words: usize) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut start, mut count) = (0, 0);
-    for (i, c) in text.char_indices() {
-        if c == ' ' {
-            count += 1;
-            if count >= words && text[..i].ends_with('.') {
-                out.push(&text[start..i + 1]);
-                start = i + 1;
-                count = 0;
-            }
-        }
-    }
-    out.push(&text[start..]);
-    out
 }

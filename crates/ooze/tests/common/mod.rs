@@ -89,10 +89,8 @@ pub fn agent_warm_start(
     let mut data = vec!["recipe-data", recipe];
     let data_dir = p("data");
     data.extend([data_dir.as_str(), "--n", n.as_str(), "--demonstrations"]);
-    if recipe == "agentflow" {
-        // Recorded from the agent itself, rendered with this model's chat template.
-        data.extend(["--model", model.as_str()]);
-    }
+    // Recorded from the recipe's agent, rendered with this model's tokenizer and chat template.
+    data.extend(["--model", model.as_str()]);
     data.extend_from_slice(data_args);
     ooze(&data);
     edit(&dir.join("data/sft.jsonl"));
