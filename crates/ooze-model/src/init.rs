@@ -38,6 +38,9 @@ pub enum Size {
     Tiny,
     /// 4 layers, hidden 256: CPU integration runs.
     Small,
+    /// 8 layers, hidden 512 (about 25M parameters): GPU recipe runs whose skill a small model
+    /// learns too slowly (memagent's reading).
+    Medium,
     /// The Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, vocab 151,936): GPU benchmarks.
     Qwen05b,
 }
@@ -48,8 +51,11 @@ impl std::str::FromStr for Size {
         match s {
             "tiny" => Ok(Size::Tiny),
             "small" => Ok(Size::Small),
+            "medium" => Ok(Size::Medium),
             "0.5b" | "0.5B" => Ok(Size::Qwen05b),
-            _ => Err(format!("unknown size `{s}`; expected tiny, small or 0.5b")),
+            _ => Err(format!(
+                "unknown size `{s}`; expected tiny, small, medium or 0.5b"
+            )),
         }
     }
 }
@@ -240,6 +246,7 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
     let (hidden, inter, layers, heads, kv) = match options.size {
         Size::Tiny => (64, 176, 2, 4, 2),
         Size::Small => (256, 768, 4, 8, 2),
+        Size::Medium => (512, 1536, 8, 8, 2),
         Size::Qwen05b => (896, 4864, 24, 14, 2),
     };
     let family = options.family;

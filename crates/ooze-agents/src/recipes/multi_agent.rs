@@ -174,17 +174,20 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 
 /// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing every
 /// call of the agent's own run (the rewriters and the selector see the solvers' real solutions,
-/// as many as `agent.solvers`). The solvers' habit is fixed per problem (a hash of it), so the
-/// warm-started policy starts imperfect and RL has the exact solution to find:
-/// - half the problems: the solvers compute the expression exactly;
-/// - half: they estimate it, rounded to ten (right one time in ten).
+/// as many as `agent.solvers`). The solvers take turns between two habits, so the warm-started
+/// policy starts imperfect and RL has the exact solution to find, and every problem is shown
+/// solved exactly at least once (with two or more solvers):
+/// - computing the expression exactly;
+/// - estimating it, rounded to ten (right one time in ten).
 ///
-/// A rewriter rewrites the solution most solutions agree on (the first of the most common boxed
-/// answers); the selector chooses that one's number.
+/// Which habit the first solver takes is fixed per problem (a hash of it), so the majority is
+/// exact for half the problems. A rewriter rewrites the solution most solutions agree on (the
+/// first of the most common boxed answers); the selector chooses that one's number.
 pub struct MultiAgentOracle {
     expression: String,
     answer: String,
-    exact: bool,
+    first: u64,
+    solved: std::sync::atomic::AtomicU64,
 }
 
 impl MultiAgentOracle {
@@ -193,8 +196,28 @@ impl MultiAgentOracle {
         Ok(MultiAgentOracle {
             expression: super::expression(problem).to_owned(),
             answer: prompt.label.clone(),
-            exact: super::strategy(problem, 2) == 0,
+            first: super::strategy(problem, 2),
+            solved: Default::default(),
         })
+    }
+
+    /// The next solver's solution (solvers alternate between the two habits).
+    fn solve(&self) -> String {
+        let k = self
+            .solved
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if (self.first + k) % 2 == 0 {
+            format!(
+                "{} = {}, so the answer is \\boxed{{{}}}.",
+                self.expression, self.answer, self.answer
+            )
+        } else {
+            let guess = super::estimate_of(&self.answer);
+            format!(
+                "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
+                self.expression
+            )
+        }
     }
 }
 
@@ -232,17 +255,8 @@ impl ooze_rollout::oracle::Oracle for MultiAgentOracle {
             format!("Judgment: {}", chosen.map_or(1, |i| i + 1))
         } else if let Some(i) = chosen {
             solutions[i].to_owned()
-        } else if self.exact {
-            format!(
-                "{} = {}, so the answer is \\boxed{{{}}}.",
-                self.expression, self.answer, self.answer
-            )
         } else {
-            let guess = super::estimate_of(&self.answer);
-            format!(
-                "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
-                self.expression
-            )
+            self.solve()
         })
     }
 }
@@ -263,10 +277,13 @@ mod tests {
     #[test]
     fn the_oracle_solves_rewrites_and_selects() {
         use ooze_rollout::oracle::{Caller, Oracle};
-        let mut habits = [0, 0];
+        let mut majority_exact = [0, 0];
         for row in synthetic(16, 1, ooze_rollout::Task::Addition) {
             let problem = row["extra_info"]["problem"].as_str().unwrap();
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
+            if crate::recipes::estimate_of(label).to_string() == label {
+                continue; // the estimate is right too
+            }
             let prompt = PromptItem {
                 source_line: 1,
                 text: String::new(),
@@ -276,29 +293,34 @@ mod tests {
                 messages: Vec::new(),
             };
             let o = MultiAgentOracle::new(&prompt).unwrap();
-            habits[o.exact as usize] += 1;
             let ask = |text: String| {
                 o.reply(Caller::Policy, &[json!({"role": "user", "content": text})])
                     .unwrap()
             };
-            let solution = ask(solver_instruction(problem));
-            let guess = format!("{}", crate::recipes::estimate_of(label));
-            assert_eq!(
-                correct(&solution, label),
-                o.exact as u8 as f64 + (!o.exact && guess == label) as u8 as f64
+            // Three solvers: the habits alternate, so each problem is solved exactly once or twice.
+            let solutions: Vec<String> = (0..3).map(|_| ask(solver_instruction(problem))).collect();
+            let right: Vec<bool> = solutions.iter().map(|s| correct(s, label) == 1.0).collect();
+            assert!(
+                right[0] != right[1] && right[0] == right[2],
+                "{solutions:?}"
             );
-            // The rewriter follows the majority; the selector names it.
+            majority_exact[right[0] as usize] += 1;
+            // The rewriter follows the majority; the selector names its first solution.
+            let rewritten = ask(rewriter_instruction(problem, &solutions));
+            assert_eq!(rewritten, solutions[0]);
             let shown = vec![
-                "x \\boxed{1}".to_owned(),
-                solution.clone(),
-                solution.clone(),
+                solutions[1].clone(),
+                solutions[0].clone(),
+                solutions[0].clone(),
             ];
-            assert_eq!(ask(rewriter_instruction(problem, &shown)), solution);
             assert_eq!(
                 judgment(&ask(selector_instruction(problem, &shown)), 3),
                 Some(2)
             );
         }
-        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
+        assert!(
+            majority_exact[0] > 0 && majority_exact[1] > 0,
+            "{majority_exact:?}"
+        );
     }
 }
