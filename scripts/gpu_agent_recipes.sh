@@ -20,9 +20,11 @@
 # OUT/RECIPE/seed-S/log, its metrics OUT/RECIPE/seed-S/grpo/metrics.jsonl, and a line per run
 # reports held-out pass@1 at the start and the end, and the times.
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
-#        (env: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4, SFT_STEPS=1500, N=5000 problems
-#         (memagent: 2000 documents), DEVICE=cuda; a seed sets the models' initialisation, the
-#         SFT order and the RL sampling; the data is the same for every seed)
+#        (env: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4, SFT_STEPS=1500, SFT_LR=2e-3,
+#         SIZE=small (the policy's `init-model --size`), N=5000 problems (memagent: 2000
+#         documents), EVAL_ROWS=200 held-out rows per memagent length, SETS="K=V …" more
+#         settings for the recording and the run, DEVICE=cuda; a seed sets the models'
+#         initialisation, the SFT order and the RL sampling; the data is the same for every seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...}
@@ -32,13 +34,18 @@ seeds=${SEEDS:-0 1 2}
 rollouts=${ROLLOUTS:-20}
 lr=${LR:-1e-4}
 sft_steps=${SFT_STEPS:-1500}
+sft_lr=${SFT_LR:-2e-3}
+size=${SIZE:-small}
+eval_rows=${EVAL_ROWS:-200}
+extra=()
+for kv in ${SETS:-}; do extra+=(--set "$kv"); done
 n=${N:-5000}
 documents=${N:-2000}
 device=${DEVICE:-cuda}
 
 sft() { # MODEL_DIR DATA OUT STEPS SEED
   $ooze sft --model "$1" --data "$2" --out "$3" --device "$device" --dtype "$([ "$device" = cpu ] && echo fp32 || echo bf16)" --batch-size 64 \
-    --lr 2e-3 --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 --seed "$5" 2>&1 |
+    --lr "$sft_lr" --warmup-steps 20 --max-steps "$4" --eval-every 100000 --save-every 100000 --seed "$5" 2>&1 |
     grep -v "^sft: step [0-9]*/[0-9]* loss" || true
 }
 
@@ -51,12 +58,12 @@ run_one() { # RECIPE SEED DIR DATA
   local recipe=$1 seed=$2 dir=$3 data=$4
   local start sft_done end
   start=$(date +%s)
-  local sets=() record=(--recipe "recipes/$recipe/recipe.toml")
+  local sets=("${extra[@]}") record=(--recipe "recipes/$recipe/recipe.toml" "${extra[@]}")
   case $recipe in
     memagent)
       local evals="" w
       for w in 300 600 1200 2400; do
-        evals="$evals$(eval_set "words_$w" "$data/test_$w.parquet" 2), "
+        evals="$evals$(eval_set "words_$w" "$data/eval_$w.jsonl" 2), "
       done
       sets+=(--set "eval.datasets=[${evals%, }]" --set agent.chunk_tokens=256)
       record+=(--set agent.chunk_tokens=256)
@@ -67,7 +74,7 @@ run_one() { # RECIPE SEED DIR DATA
       ;;
     *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]") ;;
   esac
-  $ooze init-model --seed "$seed" --family qwen2 --size small "$dir/model" >/dev/null
+  $ooze init-model --seed "$seed" --family qwen2 --size "$size" "$dir/model" >/dev/null
   # The demonstrations are rendered with the model's template, so each seed records its own
   # (the same conversations: the oracle and the data do not depend on the seed).
   local demos="$dir/demos"
@@ -132,7 +139,10 @@ for recipe in "$@"; do
   mkdir -p "$out/$recipe"
   # The train and test splits, shared by the seeds.
   case $recipe in
-    memagent) $ooze recipe-data memagent "$data" --n "$documents" --words 300 ;;
+    memagent)
+      $ooze recipe-data memagent "$data" --n "$documents" --words 300
+      for w in 300 600 1200 2400; do head -n "$eval_rows" "$data/test_$w.jsonl" >"$data/eval_$w.jsonl"; done
+      ;;
     search_r1) $ooze recipe-data search_r1 "$data" --n "$n" ;;
     retool) $ooze recipe-data retool "$data" --n "$n" --task "${TASK:-arithmetic}" ;;
     *) $ooze recipe-data "$recipe" "$data" --n "$n" --task "${TASK:-addition}" ;;
