@@ -19,9 +19,15 @@
 # Every seed of every recipe runs at once (one GPU holds them all); each run's log is
 # OUT/RECIPE/seed-S/log, its metrics OUT/RECIPE/seed-S/grpo/metrics.jsonl, and a line per run
 # reports held-out pass@1 at the start and the end, and the times.
+# Per recipe, the settings docs/recipes/agent-recipes-gpu.md reports (the policy's size, SFT
+# steps and learning rate, data size, and settings for both the recording and the run):
+#   search_r1, retool, agentflow, tool_orchestra: small model, 1500 SFT steps at 2e-3
+#   multi_agent: small model, 3000 SFT steps, agent.solvers=2
+#   memagent: medium model (25M), 2500 SFT steps at 5e-4, 20000 training documents of 300 words,
+#             chunks of 256 tokens
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
-#        (env: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4, SFT_STEPS=1500, SFT_LR=2e-3,
-#         SIZE=small (the policy's `init-model --size`), N=5000 problems (memagent: 2000
+#        (env, overriding every recipe's setting: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4,
+#         SFT_STEPS, SFT_LR, SIZE (the policy's `init-model --size`), N (problems; memagent:
 #         documents), EVAL_ROWS=200 held-out rows per memagent length, SETS="K=V …" more
 #         settings for the recording and the run, DEVICE=cuda; a seed sets the models'
 #         initialisation, the SFT order and the RL sampling; the data is the same for every seed)
@@ -33,15 +39,20 @@ ooze=${OOZE:-target/release/ooze}
 seeds=${SEEDS:-0 1 2}
 rollouts=${ROLLOUTS:-20}
 lr=${LR:-1e-4}
-sft_steps=${SFT_STEPS:-1500}
-sft_lr=${SFT_LR:-2e-3}
-size=${SIZE:-small}
-eval_rows=${EVAL_ROWS:-200}
-extra=()
-for kv in ${SETS:-}; do extra+=(--set "$kv"); done
-n=${N:-5000}
-documents=${N:-2000}
 device=${DEVICE:-cuda}
+eval_rows=${EVAL_ROWS:-200}
+
+# The recipe's settings (above), then the environment's: sets size, sft_steps, sft_lr, n, extra.
+settings() { # RECIPE
+  size=small sft_steps=1500 sft_lr=2e-3 n=5000 extra=()
+  case $1 in
+    multi_agent) sft_steps=3000 extra=(--set agent.solvers=2) ;;
+    memagent) size=medium sft_steps=2500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
+  esac
+  size=${SIZE:-$size} sft_steps=${SFT_STEPS:-$sft_steps} sft_lr=${SFT_LR:-$sft_lr} n=${N:-$n}
+  local kv
+  for kv in ${SETS:-}; do extra+=(--set "$kv"); done
+}
 
 sft() { # MODEL_DIR DATA OUT STEPS SEED
   $ooze sft --model "$1" --data "$2" --out "$3" --device "$device" --dtype "$([ "$device" = cpu ] && echo fp32 || echo bf16)" --batch-size 64 \
@@ -56,7 +67,8 @@ eval_set() { # NAME PATH N_SAMPLES
 # One recipe's data, SFT and GRPO for one seed, in DIR.
 run_one() { # RECIPE SEED DIR DATA
   local recipe=$1 seed=$2 dir=$3 data=$4
-  local start sft_done end
+  local start sft_done end size sft_steps sft_lr n extra
+  settings "$recipe"
   start=$(date +%s)
   local sets=("${extra[@]}") record=(--recipe "recipes/$recipe/recipe.toml" "${extra[@]}")
   case $recipe in
@@ -65,8 +77,7 @@ run_one() { # RECIPE SEED DIR DATA
       for w in 300 600 1200 2400; do
         evals="$evals$(eval_set "words_$w" "$data/eval_$w.jsonl" 2), "
       done
-      sets+=(--set "eval.datasets=[${evals%, }]" --set agent.chunk_tokens=256)
-      record+=(--set agent.chunk_tokens=256)
+      sets+=(--set "eval.datasets=[${evals%, }]")
       ;;
     search_r1)
       sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]"
@@ -81,7 +92,7 @@ run_one() { # RECIPE SEED DIR DATA
   mkdir -p "$demos"
   local -a data_args
   case $recipe in
-    memagent) data_args=(--n "$documents" --words 300) ;;
+    memagent) data_args=(--n "$n" --words 300) ;;
     search_r1) data_args=(--n "$n") ;;
     retool) data_args=(--n "$n" --task "${TASK:-arithmetic}") ;;
     *) data_args=(--n "$n" --task "${TASK:-addition}") ;;
@@ -134,13 +145,14 @@ for recipe in "$@"; do
     search_r1 | retool | multi_agent | memagent | agentflow | tool_orchestra) ;;
     *) echo "unknown recipe $recipe" >&2; exit 2 ;;
   esac
+  settings "$recipe"
   data="$out/$recipe/data"
   rm -rf "${out:?}/$recipe"
   mkdir -p "$out/$recipe"
   # The train and test splits, shared by the seeds.
   case $recipe in
     memagent)
-      $ooze recipe-data memagent "$data" --n "$documents" --words 300
+      $ooze recipe-data memagent "$data" --n "$n" --words 300
       for w in 300 600 1200 2400; do head -n "$eval_rows" "$data/test_$w.jsonl" >"$data/eval_$w.jsonl"; done
       ;;
     search_r1) $ooze recipe-data search_r1 "$data" --n "$n" ;;
