@@ -174,20 +174,21 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 
 /// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing every
 /// call of the agent's own run (the rewriters and the selector see the solvers' real solutions,
-/// as many as `agent.solvers`). The solvers take turns between two habits, so the warm-started
-/// policy starts imperfect and RL has the exact solution to find, and every problem is shown
-/// solved exactly at least once (with two or more solvers):
-/// - computing the expression exactly;
+/// as many as `agent.solvers`). The solvers, and then the rewriters, take turns between two
+/// habits, so the warm-started policy starts imperfect and RL has the exact solution to find,
+/// and every problem is shown solved exactly (with two or more solvers):
+/// - computing the expression exactly (a rewriter: the correct solution, as it is asked for);
 /// - estimating it, rounded to ten (right one time in ten).
 ///
-/// Which habit the first solver takes is fixed per problem (a hash of it), so the majority is
-/// exact for half the problems. A rewriter rewrites the solution most solutions agree on (the
-/// first of the most common boxed answers); the selector chooses that one's number.
+/// Which habit the first solver and the first rewriter take is fixed per problem (a hash of
+/// it). The selector chooses the solution most solutions agree on (the first of the most common
+/// boxed answers).
 pub struct MultiAgentOracle {
     expression: String,
     answer: String,
     first: u64,
     solved: std::sync::atomic::AtomicU64,
+    rewritten: std::sync::atomic::AtomicU64,
 }
 
 impl MultiAgentOracle {
@@ -198,14 +199,13 @@ impl MultiAgentOracle {
             answer: prompt.label.clone(),
             first: super::strategy(problem, 2),
             solved: Default::default(),
+            rewritten: Default::default(),
         })
     }
 
-    /// The next solver's solution (solvers alternate between the two habits).
-    fn solve(&self) -> String {
-        let k = self
-            .solved
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// The next solution of `calls`' role (its calls alternate between the two habits).
+    fn solve(&self, calls: &std::sync::atomic::AtomicU64) -> String {
+        let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if (self.first + k) % 2 == 0 {
             format!(
                 "{} = {}, so the answer is \\boxed{{{}}}.",
@@ -253,10 +253,10 @@ impl ooze_rollout::oracle::Oracle for MultiAgentOracle {
         let chosen = agreed(&solutions);
         Ok(if asked.contains("\nChoose the best of these solutions.") {
             format!("Judgment: {}", chosen.map_or(1, |i| i + 1))
-        } else if let Some(i) = chosen {
-            solutions[i].to_owned()
+        } else if solutions.is_empty() {
+            self.solve(&self.solved)
         } else {
-            self.solve()
+            self.solve(&self.rewritten)
         })
     }
 }
@@ -305,9 +305,12 @@ mod tests {
                 "{solutions:?}"
             );
             majority_exact[right[0] as usize] += 1;
-            // The rewriter follows the majority; the selector names its first solution.
-            let rewritten = ask(rewriter_instruction(problem, &solutions));
-            assert_eq!(rewritten, solutions[0]);
+            // The rewriters alternate too, starting as the solvers did; the selector names the
+            // majority's first solution.
+            let rewritten: Vec<String> = (0..2)
+                .map(|_| ask(rewriter_instruction(problem, &solutions)))
+                .collect();
+            assert_eq!(rewritten, solutions[..2]);
             let shown = vec![
                 solutions[1].clone(),
                 solutions[0].clone(),
