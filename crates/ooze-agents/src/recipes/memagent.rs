@@ -152,12 +152,13 @@ pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
         "The river froze only once in a century.",
     ];
     let mut rng = ooze_core::SplitMix64::new(seed ^ 0x3e3a_6e47);
-    // Up to 4 syllables: 168,400 names, so the questions (which name the subject) of different
-    // documents rarely coincide and a held-out set stays held out.
-    let name = |rng: &mut ooze_core::SplitMix64| super::invented_name(rng, 4);
+    // People have a first and a last name (8,400 of each), so a question (which names the
+    // subject) of one document almost never recurs in another: a held-out set stays held out.
+    let name = |rng: &mut ooze_core::SplitMix64| super::invented_name(rng, 3);
+    let person = |rng: &mut ooze_core::SplitMix64| format!("{} {}", name(rng), name(rng));
     (0..n)
         .map(|i| {
-            let (subject, answer) = (name(&mut rng), name(&mut rng));
+            let (subject, answer) = (person(&mut rng), name(&mut rng));
             let needle = format!("The code word of {subject} is {answer}.");
             let mut sentences: Vec<String> = Vec::new();
             let mut count = 0;
@@ -165,7 +166,7 @@ pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
                 let s = if rng.below(3) == 0 {
                     FILLER[rng.below(FILLER.len() as u64) as usize].to_owned()
                 } else {
-                    let (other, word) = (name(&mut rng), name(&mut rng));
+                    let (other, word) = (person(&mut rng), name(&mut rng));
                     if other == subject {
                         continue;
                     }
@@ -297,12 +298,22 @@ mod tests {
             assert!((400..460).contains(&words), "{words}");
             let subject = needle
                 .trim_start_matches("The code word of ")
-                .split(' ')
+                .split(" is ")
                 .next()
                 .unwrap();
+            assert_eq!(subject.split(' ').count(), 2, "{subject}");
             // The subject's fact appears once: no distractor about the same subject.
             assert_eq!(doc.matches(&format!("code word of {subject} ")).count(), 1);
         }
+        // Questions of separate sets almost never coincide (held-out sets stay held out).
+        let questions = |rows: Vec<Value>| -> std::collections::HashSet<String> {
+            rows.iter()
+                .map(|r| r["question"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let train = questions(synthetic(5000, 50, 1));
+        let test = questions(synthetic(500, 50, 2));
+        assert!(test.intersection(&train).count() <= 5);
     }
 
     #[test]
