@@ -206,7 +206,7 @@ impl MultiAgentOracle {
     /// The next solution of `calls`' role (its calls alternate between the two habits).
     fn solve(&self, calls: &std::sync::atomic::AtomicU64) -> String {
         let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if (self.first + k) % 2 == 0 {
+        if (self.first + k).is_multiple_of(2) {
             format!(
                 "{} = {}, so the answer is \\boxed{{{}}}.",
                 self.expression, self.answer, self.answer
