@@ -27,7 +27,9 @@ pub struct PromptItem {
     pub label: String,
     pub metadata: Value,
     /// The chat messages `text` was rendered from (the system prompt included); empty for a raw
-    /// text prompt (`data.apply_chat_template = false`).
+    /// text prompt (`data.apply_chat_template = false`). Not part of a rollout record: `text`
+    /// and `input_ids` are what was generated from.
+    #[serde(skip)]
     pub messages: Vec<Value>,
 }
 
