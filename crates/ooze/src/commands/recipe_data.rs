@@ -72,6 +72,11 @@ fn write_split(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if !args.demonstrations
+        && (args.recipe_file.is_some() || args.model.is_some() || !args.sets.is_empty())
+    {
+        anyhow::bail!("--recipe, --model and --set apply to --demonstrations");
+    }
     if args.task.is_some()
         && !matches!(
             args.recipe.as_str(),
@@ -111,8 +116,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.demonstrations {
         write_demonstrations(&args)?;
-    } else if args.recipe_file.is_some() || args.model.is_some() || !args.sets.is_empty() {
-        anyhow::bail!("--recipe, --model and --set apply to --demonstrations");
     }
     Ok(())
 }
@@ -270,4 +273,39 @@ fn memagent(args: &Args) -> anyhow::Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn run_with(words: &[&str]) -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(std::iter::once("recipe-data").chain(words.iter().copied()))?;
+        run(cli.args)
+    }
+
+    #[test]
+    fn demonstration_options_need_demonstrations_and_a_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("data");
+        let o = out.to_str().unwrap();
+        // Refused before anything is written.
+        let e = run_with(&["retool", o, "--n", "5", "--model", "m"]).unwrap_err();
+        assert!(e.to_string().contains("apply to --demonstrations"), "{e}");
+        assert!(!out.exists());
+        // Without --model, the shipped recipe's model.path (not there yet) is named.
+        let e = run_with(&["retool", o, "--n", "5", "--demonstrations"]).unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("--model") && e.contains("target/retool/sft/final-model"),
+            "{e}"
+        );
+    }
 }
