@@ -409,14 +409,7 @@ mod tests {
 
     /// A prompt of `problem` with answer 184.
     fn prompt(problem: &str) -> PromptItem {
-        PromptItem {
-            source_line: 1,
-            text: String::new(),
-            input_ids: vec![1],
-            label: "184".into(),
-            metadata: json!({ "problem": problem }),
-            messages: Vec::new(),
-        }
+        crate::recipes::test_prompt("184".into(), json!({ "problem": problem }), Vec::new())
     }
 
     #[test]

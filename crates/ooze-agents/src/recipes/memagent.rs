@@ -262,9 +262,7 @@ impl ooze_rollout::oracle::Oracle for MemAgentOracle {
         caller: ooze_rollout::oracle::Caller<'_>,
         messages: &[Value],
     ) -> Result<String, String> {
-        if caller != ooze_rollout::oracle::Caller::Policy {
-            return Err("memagent asks no helpers".into());
-        }
+        super::policy_only(caller, "memagent")?;
         let asked = super::last_text(messages);
         let memory = asked.split_once("\nMemory: ").map_or("", |(_, rest)| {
             rest.split("\nSection:\n").next().unwrap_or(rest)
@@ -322,14 +320,11 @@ mod tests {
         let rows = synthetic(8, 300, 2);
         let mut habits = [0, 0];
         for row in &rows {
-            let prompt = PromptItem {
-                source_line: 1,
-                text: String::new(),
-                input_ids: vec![1],
-                label: row["reward_model"]["ground_truth"].to_string(),
-                metadata: row.clone(),
-                messages: Vec::new(),
-            };
+            let prompt = crate::recipes::test_prompt(
+                row["reward_model"]["ground_truth"].to_string(),
+                row.clone(),
+                Vec::new(),
+            );
             let o = MemAgentOracle::new(&prompt).unwrap();
             habits[o.keeps_the_question as usize] += 1;
             let doc = row["context"].as_str().unwrap();

@@ -81,6 +81,41 @@ pub(crate) fn strategy(text: &str, n: u64) -> u64 {
     hash % n
 }
 
+/// Refuses a helper's call to the oracle of an agent that asks no helpers.
+pub(crate) fn policy_only(
+    caller: ooze_rollout::oracle::Caller<'_>,
+    agent: &str,
+) -> Result<(), String> {
+    match caller {
+        ooze_rollout::oracle::Caller::Policy => Ok(()),
+        ooze_rollout::oracle::Caller::Helper(name) => Err(format!(
+            "{agent} asks no helpers, yet helper \"{name}\" was asked"
+        )),
+    }
+}
+
+/// A prompt for an oracle's unit test: `label`, `metadata` and the chat `messages`.
+#[cfg(test)]
+pub(crate) fn test_prompt(
+    label: String,
+    metadata: serde_json::Value,
+    messages: Vec<serde_json::Value>,
+) -> PromptItem {
+    let text = messages
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    PromptItem {
+        source_line: 1,
+        text,
+        input_ids: vec![1],
+        label,
+        metadata,
+        messages,
+    }
+}
+
 /// The text of the last message of `messages` (what an oracle is asked, or the policy's open turn).
 pub(crate) fn last_text(messages: &[serde_json::Value]) -> &str {
     messages

@@ -245,9 +245,7 @@ impl ooze_rollout::oracle::Oracle for MultiAgentOracle {
         caller: ooze_rollout::oracle::Caller<'_>,
         messages: &[Value],
     ) -> Result<String, String> {
-        if caller != ooze_rollout::oracle::Caller::Policy {
-            return Err("multi_agent asks no helpers".into());
-        }
+        super::policy_only(caller, "multi_agent")?;
         let asked = super::last_text(messages);
         let solutions = solutions_in(asked);
         let chosen = agreed(&solutions);
@@ -284,14 +282,8 @@ mod tests {
             if crate::recipes::estimate_of(label).to_string() == label {
                 continue; // the estimate is right too
             }
-            let prompt = PromptItem {
-                source_line: 1,
-                text: String::new(),
-                input_ids: vec![1],
-                label: label.into(),
-                metadata: row["extra_info"].clone(),
-                messages: Vec::new(),
-            };
+            let prompt =
+                crate::recipes::test_prompt(label.into(), row["extra_info"].clone(), Vec::new());
             let o = MultiAgentOracle::new(&prompt).unwrap();
             let ask = |text: String| {
                 o.reply(Caller::Policy, &[json!({"role": "user", "content": text})])

@@ -192,9 +192,7 @@ impl ooze_rollout::oracle::Oracle for RetoolOracle {
         caller: ooze_rollout::oracle::Caller<'_>,
         messages: &[Value],
     ) -> Result<String, String> {
-        if caller != ooze_rollout::oracle::Caller::Policy {
-            return Err("retool asks no helpers".into());
-        }
+        super::policy_only(caller, "retool")?;
         let so_far = match messages.last() {
             Some(m) if m["role"] == "assistant" => super::last_text(messages),
             _ => "",
@@ -248,14 +246,14 @@ mod tests {
         use ooze_rollout::oracle::{Caller, Oracle};
         let mut habits = [0, 0];
         for row in synthetic(20, 3, ooze_rollout::Task::Arithmetic) {
-            let prompt = PromptItem {
-                source_line: 1,
-                text: String::new(),
-                input_ids: vec![1],
-                label: row["reward_model"]["ground_truth"].as_str().unwrap().into(),
-                metadata: row["extra_info"].clone(),
-                messages: Vec::new(),
-            };
+            let prompt = crate::recipes::test_prompt(
+                row["reward_model"]["ground_truth"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                row["extra_info"].clone(),
+                Vec::new(),
+            );
             let o = RetoolOracle::new(&prompt).unwrap();
             habits[o.uses_the_tool as usize] += 1;
             let user = row["prompt"][0].clone();

@@ -342,9 +342,7 @@ impl ooze_rollout::oracle::Oracle for SearchR1Oracle {
         caller: ooze_rollout::oracle::Caller<'_>,
         messages: &[serde_json::Value],
     ) -> Result<String, String> {
-        if caller != ooze_rollout::oracle::Caller::Policy {
-            return Err("search_r1 asks no helpers".into());
-        }
+        super::policy_only(caller, "search_r1")?;
         let question = messages
             .iter()
             .rev()
@@ -421,14 +419,11 @@ mod tests {
         let mut habits = [0, 0];
         for row in &data.questions {
             let user = row["prompt"][0].clone();
-            let prompt = PromptItem {
-                source_line: 1,
-                text: user["content"].as_str().unwrap().into(),
-                input_ids: vec![1],
-                label: row["reward_model"]["ground_truth"]["target"].to_string(),
-                metadata: serde_json::Value::Null,
-                messages: vec![user.clone()],
-            };
+            let prompt = crate::recipes::test_prompt(
+                row["reward_model"]["ground_truth"]["target"].to_string(),
+                serde_json::Value::Null,
+                vec![user.clone()],
+            );
             let o = SearchR1Oracle::new(&prompt).unwrap();
             habits[o.searches as usize] += 1;
             let first = o

@@ -411,14 +411,8 @@ mod tests {
         for row in synthetic(30, 3, ooze_rollout::Task::Arithmetic) {
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             let problem = row["extra_info"]["problem"].as_str().unwrap();
-            let prompt = PromptItem {
-                source_line: 1,
-                text: String::new(),
-                input_ids: vec![1],
-                label: label.into(),
-                metadata: row["extra_info"].clone(),
-                messages: Vec::new(),
-            };
+            let prompt =
+                crate::recipes::test_prompt(label.into(), row["extra_info"].clone(), Vec::new());
             let o = OrchestraOracle::new(&prompt).unwrap();
             let ask = |caller, text: String| {
                 o.reply(caller, &[json!({"role": "user", "content": text})])
