@@ -293,27 +293,25 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// estimate or a failed step; the generator boxes the last `python_coder` result (else the last
 /// estimate); the judge says yes when the boxed answer is the reference.
 pub struct AgentflowOracle {
-    expression: String,
-    answer: String,
+    known: super::KnownProblem,
     estimates: usize,
 }
 
 impl AgentflowOracle {
     pub fn new(prompt: &PromptItem) -> Result<AgentflowOracle, AgentError> {
-        let problem = problem_text(prompt)?;
+        let known = super::KnownProblem::of(prompt)?;
         Ok(AgentflowOracle {
-            expression: super::expression(problem).to_owned(),
-            answer: prompt.label.clone(),
-            estimates: match super::strategy(problem, 3) {
+            estimates: match known.habit(3) {
                 0 => 0,
                 1 => 1,
                 _ => usize::MAX,
             },
+            known,
         })
     }
 
     fn plan(&self, steps_so_far: usize) -> String {
-        let x = &self.expression;
+        let x = &self.known.expression;
         if steps_so_far < self.estimates {
             format!(
                 "Justification: a quick estimate may be enough.\nContext: the expression is {x}\n\
@@ -333,7 +331,7 @@ impl AgentflowOracle {
     }
 
     fn estimate(&self) -> String {
-        format!("about {}", super::estimate_of(&self.answer))
+        format!("about {}", super::estimate_of(&self.known.answer))
     }
 }
 
@@ -364,12 +362,12 @@ impl ooze_rollout::oracle::Oracle for AgentflowOracle {
         Ok(match caller {
             Caller::Policy => self.plan(steps_in(asked).len()),
             Caller::Helper("executor") if asked.ends_with(PYTHON_ASK) => {
-                format!("```python\nprint({})\n```", self.expression)
+                format!("```python\nprint({})\n```", self.known.expression)
             }
             Caller::Helper("executor") => self.estimate(),
             Caller::Helper("verifier") => {
                 let done = steps_in(asked).last().is_some_and(|(tool, result)| {
-                    *tool == "python_coder" && *result == self.answer
+                    *tool == "python_coder" && *result == self.known.answer
                 });
                 if done { "STOP" } else { "CONTINUE" }.to_owned()
             }
@@ -395,7 +393,7 @@ impl ooze_rollout::oracle::Oracle for AgentflowOracle {
                     r.split("\nDoes the response").next().unwrap_or("")
                 });
                 let right = ooze_rollout::math_answer::last_boxed(response)
-                    .is_some_and(|a| ooze_rollout::math_answer::equivalent(a, &self.answer));
+                    .is_some_and(|a| ooze_rollout::math_answer::equivalent(a, &self.known.answer));
                 if right { "yes" } else { "no" }.to_owned()
             }
             Caller::Helper(other) => return Err(format!("agentflow has no helper \"{other}\"")),

@@ -81,6 +81,31 @@ pub(crate) fn strategy(text: &str, n: u64) -> u64 {
     hash % n
 }
 
+/// A generated arithmetic problem as its demonstrations' oracle knows it.
+pub(crate) struct KnownProblem {
+    pub expression: String,
+    pub answer: String,
+    /// The bare problem, whose hash fixes the habit the oracle demonstrates ([`strategy`]).
+    pub problem: String,
+}
+
+impl KnownProblem {
+    /// The problem of `prompt` (its metadata, as the agents read it) and its label.
+    pub fn of(prompt: &PromptItem) -> Result<KnownProblem, AgentError> {
+        let problem = problem_text(prompt)?;
+        Ok(KnownProblem {
+            expression: expression(problem).to_owned(),
+            answer: prompt.label.clone(),
+            problem: problem.to_owned(),
+        })
+    }
+
+    /// Which of `n` habits the oracle shows on this problem.
+    pub fn habit(&self, n: u64) -> u64 {
+        strategy(&self.problem, n)
+    }
+}
+
 /// Refuses a helper's call to the oracle of an agent that asks no helpers.
 pub(crate) fn policy_only(
     caller: ooze_rollout::oracle::Caller<'_>,

@@ -184,8 +184,7 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// it). The selector chooses the solution most solutions agree on (the first of the most common
 /// boxed answers).
 pub struct MultiAgentOracle {
-    expression: String,
-    answer: String,
+    known: super::KnownProblem,
     first: u64,
     solved: std::sync::atomic::AtomicU64,
     rewritten: std::sync::atomic::AtomicU64,
@@ -193,13 +192,12 @@ pub struct MultiAgentOracle {
 
 impl MultiAgentOracle {
     pub fn new(prompt: &PromptItem) -> Result<MultiAgentOracle, AgentError> {
-        let problem = problem_text(prompt)?;
+        let known = super::KnownProblem::of(prompt)?;
         Ok(MultiAgentOracle {
-            expression: super::expression(problem).to_owned(),
-            answer: prompt.label.clone(),
-            first: super::strategy(problem, 2),
+            first: known.habit(2),
             solved: Default::default(),
             rewritten: Default::default(),
+            known,
         })
     }
 
@@ -209,13 +207,13 @@ impl MultiAgentOracle {
         if (self.first + k).is_multiple_of(2) {
             format!(
                 "{} = {}, so the answer is \\boxed{{{}}}.",
-                self.expression, self.answer, self.answer
+                self.known.expression, self.known.answer, self.known.answer
             )
         } else {
-            let guess = super::estimate_of(&self.answer);
+            let guess = super::estimate_of(&self.known.answer);
             format!(
                 "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
-                self.expression
+                self.known.expression
             )
         }
     }

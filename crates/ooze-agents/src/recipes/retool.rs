@@ -170,18 +170,16 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// - half: the answer boxed at once, worked out without the tool (which a small model gets right
 ///   only by luck on multi-step expressions).
 pub struct RetoolOracle {
-    expression: String,
-    answer: String,
+    known: super::KnownProblem,
     uses_the_tool: bool,
 }
 
 impl RetoolOracle {
     pub fn new(prompt: &PromptItem) -> Result<RetoolOracle, AgentError> {
-        let problem = super::problem_text(prompt)?;
+        let known = super::KnownProblem::of(prompt)?;
         Ok(RetoolOracle {
-            expression: super::expression(problem).to_owned(),
-            answer: prompt.label.clone(),
-            uses_the_tool: super::strategy(problem, 2) == 0,
+            uses_the_tool: known.habit(2) == 0,
+            known,
         })
     }
 }
@@ -203,12 +201,12 @@ impl ooze_rollout::oracle::Oracle for RetoolOracle {
                 format!("The result is \\boxed{{{value}}}")
             }
             None if self.uses_the_tool => {
-                let call = json!({"name": TOOL, "arguments": {"code": format!("print({})", self.expression)}});
+                let call = json!({"name": TOOL, "arguments": {"code": format!("print({})", self.known.expression)}});
                 format!("<tool_call>{call}</tool_call>")
             }
             None => format!(
                 "Working it out directly: {} = {}, so the answer is \\boxed{{{}}}",
-                self.expression, self.answer, self.answer
+                self.known.expression, self.known.answer, self.known.answer
             ),
         })
     }
@@ -267,7 +265,7 @@ mod tests {
             assert!(first.ends_with("</tool_call>"));
             assert_eq!(
                 code_of(&first),
-                Some(Ok(format!("print({})", o.expression)))
+                Some(Ok(format!("print({})", o.known.expression)))
             );
             let shown = format!(
                 "{first}\n<interpreter>\n{}\n\n</interpreter>\n",

@@ -314,18 +314,16 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// program printing the expression, or a query. The recorded expert conversations warm-start the
 /// expert models (`experts.jsonl`).
 pub struct OrchestraOracle {
-    expression: String,
-    answer: String,
+    known: super::KnownProblem,
     pick: u64,
 }
 
 impl OrchestraOracle {
     pub fn new(prompt: &PromptItem) -> Result<OrchestraOracle, AgentError> {
-        let problem = problem_text(prompt)?;
+        let known = super::KnownProblem::of(prompt)?;
         Ok(OrchestraOracle {
-            expression: super::expression(problem).to_owned(),
-            answer: prompt.label.clone(),
-            pick: super::strategy(problem, 1 << 16),
+            pick: known.habit(1 << 16),
+            known,
         })
     }
 }
@@ -360,12 +358,12 @@ impl ooze_rollout::oracle::Oracle for OrchestraOracle {
                 format!("<tool_call>{call}</tool_call>")
             }
             Caller::Helper(_) if asked.ends_with("in one ```python block.") => {
-                format!("```python\nprint({})\n```", self.expression)
+                format!("```python\nprint({})\n```", self.known.expression)
             }
             Caller::Helper(_) if asked.ends_with("Reply with the query only.") => {
-                self.expression.clone()
+                self.known.expression.clone()
             }
-            Caller::Helper(_) => format!("\\boxed{{{}}}", self.answer),
+            Caller::Helper(_) => format!("\\boxed{{{}}}", self.known.answer),
         })
     }
 }
