@@ -22,13 +22,13 @@
 # Per recipe, the settings docs/recipes/agent-recipes-gpu.md reports (the policy's size, SFT
 # steps and learning rate, data size, and settings for both the recording and the run):
 #   search_r1, retool, agentflow, tool_orchestra: small model, 1500 SFT steps at 2e-3
-#   multi_agent: small model, 3000 SFT steps, agent.solvers=2
-#   memagent: medium model (25M), 2500 SFT steps at 5e-4, 20000 training documents of 300 words,
+#   multi_agent: medium model (25M), 3000 SFT steps at 5e-4, agent.solvers=2
+#   memagent: medium model (25M), 3500 SFT steps at 5e-4, 20000 training documents of 300 words,
 #             chunks of 256 tokens
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
 #        (env, overriding every recipe's setting: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4,
 #         SFT_STEPS, SFT_LR, SIZE (the policy's `init-model --size`), N (problems; memagent:
-#         documents), EVAL_ROWS=200 held-out rows per memagent length, SETS="K=V …" more
+#         documents), EVAL_ROWS=100 held-out rows per memagent length, SETS="K=V …" more
 #         settings for the recording and the run, DEVICE=cuda; a seed sets the models'
 #         initialisation, the SFT order and the RL sampling; the data is the same for every seed)
 set -euo pipefail
@@ -40,14 +40,14 @@ seeds=${SEEDS:-0 1 2}
 rollouts=${ROLLOUTS:-20}
 lr=${LR:-1e-4}
 device=${DEVICE:-cuda}
-eval_rows=${EVAL_ROWS:-200}
+eval_rows=${EVAL_ROWS:-100}
 
 # The recipe's settings (above), then the environment's: sets size, sft_steps, sft_lr, n, extra.
 settings() { # RECIPE
   size=small sft_steps=1500 sft_lr=2e-3 n=5000 extra=()
   case $1 in
-    multi_agent) sft_steps=3000 extra=(--set agent.solvers=2) ;;
-    memagent) size=medium sft_steps=2500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
+    multi_agent) size=medium sft_steps=3000 sft_lr=5e-4 extra=(--set agent.solvers=2) ;;
+    memagent) size=medium sft_steps=3500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
   esac
   size=${SIZE:-$size} sft_steps=${SFT_STEPS:-$sft_steps} sft_lr=${SFT_LR:-$sft_lr} n=${N:-$n}
   local kv

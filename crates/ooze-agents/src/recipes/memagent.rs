@@ -194,10 +194,15 @@ pub fn synthetic(n: usize, words: usize, seed: u64) -> Vec<Value> {
 /// every memory update and the answer of the agent's own run, chunks and all. Two memory habits,
 /// fixed per question (a hash of it), so the warm-started policy starts imperfect and RL has the
 /// better habit to find:
-/// - half the questions: the memory becomes the question's fact once a section holds it, and
+/// - two questions in three: the memory becomes the question's fact once a section holds it, and
 ///   stays so (the answer is right);
-/// - half: the memory becomes the last code-word fact of each section that has one, whoever it is
-///   about (the answer is usually wrong: only the last fact of the document survives).
+/// - one in three: the memory becomes the last code-word fact of each section that has one,
+///   whoever it is about (the answer is usually wrong: only the last fact of the document
+///   survives).
+///
+/// The good habit has the larger share because it is the harder one to learn (finding the
+/// question's subject among a section's facts); the policy follows the habits turn by turn, so it
+/// still starts well below the ceiling.
 ///
 /// The answer boxes the code word of the memory's fact, so it is learned as reading the memory.
 pub struct MemAgentOracle {
@@ -219,7 +224,7 @@ impl MemAgentOracle {
             })?;
         Ok(MemAgentOracle {
             needle: needle.to_owned(),
-            keeps_the_question: super::strategy(question, 2) == 0,
+            keeps_the_question: super::strategy(question, 3) != 0,
         })
     }
 

@@ -174,15 +174,17 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 
 /// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing every
 /// call of the agent's own run (the rewriters and the selector see the solvers' real solutions,
-/// as many as `agent.solvers`). The solvers, and then the rewriters, take turns between two
-/// habits, so the warm-started policy starts imperfect and RL has the exact solution to find,
-/// and every problem is shown solved exactly (with two or more solvers):
-/// - computing the expression exactly (a rewriter: the correct solution, as it is asked for);
-/// - estimating it, rounded to ten (right one time in ten).
+/// as many as `agent.solvers`). Each role takes turns between a good habit and a weak one, so the
+/// warm-started policy starts imperfect and RL has the good habits to find:
+/// - solvers: compute the expression exactly, or estimate it rounded to ten (right one time in
+///   ten);
+/// - rewriters: check the problem by computing it exactly, or trust the first solution and
+///   rewrite it as it is (right when that solver was).
 ///
 /// Which habit the first solver and the first rewriter take is fixed per problem (a hash of
-/// it). The selector chooses the solution most solutions agree on (the first of the most common
-/// boxed answers).
+/// it); with two or more solvers every problem is shown solved exactly. The selector chooses the
+/// solution most solutions agree on (the first of the most common boxed answers), so RL can also
+/// teach it to tell a right solution from a wrong one.
 pub struct MultiAgentOracle {
     known: super::KnownProblem,
     first: u64,
@@ -201,20 +203,37 @@ impl MultiAgentOracle {
         })
     }
 
-    /// The next solution of `calls`' role (its calls alternate between the two habits).
-    fn solve(&self, calls: &std::sync::atomic::AtomicU64) -> String {
+    /// Whether the `calls`' role's next call takes the good habit (its calls alternate).
+    fn good_habit(&self, calls: &std::sync::atomic::AtomicU64) -> bool {
         let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if (self.first + k).is_multiple_of(2) {
-            format!(
-                "{} = {}, so the answer is \\boxed{{{}}}.",
-                self.known.expression, self.known.answer, self.known.answer
-            )
-        } else {
-            let guess = super::estimate_of(&self.known.answer);
-            format!(
-                "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
-                self.known.expression
-            )
+        (self.first + k).is_multiple_of(2)
+    }
+
+    /// The exact solution.
+    fn exact(&self) -> String {
+        format!(
+            "{} = {}, so the answer is \\boxed{{{}}}.",
+            self.known.expression, self.known.answer, self.known.answer
+        )
+    }
+
+    /// A solver's solution.
+    fn solve(&self) -> String {
+        if self.good_habit(&self.solved) {
+            return self.exact();
+        }
+        let guess = super::estimate_of(&self.known.answer);
+        format!(
+            "{} is about {guess}, so the answer is \\boxed{{{guess}}}.",
+            self.known.expression
+        )
+    }
+
+    /// A rewriter's solution, shown `solutions`.
+    fn rewrite(&self, solutions: &[&str]) -> String {
+        match solutions.first() {
+            Some(first) if !self.good_habit(&self.rewritten) => (*first).to_owned(),
+            _ => self.exact(),
         }
     }
 }
@@ -250,9 +269,9 @@ impl ooze_rollout::oracle::Oracle for MultiAgentOracle {
         Ok(if asked.contains("\nChoose the best of these solutions.") {
             format!("Judgment: {}", chosen.map_or(1, |i| i + 1))
         } else if solutions.is_empty() {
-            self.solve(&self.solved)
+            self.solve()
         } else {
-            self.solve(&self.rewritten)
+            self.rewrite(&solutions)
         })
     }
 }
@@ -295,12 +314,21 @@ mod tests {
                 "{solutions:?}"
             );
             majority_exact[right[0] as usize] += 1;
-            // The rewriters alternate too, starting as the solvers did; the selector names the
-            // majority's first solution.
-            let rewritten: Vec<String> = (0..2)
-                .map(|_| ask(rewriter_instruction(problem, &solutions)))
+            // The rewriters alternate too, starting as the solvers did: the exact solution, or
+            // the first solution as it is.
+            let rewritten: Vec<String> = (0..4)
+                .map(|_| ask(rewriter_instruction(problem, &solutions[1..])))
                 .collect();
-            assert_eq!(rewritten, solutions[..2]);
+            let exact = if right[0] {
+                &solutions[0]
+            } else {
+                &solutions[1]
+            };
+            let (good, trusting) = if right[0] { (0, 1) } else { (1, 0) };
+            for pair in rewritten.chunks(2) {
+                assert_eq!(&pair[good], exact);
+                assert_eq!(pair[trusting], solutions[1]);
+            }
             let shown = vec![
                 solutions[1].clone(),
                 solutions[0].clone(),
