@@ -22,7 +22,8 @@
 # Per recipe, the settings docs/recipes/agent-recipes-gpu.md reports (the policy's size, SFT
 # steps and learning rate, data size, and settings for both the recording and the run):
 #   search_r1, retool, agentflow, tool_orchestra: small model, 1500 SFT steps at 2e-3
-#   multi_agent: medium model (25M), 3000 SFT steps at 5e-4, agent.solvers=2
+#   multi_agent: medium model (25M), 3000 SFT steps at 5e-4, agent.solvers=2, 2 samples per
+#                held-out problem (4 for the others)
 #   memagent: medium model (25M), 3500 SFT steps at 5e-4, 20000 training documents of 300 words,
 #             chunks of 256 tokens
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
@@ -44,9 +45,9 @@ eval_rows=${EVAL_ROWS:-100}
 
 # The recipe's settings (above), then the environment's: sets size, sft_steps, sft_lr, n, extra.
 settings() { # RECIPE
-  size=small sft_steps=1500 sft_lr=2e-3 n=5000 extra=()
+  size=small sft_steps=1500 sft_lr=2e-3 n=5000 eval_n=4 extra=()
   case $1 in
-    multi_agent) size=medium sft_steps=3000 sft_lr=5e-4 extra=(--set agent.solvers=2) ;;
+    multi_agent) size=medium sft_steps=3000 sft_lr=5e-4 eval_n=2 extra=(--set agent.solvers=2) ;;
     memagent) size=medium sft_steps=3500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
   esac
   size=${SIZE:-$size} sft_steps=${SFT_STEPS:-$sft_steps} sft_lr=${SFT_LR:-$sft_lr} n=${N:-$n}
@@ -67,7 +68,7 @@ eval_set() { # NAME PATH N_SAMPLES
 # One recipe's data, SFT and GRPO for one seed, in DIR.
 run_one() { # RECIPE SEED DIR DATA
   local recipe=$1 seed=$2 dir=$3 data=$4
-  local start sft_done end size sft_steps sft_lr n extra
+  local start sft_done end size sft_steps sft_lr n eval_n extra
   settings "$recipe"
   start=$(date +%s)
   local sets=("${extra[@]}") record=(--recipe "recipes/$recipe/recipe.toml" "${extra[@]}")
@@ -80,10 +81,10 @@ run_one() { # RECIPE SEED DIR DATA
       sets+=(--set "eval.datasets=[${evals%, }]")
       ;;
     search_r1)
-      sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]"
+      sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]"
         --set "agent.corpus=\"$data/corpus.jsonl\"")
       ;;
-    *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" 4)]") ;;
+    *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]") ;;
   esac
   $ooze init-model --seed "$seed" --family qwen2 --size "$size" "$dir/model" >/dev/null
   # The demonstrations are rendered with the model's template, so each seed records its own

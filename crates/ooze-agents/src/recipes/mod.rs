@@ -73,12 +73,14 @@ pub const MATH_TASKS: &[(&str, Task)] = &[
 ];
 
 /// Which of `n` demonstrated strategies the oracle follows for `text` (a problem or question): a
-/// hash of it, so the choice is fixed per problem and spread evenly over a data set.
+/// hash of it, so the choice is fixed per problem and spread evenly over a data set. The FNV-1a
+/// hash is mixed once more (SplitMix64's output step) because its low bits are weak: its lowest
+/// is the parity of the bytes' lowest bits, so texts differing in one digit would alternate.
 pub(crate) fn strategy(text: &str, n: u64) -> u64 {
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
-    hash % n
+    ooze_core::SplitMix64::new(hash).next_u64() % n
 }
 
 /// A generated arithmetic problem as its demonstrations' oracle knows it.

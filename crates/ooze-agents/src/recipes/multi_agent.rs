@@ -181,13 +181,13 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 /// - rewriters: check the problem by computing it exactly, or trust the first solution and
 ///   rewrite it as it is (right when that solver was).
 ///
-/// Which habit the first solver and the first rewriter take is fixed per problem (a hash of
-/// it); with two or more solvers every problem is shown solved exactly. The selector chooses the
-/// solution most solutions agree on (the first of the most common boxed answers), so RL can also
-/// teach it to tell a right solution from a wrong one.
+/// Each call's habit is fixed by a hash of the problem, the role and the call's number, so the
+/// habits of one problem's calls are independent: rewriters and the selector are shown every mix
+/// of right and wrong solutions, as they will be once RL has made the solvers better. The selector
+/// chooses the solution most solutions agree on (the first of the most common boxed answers), so
+/// RL can also teach it to tell a right solution from a wrong one.
 pub struct MultiAgentOracle {
     known: super::KnownProblem,
-    first: u64,
     solved: std::sync::atomic::AtomicU64,
     rewritten: std::sync::atomic::AtomicU64,
 }
@@ -196,17 +196,16 @@ impl MultiAgentOracle {
     pub fn new(prompt: &PromptItem) -> Result<MultiAgentOracle, AgentError> {
         let known = super::KnownProblem::of(prompt)?;
         Ok(MultiAgentOracle {
-            first: known.habit(2),
             solved: Default::default(),
             rewritten: Default::default(),
             known,
         })
     }
 
-    /// Whether the `calls`' role's next call takes the good habit (its calls alternate).
-    fn good_habit(&self, calls: &std::sync::atomic::AtomicU64) -> bool {
+    /// Whether `role`'s next call (`calls` counts them) takes the good habit.
+    fn good_habit(&self, role: &str, calls: &std::sync::atomic::AtomicU64) -> bool {
         let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        (self.first + k).is_multiple_of(2)
+        super::strategy(&format!("{} {role} {k}", self.known.problem), 2) == 0
     }
 
     /// The exact solution.
@@ -219,7 +218,7 @@ impl MultiAgentOracle {
 
     /// A solver's solution.
     fn solve(&self) -> String {
-        if self.good_habit(&self.solved) {
+        if self.good_habit("solver", &self.solved) {
             return self.exact();
         }
         let guess = super::estimate_of(&self.known.answer);
@@ -232,7 +231,7 @@ impl MultiAgentOracle {
     /// A rewriter's solution, shown `solutions`.
     fn rewrite(&self, solutions: &[&str]) -> String {
         match solutions.first() {
-            Some(first) if !self.good_habit(&self.rewritten) => (*first).to_owned(),
+            Some(first) if !self.good_habit("rewriter", &self.rewritten) => (*first).to_owned(),
             _ => self.exact(),
         }
     }
@@ -292,8 +291,10 @@ mod tests {
     #[test]
     fn the_oracle_solves_rewrites_and_selects() {
         use ooze_rollout::oracle::{Caller, Oracle};
-        let mut majority_exact = [0, 0];
-        for row in synthetic(16, 1, ooze_rollout::Task::Addition) {
+        // How often two solvers were both right, one of them, neither; how often a rewriter shown
+        // a wrong first solution checked the problem, and how often it trusted that solution.
+        let (mut solvers_right, mut rewriters) = ([0; 3], [0, 0]);
+        for row in synthetic(64, 1, ooze_rollout::Task::Addition) {
             let problem = row["extra_info"]["problem"].as_str().unwrap();
             let label = row["reward_model"]["ground_truth"].as_str().unwrap();
             if crate::recipes::estimate_of(label).to_string() == label {
@@ -306,42 +307,36 @@ mod tests {
                 o.reply(Caller::Policy, &[json!({"role": "user", "content": text})])
                     .unwrap()
             };
-            // Three solvers: the habits alternate, so each problem is solved exactly once or twice.
-            let solutions: Vec<String> = (0..3).map(|_| ask(solver_instruction(problem))).collect();
-            let right: Vec<bool> = solutions.iter().map(|s| correct(s, label) == 1.0).collect();
-            assert!(
-                right[0] != right[1] && right[0] == right[2],
-                "{solutions:?}"
+            let solutions: Vec<String> = (0..2).map(|_| ask(solver_instruction(problem))).collect();
+            let right = solutions
+                .iter()
+                .filter(|s| correct(s, label) == 1.0)
+                .count();
+            solvers_right[right] += 1;
+            // A rewriter writes the exact solution or the first one as it is.
+            let exact = format!(
+                "{} = {label}, so the answer is \\boxed{{{label}}}.",
+                o.known.expression
             );
-            majority_exact[right[0] as usize] += 1;
-            // The rewriters alternate too, starting as the solvers did: the exact solution, or
-            // the first solution as it is.
-            let rewritten: Vec<String> = (0..4)
-                .map(|_| ask(rewriter_instruction(problem, &solutions[1..])))
-                .collect();
-            let exact = if right[0] {
-                &solutions[0]
-            } else {
-                &solutions[1]
-            };
-            let (good, trusting) = if right[0] { (0, 1) } else { (1, 0) };
-            for pair in rewritten.chunks(2) {
-                assert_eq!(&pair[good], exact);
-                assert_eq!(pair[trusting], solutions[1]);
+            for _ in 0..2 {
+                let rewritten = ask(rewriter_instruction(problem, &solutions));
+                assert!(
+                    rewritten == exact || rewritten == solutions[0],
+                    "{rewritten}"
+                );
+                if correct(&solutions[0], label) == 0.0 {
+                    rewriters[(rewritten == exact) as usize] += 1;
+                }
             }
-            let shown = vec![
-                solutions[1].clone(),
-                solutions[0].clone(),
-                solutions[0].clone(),
-            ];
+            // The selector names the majority's first solution.
+            let shown = vec![solutions[0].clone(), exact.clone(), exact.clone()];
+            let majority = if solutions[0] == exact { 1 } else { 2 };
             assert_eq!(
                 judgment(&ask(selector_instruction(problem, &shown)), 3),
-                Some(2)
+                Some(majority)
             );
         }
-        assert!(
-            majority_exact[0] > 0 && majority_exact[1] > 0,
-            "{majority_exact:?}"
-        );
+        assert!(solvers_right.iter().all(|n| *n > 0), "{solvers_right:?}");
+        assert!(rewriters.iter().all(|n| *n > 0), "{rewriters:?}");
     }
 }
