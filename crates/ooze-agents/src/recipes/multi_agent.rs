@@ -174,8 +174,8 @@ pub fn synthetic(n: usize, seed: u64, task: ooze_rollout::Task) -> Vec<Value> {
 
 /// The demonstrations' teacher ([`ooze_rollout::oracle`]) for a [`synthetic`] row, writing every
 /// call of the agent's own run (the rewriters and the selector see the solvers' real solutions,
-/// as many as `agent.solvers`). Each role takes turns between a good habit and a weak one, so the
-/// warm-started policy starts imperfect and RL has the good habits to find:
+/// as many as `agent.solvers`). Each call takes a good habit one time in three and a weak one
+/// otherwise, so the warm-started policy starts imperfect and RL has the good habits to find:
 /// - solvers: compute the expression exactly, or estimate it rounded to ten (right one time in
 ///   ten);
 /// - rewriters: check the problem by computing it exactly, or trust the first solution and
@@ -202,10 +202,11 @@ impl MultiAgentOracle {
         })
     }
 
-    /// Whether `role`'s next call (`calls` counts them) takes the good habit.
+    /// Whether `role`'s next call (`calls` counts them) takes the good habit (one time in three;
+    /// with one in two, the warm-started agent was right three times in four before any RL).
     fn good_habit(&self, role: &str, calls: &std::sync::atomic::AtomicU64) -> bool {
         let k = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        super::strategy(&format!("{} {role} {k}", self.known.problem), 2) == 0
+        super::strategy(&format!("{} {role} {k}", self.known.problem), 3) == 0
     }
 
     /// The exact solution.
