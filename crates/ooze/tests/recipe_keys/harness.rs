@@ -123,8 +123,12 @@ impl Env {
                 s.spawn(move || {
                     crate::common::agent_warm_start(recipe, &dir, 200, &[], &|sft| match recipe {
                         "tool_orchestra" => vary_orchestration(sft),
-                        "agentflow" => planner_only(sft),
-                        _ => {}
+                        "agentflow" => {
+                            planner_only(sft);
+                            good_habit_only(sft, "Tool: python_coder");
+                        }
+                        "search_r1" => good_habit_only(sft, "<search>"),
+                        _ => good_habit_only(sft, "<tool_call>"),
                     })
                 });
             }
@@ -220,6 +224,26 @@ fn planner_only(sft: &Path) {
         .map(|l| format!("{l}\n"))
         .collect();
     assert!(!kept.is_empty(), "the demonstrations changed shape");
+    std::fs::write(sft, kept).unwrap();
+}
+
+/// Keeps the demonstrations of the oracle's good habit (a reply holds `marker`): the tool keys act
+/// only on a model that calls the tool, and the oracles' weak habit (answer without searching,
+/// without the interpreter, plan estimates) would leave the tiny model's few samples without a
+/// call in some builds.
+fn good_habit_only(sft: &Path, marker: &str) {
+    let text = std::fs::read_to_string(sft).unwrap();
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            let row: Value = serde_json::from_str(l).unwrap();
+            row["messages"].as_array().unwrap().iter().any(|m| {
+                m["role"] == "assistant" && m["content"].as_str().unwrap().contains(marker)
+            })
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!kept.is_empty(), "no demonstration holds {marker}");
     std::fs::write(sft, kept).unwrap();
 }
 
