@@ -14,6 +14,7 @@
 
 pub mod error;
 pub mod fd_limit;
+pub mod lenient_json;
 pub mod openai;
 pub mod serve;
 pub mod sglang;
@@ -38,13 +39,15 @@ pub type Submitted = (RequestId, tokio::sync::mpsc::UnboundedReceiver<Event>);
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
-    /// Name reported by `/v1/models` and accepted in `model` fields.
+    /// Name reported by `/v1/models` and in replies; any `model` a request names is served by it.
     pub model_name: String,
     pub model_path: PathBuf,
     /// A request still running after this long is aborted.
     pub request_timeout: Duration,
     /// Engine settings reported by `/get_server_info`.
     pub server_info: serde_json::Value,
+    /// Request fields ooze does not act on, counted by path (`/get_server_info` reports them).
+    pub ignored_fields: lenient_json::IgnoredFields,
     rids: Mutex<HashMap<String, RequestId>>,
 }
 
@@ -64,6 +67,7 @@ impl AppState {
             model_path,
             request_timeout,
             server_info,
+            ignored_fields: Default::default(),
             rids: Mutex::new(HashMap::new()),
         }
     }

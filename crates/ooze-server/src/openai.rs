@@ -8,10 +8,11 @@
 //! and `tools[i]` by shape before the chat template sees them.
 
 use crate::error::ApiError;
+use crate::lenient_json::LenientJson;
 use crate::text_stream::TextStream;
 use crate::tool_calls;
 use crate::{follow, new_rid, send_json, try_send_json, AppState};
-use axum::extract::{rejection::JsonRejection, State};
+use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -41,7 +42,6 @@ fn finish_str(finish: &FinishReason) -> &'static str {
 
 /// Sampling fields common to both endpoints (OpenAI names, plus SGLang/vLLM extensions).
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 pub struct CommonFields {
     model: Option<String>,
     temperature: Option<f64>,
@@ -59,27 +59,27 @@ pub struct CommonFields {
     frequency_penalty: Option<f64>,
     presence_penalty: Option<f64>,
     user: Option<String>,
+    /// Every other field of the request (the serde_ignored count in `LenientJson` does not see
+    /// through `flatten`): ignored, and counted by `check`.
+    #[serde(flatten)]
+    unknown: Map<String, Value>,
 }
 
 impl CommonFields {
+    /// Checks the fields ooze acts on. Any `model` is served by the one model here (agents send
+    /// `gpt-…` and `claude-…` names); penalties, which would change the log-prob definition, are
+    /// not applied and are counted as ignored fields when set.
     fn check(&self, state: &AppState) -> Result<(), ApiError> {
-        if let Some(model) = &self.model {
-            if model != &state.model_name && model != &state.model_path.display().to_string() {
-                return Err(ApiError {
-                    code: "not_found",
-                    message: format!(
-                        "model `{model}` is not served here; this server has `{}`",
-                        state.model_name
-                    ),
-                });
-            }
-        }
+        let _ = &self.model;
+        state
+            .ignored_fields
+            .count(&self.unknown.keys().cloned().collect::<Vec<_>>());
         for (name, v) in [
             ("frequency_penalty", self.frequency_penalty),
             ("presence_penalty", self.presence_penalty),
         ] {
             if v.unwrap_or(0.0) != 0.0 {
-                return Err(ApiError::invalid(format!("{name}: penalties are not supported (they would change the log-prob definition)")));
+                state.ignored_fields.count(&[name.to_owned()]);
             }
         }
         let n = self.n.unwrap_or(1);
@@ -258,7 +258,6 @@ enum PromptInput {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     prompt: PromptInput,
     max_tokens: Option<usize>,
@@ -277,12 +276,12 @@ fn token_texts(state: &AppState, tokens: &[u32]) -> Vec<String> {
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
+    LenientJson(req): LenientJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
     req.common.check(&state)?;
     if req.echo == Some(true) {
-        return Err(ApiError::invalid("echo: not supported"));
+        // Not acted on: the reply holds the completion only.
+        state.ignored_fields.count(&["echo".to_owned()]);
     }
     let prompts: Vec<Vec<u32>> = match req.prompt {
         PromptInput::Text(t) => vec![state.tokenizer.encode(&t, true)?],
@@ -369,7 +368,6 @@ pub async fn completions(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     messages: Vec<Value>,
     tools: Option<Vec<Value>>,
@@ -555,9 +553,8 @@ fn chat_logprobs(state: &AppState, tokens: &[u32], log_probs: &[f32]) -> Value {
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<ChatRequest>, JsonRejection>,
+    LenientJson(req): LenientJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
     req.common.check(&state)?;
     if req.top_logprobs.unwrap_or(0) > 0 {
         return Err(ApiError::invalid(

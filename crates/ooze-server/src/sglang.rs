@@ -11,9 +11,10 @@
 //! distillation teacher's call). A stream carries the input list in its last chunk only.
 
 use crate::error::ApiError;
+use crate::lenient_json::LenientJson;
 use crate::text_stream::TextStream;
 use crate::{follow, new_rid, run_request, try_send_json, AppState};
-use axum::extract::{rejection::JsonRejection, State};
+use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -43,7 +44,6 @@ impl<T> OneOrMany<T> {
 
 /// `POST /generate` body.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
     text: Option<OneOrMany<String>>,
     input_ids: Option<OneOrMany<Vec<u32>>>,
@@ -170,9 +170,8 @@ fn response_json(
 
 pub async fn generate(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<GenerateRequest>, JsonRejection>,
+    LenientJson(req): LenientJson<GenerateRequest>,
 ) -> Result<Response, ApiError> {
-    let Json(req) = body?;
     if req.top_logprobs_num.unwrap_or(0) > 0 {
         return Err(ApiError::invalid("top_logprobs_num: top log-probs are not supported; ooze returns the chosen tokens' log-probs"));
     }
@@ -384,6 +383,7 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Valu
     let stats = state.engine.stats().await?;
     let mut info = state.server_info.clone();
     info["engine"] = serde_json::to_value(stats).unwrap_or_default();
+    info["ignored_fields"] = json!(state.ignored_fields.snapshot());
     Ok(Json(info))
 }
 
@@ -393,7 +393,6 @@ pub async fn flush_cache(State(state): State<Arc<AppState>>) -> Result<Json<Valu
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AbortRequest {
     rid: Option<String>,
     #[serde(default)]
@@ -402,9 +401,8 @@ pub struct AbortRequest {
 
 pub async fn abort_request(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<AbortRequest>, JsonRejection>,
+    LenientJson(req): LenientJson<AbortRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(req) = body?;
     if req.abort_all {
         state.engine.abort_all();
         return Ok(Json(json!({"success": true})));
@@ -416,7 +414,6 @@ pub async fn abort_request(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PauseRequest {
     /// `abort` (SGLang's default), `retract` or `in_place`.
     #[serde(default = "default_pause_mode")]
@@ -437,13 +434,14 @@ pub async fn pause(
     let mode = if body.iter().all(u8::is_ascii_whitespace) {
         default_pause_mode()
     } else {
-        serde_json::from_slice::<PauseRequest>(&body)
-            .map_err(|e| {
-                ApiError::invalid(format!(
-                    "pause_generation body: {e} (expected {{\"mode\": \"abort\" | \"retract\" | \"in_place\"}})"
-                ))
-            })?
-            .mode
+        let (req, ignored) = crate::lenient_json::parse::<PauseRequest>(&body).map_err(|e| {
+            ApiError::invalid(format!(
+                "pause_generation body: {} (expected {{\"mode\": \"abort\" | \"retract\" | \"in_place\"}})",
+                e.message
+            ))
+        })?;
+        state.ignored_fields.count(&ignored);
+        req.mode
     };
     state.engine.pause(mode);
     Ok(Json(json!({"success": true})))
@@ -455,7 +453,6 @@ pub async fn resume(State(state): State<Arc<AppState>>) -> Json<Value> {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct UpdateWeightsRequest {
     model_path: String,
     /// Accepted for SGLang compatibility; ooze reads safetensors.
@@ -465,9 +462,8 @@ pub struct UpdateWeightsRequest {
 
 pub async fn update_weights_from_disk(
     State(state): State<Arc<AppState>>,
-    body: Result<Json<UpdateWeightsRequest>, JsonRejection>,
+    LenientJson(req): LenientJson<UpdateWeightsRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(req) = body?;
     let version = state
         .engine
         .update_weights_from_disk(req.model_path.clone().into())
