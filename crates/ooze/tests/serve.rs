@@ -1,6 +1,7 @@
-//! `ooze serve` as a user runs it, driven by the official `openai` Python package: a random model
-//! for the API surface, and a scripted model that answers every chat with a tool call, so the
-//! `tool_calls` path is exercised end to end (generated text → parser → response → client).
+//! `ooze serve` as a user runs it, driven by the official `openai` Python package and behind
+//! SGLang's router (`sglang-router`): a random model for the API surface, and a scripted model
+//! that answers every chat with a tool call, so the `tool_calls` path is exercised end to end
+//! (generated text → parser → response → client).
 
 mod common;
 
@@ -56,6 +57,25 @@ fn openai_python_client_works_against_ooze_serve() {
     assert!(status.success());
     let (_server, url) = serve(&model);
     client_check("openai_client_check.py", &url);
+}
+
+/// SGLang's own router, from the Python package index, routes `/generate` and
+/// `/v1/chat/completions` to `ooze serve` (it adds SGLang's fields to what it forwards, which the
+/// server accepts and counts as ignored).
+#[test]
+fn sglang_router_routes_to_ooze_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-chat");
+    common::ooze_ok(&[
+        "init-model",
+        "--family",
+        "qwen2",
+        "--size",
+        "tiny",
+        model.to_str().unwrap(),
+    ]);
+    let (_server, url) = serve(&model);
+    client_check("sglang_router_check.py", &url);
 }
 
 /// The call the scripted model makes.
