@@ -1,7 +1,6 @@
 //! One error body for every endpoint, OpenAI's shape: `{"error": {"message", "type", "code"}}`.
 //! The code is stable (clients and metrics match on it); the HTTP status comes from it in one place.
 
-use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use ooze_engine::{EngineError, ParamError};
@@ -69,21 +68,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status(), axum::Json(self.body())).into_response()
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> ApiError {
-        if let Some(timeout) = crate::timed_body::caused_by_timeout(&rejection) {
-            return ApiError {
-                code: "request_timeout",
-                message: timeout.to_string(),
-            };
-        }
-        ApiError {
-            code: "invalid_json",
-            message: rejection.body_text(),
-        }
     }
 }
 

@@ -43,7 +43,6 @@ fn finish_str(finish: &FinishReason) -> &'static str {
 /// Sampling fields common to both endpoints (OpenAI names, plus SGLang/vLLM extensions).
 #[derive(Deserialize, Default)]
 pub struct CommonFields {
-    model: Option<String>,
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<i64>,
@@ -60,17 +59,16 @@ pub struct CommonFields {
     presence_penalty: Option<f64>,
     user: Option<String>,
     /// Every other field of the request (the serde_ignored count in `LenientJson` does not see
-    /// through `flatten`): ignored, and counted by `check`.
+    /// through `flatten`): ignored, and counted by `check`. `model` is one: whatever a request
+    /// names (agents send `gpt-…` and `claude-…`), the one model here serves it.
     #[serde(flatten)]
     unknown: Map<String, Value>,
 }
 
 impl CommonFields {
-    /// Checks the fields ooze acts on. Any `model` is served by the one model here (agents send
-    /// `gpt-…` and `claude-…` names); penalties, which would change the log-prob definition, are
-    /// not applied and are counted as ignored fields when set.
+    /// Checks the fields ooze acts on and counts the rest as ignored; penalties, which would
+    /// change the log-prob definition, are not applied and count as ignored when set.
     fn check(&self, state: &AppState) -> Result<(), ApiError> {
-        let _ = &self.model;
         state
             .ignored_fields
             .count(&self.unknown.keys().cloned().collect::<Vec<_>>());

@@ -335,7 +335,7 @@ async fn openai_completions_and_chat() {
         );
     }
     // What agents send beside the fields ooze acts on is accepted, whatever the model's name, and
-    // counted by field: never a 400.
+    // counted by field: never a 400. `model` counts too (three calls above name the served model).
     let agent_call = json!({
         "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x", "name": "me"}],
         "max_tokens": 2, "store": false, "metadata": {"task": "t"}, "presence_penalty": 0.5,
@@ -348,8 +348,8 @@ async fn openai_completions_and_chat() {
     assert_eq!(status, 200);
     assert_eq!(
         info["ignored_fields"],
-        json!({"metadata": 2, "presence_penalty": 2, "reasoning_effort": 2, "service_tier": 2,
-               "store": 2})
+        json!({"metadata": 2, "model": 5, "presence_penalty": 2, "reasoning_effort": 2,
+               "service_tier": 2, "store": 2})
     );
 }
 
