@@ -115,7 +115,7 @@ pub struct Conversation {
     pub sample: Sample,
     /// The last assistant turn is still open: the model stopped at a stop string, not at the
     /// template's end-of-turn token, so appending a new message must close it first.
-    open_turn: bool,
+    pub(crate) open_turn: bool,
     /// Engine calls made for this conversation.
     pub turns: usize,
     /// Its number within the execution (the order conversations started in).
@@ -162,6 +162,7 @@ impl Turn {
 }
 
 /// Who writes the policy's turns.
+#[derive(Clone)]
 enum PolicySource {
     /// The policy's engine.
     Engine(EngineHandle),
@@ -173,7 +174,17 @@ enum PolicySource {
     },
 }
 
-/// What an agent may use during one execution.
+/// Which execution a context serves: sample `index` of prompt group `group`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecutionId {
+    pub group: u64,
+    pub index: usize,
+}
+
+/// What an agent may use during one execution. A clone is a second handle on the same execution
+/// (an agent gateway session answering an external program's calls): the seeds of its calls, its
+/// helper usage and its conversation numbers continue those of the original.
+#[derive(Clone)]
 pub struct AgentContext {
     policy: PolicySource,
     tokenizer: Arc<Tokenizer>,
@@ -183,11 +194,12 @@ pub struct AgentContext {
     cancel: CancelToken,
     /// Seeds the engine calls: call `k` draws with a seed derived from (seed, k).
     seed: u64,
-    calls: AtomicU64,
+    calls: Arc<AtomicU64>,
     helpers: Helpers,
-    helper_usage: Mutex<BTreeMap<String, HelperUsage>>,
+    helper_usage: Arc<Mutex<BTreeMap<String, HelperUsage>>>,
     /// Conversations and helper calls started so far.
-    conversations: AtomicU64,
+    conversations: Arc<AtomicU64>,
+    execution: ExecutionId,
 }
 
 impl AgentContext {
@@ -207,10 +219,11 @@ impl AgentContext {
             limits,
             cancel,
             seed,
-            calls: AtomicU64::new(0),
+            calls: Arc::default(),
             helpers: Helpers::default(),
-            helper_usage: Mutex::new(BTreeMap::new()),
-            conversations: AtomicU64::new(0),
+            helper_usage: Arc::default(),
+            conversations: Arc::default(),
+            execution: ExecutionId::default(),
         }
     }
 
@@ -230,10 +243,11 @@ impl AgentContext {
             limits,
             cancel: CancelToken::default(),
             seed: 0,
-            calls: AtomicU64::new(0),
+            calls: Arc::default(),
             helpers: Helpers::default(),
-            helper_usage: Mutex::new(BTreeMap::new()),
-            conversations: AtomicU64::new(0),
+            helper_usage: Arc::default(),
+            conversations: Arc::default(),
+            execution: ExecutionId::default(),
         }
     }
 
@@ -241,6 +255,27 @@ impl AgentContext {
     pub fn with_helpers(mut self, helpers: Helpers) -> AgentContext {
         self.helpers = helpers;
         self
+    }
+
+    /// The same context, serving sample `index` of group `group`.
+    pub fn with_execution(mut self, execution: ExecutionId) -> AgentContext {
+        self.execution = execution;
+        self
+    }
+
+    /// Which execution this is.
+    pub fn execution(&self) -> ExecutionId {
+        self.execution
+    }
+
+    /// The recipe's sampling settings for the policy's turns.
+    pub fn sampling(&self) -> &Sampling {
+        &self.sampling
+    }
+
+    /// The cancellation token of the execution.
+    pub fn cancel_token(&self) -> &CancelToken {
+        &self.cancel
     }
 
     /// The helper models the recipe configured.
@@ -373,12 +408,12 @@ impl AgentContext {
         self.cancel.is_cancelled() || self.time_left().is_zero()
     }
 
-    fn template_error(e: impl std::fmt::Display) -> AgentError {
+    pub(crate) fn template_error(e: impl std::fmt::Display) -> AgentError {
         AgentError::Template(e.to_string())
     }
 
     /// The chat template a conversation with (or without) `tools` renders with.
-    fn template(
+    pub(crate) fn template(
         &self,
         tools: &Option<Vec<Value>>,
     ) -> Result<&ooze_model::ChatTemplate, AgentError> {
@@ -387,13 +422,17 @@ impl AgentContext {
             .map_err(Self::template_error)
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>, AgentError> {
+    pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, AgentError> {
         self.tokenizer
             .encode(text, false)
             .map_err(|e| AgentError::Tokenizer(e.to_string()))
     }
 
-    fn render_options(&self, tools: &Option<Vec<Value>>, generation: bool) -> RenderOptions {
+    pub(crate) fn render_options(
+        &self,
+        tools: &Option<Vec<Value>>,
+        generation: bool,
+    ) -> RenderOptions {
         RenderOptions {
             add_generation_prompt: generation,
             tools: tools.clone(),
@@ -422,6 +461,23 @@ impl AgentContext {
         })
     }
 
+    /// A conversation whose prompt is `ids`, already rendered from `messages` and `tools`.
+    pub(crate) fn start_tokens(
+        &self,
+        messages: Vec<Value>,
+        tools: Option<Vec<Value>>,
+        ids: Vec<u32>,
+    ) -> Conversation {
+        Conversation {
+            messages,
+            tools,
+            sample: Sample::with_prompt(ids),
+            open_turn: false,
+            turns: 0,
+            id: self.conversations.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     /// A conversation that starts from an already rendered prompt (the dataset's `input_ids`); its
     /// messages are the ones the prompt was rendered from (none for a raw text prompt).
     pub fn start_rendered(&self, prompt: &PromptItem) -> Conversation {
@@ -443,9 +499,24 @@ impl AgentContext {
         conv: &mut Conversation,
         stop: &[&str],
     ) -> Result<Turn, AgentError> {
+        self.generate_streaming(conv, stop, None, &mut |_, _| true)
+            .await
+    }
+
+    /// [`AgentContext::generate`] with at most `max_tokens` new tokens (within the budgets), and
+    /// `on_token` called with each token and its log-prob as the engine samples it (an oracle's
+    /// turn is given whole at the end); `on_token` returning false aborts the turn.
+    pub async fn generate_streaming(
+        &self,
+        conv: &mut Conversation,
+        stop: &[&str],
+        max_tokens: Option<usize>,
+        on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
+    ) -> Result<Turn, AgentError> {
         let budget = conv
             .budget(&self.limits)
-            .min(self.limits.max_tokens_per_turn);
+            .min(self.limits.max_tokens_per_turn)
+            .min(max_tokens.unwrap_or(usize::MAX));
         if budget == 0 || self.should_stop() {
             let finish = if budget == 0 {
                 FinishReason::Length
@@ -469,10 +540,14 @@ impl AgentContext {
                     input_ids: conv.sample.tokens.clone(),
                     sampling,
                 };
-                wait_output(engine, request, self.deadline, &self.cancel).await?
+                wait_output(engine, request, self.deadline, &self.cancel, on_token).await?
             }
             PolicySource::Oracle { oracle, .. } => {
-                self.scripted_turn(oracle.as_ref(), conv, stop, budget)?
+                let output = self.scripted_turn(oracle.as_ref(), conv, stop, budget)?;
+                for (&t, &lp) in output.tokens.iter().zip(&output.log_probs) {
+                    on_token(t, lp);
+                }
+                output
             }
         };
         conv.sample
@@ -678,7 +753,7 @@ impl AgentContext {
 
     /// The text the template puts after an assistant message's content to close it (the
     /// end-of-turn token): what the model would have generated had it ended the turn itself.
-    fn turn_closing(&self, conv: &Conversation) -> Result<String, AgentError> {
+    pub(crate) fn turn_closing(&self, conv: &Conversation) -> Result<String, AgentError> {
         let template = self.template(&conv.tools)?;
         let options = self.render_options(&conv.tools, false);
         let rendered = template
@@ -780,7 +855,8 @@ pub async fn run_one(
         sample_seed(run_seed, group, index),
         cancel.clone(),
     )
-    .with_helpers(rollout.helpers.clone());
+    .with_helpers(rollout.helpers.clone())
+    .with_execution(ExecutionId { group, index });
     let hard = ctx.deadline() + rollout.grace;
     let result = tokio::time::timeout_at(hard, rollout.agent.run(&mut ctx, prompt)).await;
     let usage = ctx.helper_usage();

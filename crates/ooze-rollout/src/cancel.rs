@@ -47,12 +47,14 @@ pub enum WaitError {
 }
 
 /// Runs `request` on `engine` to its end, aborting it at `deadline` or on `cancel` (the engine then
-/// answers with the partial output, finish `Abort`). Dropping the future aborts it too.
+/// answers with the partial output, finish `Abort`). Dropping the future aborts it too. Each token
+/// is passed to `on_token` as it comes; false from it aborts the request.
 pub(crate) async fn wait_output(
     engine: &EngineHandle,
     request: Request,
     deadline: Instant,
     cancel: &CancelToken,
+    on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
 ) -> Result<Output, WaitError> {
     let (id, mut events) = engine.submit(request)?;
     let mut guard = AbortOnDrop {
@@ -69,7 +71,12 @@ pub(crate) async fn wait_output(
                     guard.id = None;
                     return Ok(output);
                 }
-                Some(Event::Token { .. }) => continue,
+                Some(Event::Token { token, log_prob }) => {
+                    if !on_token(token, log_prob) && aborted_at.is_none() {
+                        engine.abort(id);
+                        aborted_at = Some(Instant::now());
+                    }
+                }
                 None => return Err(WaitError::Engine(EngineError::Stopped)),
             },
             _ = tokio::time::sleep_until(wake) => {

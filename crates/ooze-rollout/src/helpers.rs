@@ -195,6 +195,7 @@ impl Helper {
                     },
                     deadline,
                     cancel,
+                    &mut |_, _| true,
                 )
                 .await
                 .map_err(|e| fail(e.to_string()))?;

@@ -4,6 +4,8 @@
 //! - [`cancel`]: cancellation tokens, and engine requests run to a deadline.
 //! - [`seeds`]: per-sample sampling seeds.
 //! - [`agent`]: multi-turn agents, token-in/token-out, with budgets, deadlines and cancellation.
+//! - [`transcript`]: token-exact samples from the calls of an agent that runs outside ooze (the
+//!   agent gateway's sessions).
 //! - [`oracle`]: demonstrations recorded from the agent's own code, an oracle writing its turns.
 //! - [`helpers`]: fixed helper models (judges, executors, experts) agents call by name: engines in
 //!   this process or OpenAI-compatible endpoints.
@@ -38,6 +40,7 @@ pub mod rollout_record;
 pub mod scorer;
 pub mod seeds;
 pub mod tasks;
+pub mod transcript;
 
 pub use reward::{Reward, RewardError};
 pub use tasks::{Task, TaskItem};

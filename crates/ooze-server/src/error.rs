@@ -25,6 +25,9 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             "not_found" => StatusCode::NOT_FOUND,
+            "invalid_api_key" => StatusCode::UNAUTHORIZED,
+            // Not 429: clients retry that, and a spent budget stays spent.
+            "budget_exhausted" => StatusCode::FORBIDDEN,
             "request_timeout" => StatusCode::REQUEST_TIMEOUT,
             "timeout" => StatusCode::GATEWAY_TIMEOUT,
             "busy" => StatusCode::CONFLICT,

@@ -7,6 +7,9 @@
 //! - OpenAI-compatible: `GET /v1/models`, `POST /v1/completions`, `/v1/chat/completions` with tools
 //!   and streaming ([`openai`]).
 //!
+//! - The agent gateway: the OpenAI and Anthropic APIs per session, recording token-exact samples of
+//!   programs ooze does not run itself ([`gateway`]).
+//!
 //! Every request has a deadline; a client that goes away aborts its generation (the engine notices
 //! the closed stream); errors have one JSON shape ([`error::ApiError`]). [`serve_app`] serves the
 //! router with header and body read timeouts, a connection cap and a graceful shutdown
@@ -14,6 +17,7 @@
 
 pub mod error;
 pub mod fd_limit;
+pub mod gateway;
 pub mod lenient_json;
 pub mod openai;
 pub mod serve;
@@ -220,22 +224,36 @@ pub fn try_send_json(tx: &SseSender, value: &serde_json::Value) -> bool {
 
 /// Serves every endpoint of `state` on `listener` (see [`serve::serve`]) until `shutdown` has run
 /// its course; when the drain is over, every running generation is aborted, so open streams end
-/// with a final event (finish reason `abort`) and `[DONE]`.
+/// with a final event (finish reason `abort`) and `[DONE]`. With a `gateway`, its endpoints take
+/// the place of the plain OpenAI ones (every call then belongs to a session).
 pub async fn serve_app(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    gateway: Option<Arc<gateway::Gateway>>,
     config: &serve::ServeConfig,
     shutdown: &serve::Shutdown,
 ) -> std::io::Result<()> {
     let engine = state.engine.clone();
-    serve::serve(listener, build_app(state), config, shutdown, move || {
-        engine.abort_all()
-    })
-    .await
+    let app = match gateway {
+        Some(gateway) => sglang_routes(state).merge(gateway::router(gateway)),
+        None => build_app(state),
+    };
+    serve::serve(listener, app, config, shutdown, move || engine.abort_all()).await
 }
 
 /// The router with every endpoint.
 pub fn build_app(state: Arc<AppState>) -> Router {
+    sglang_routes(state.clone()).merge(
+        Router::new()
+            .route("/v1/models", get(openai::models))
+            .route("/v1/completions", post(openai::completions))
+            .route("/v1/chat/completions", post(openai::chat_completions))
+            .with_state(state),
+    )
+}
+
+/// SGLang's endpoints, and the JSON 404 of every path no route takes.
+fn sglang_routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/health", get(sglang::health))
         .route("/health_generate", get(sglang::health_generate))
@@ -252,9 +270,6 @@ pub fn build_app(state: Arc<AppState>) -> Router {
         )
         .route("/release_memory_occupation", post(sglang::release_memory))
         .route("/resume_memory_occupation", post(sglang::resume_memory))
-        .route("/v1/models", get(openai::models))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/chat/completions", post(openai::chat_completions))
         .fallback(|| async {
             ApiError {
                 code: "not_found",

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -229,7 +229,7 @@ async fn run_all(
 }
 
 /// The last chunk of a stream when `stream_options.include_usage` is set.
-fn usage_chunk(
+pub(crate) fn usage_chunk(
     id: &str,
     object: &str,
     model: &str,
@@ -387,7 +387,7 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 /// Checks each message's shape and normalises it for the chat template: content given as a list of
 /// text parts becomes one string, a missing assistant content null, tool-call arguments given as
 /// JSON strings objects. Errors name `messages[i].field` and what was expected.
-fn normalise_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn normalise_messages(messages: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages: at least one message is required",
@@ -538,11 +538,20 @@ fn normalise_tool_call(call: &mut Value) -> Result<(), (&'static str, &'static s
 }
 
 fn chat_logprobs(state: &AppState, tokens: &[u32], log_probs: &[f32]) -> Value {
+    token_logprobs(&state.tokenizer, tokens, log_probs)
+}
+
+/// Chat Completions' `logprobs`: each chosen token with its log-prob (no alternatives).
+pub(crate) fn token_logprobs(
+    tokenizer: &ooze_model::Tokenizer,
+    tokens: &[u32],
+    log_probs: &[f32],
+) -> Value {
     let content: Vec<Value> = tokens
         .iter()
         .zip(log_probs)
         .map(|(&t, &lp)| {
-            let text = state.tokenizer.decode(&[t], false).unwrap_or_default();
+            let text = tokenizer.decode(&[t], false).unwrap_or_default();
             json!({"token": text, "logprob": lp, "bytes": text.as_bytes(), "top_logprobs": []})
         })
         .collect();

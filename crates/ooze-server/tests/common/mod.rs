@@ -53,10 +53,9 @@ pub async fn start(dir: &Path, slots: i64, config: ServeConfig) -> Server {
     let addr = listener.local_addr().unwrap();
     let shutdown = Shutdown::new();
     let handle = shutdown.clone();
-    let task =
-        tokio::spawn(
-            async move { ooze_server::serve_app(listener, state, &config, &handle).await },
-        );
+    let task = tokio::spawn(async move {
+        ooze_server::serve_app(listener, state, None, &config, &handle).await
+    });
     Server {
         addr,
         shutdown,

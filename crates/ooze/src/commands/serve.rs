@@ -52,6 +52,18 @@ pub struct Args {
     /// second signal aborts at once.
     #[arg(long, default_value_t = 20)]
     shutdown_drain_secs: u64,
+    /// Serve the OpenAI endpoints as an agent gateway: every call belongs to a session (opened
+    /// with `POST /gateway/sessions`, named by the API key or `/s/{session}/`), and its samples are
+    /// recorded token-exactly (`GET /gateway/sessions/{id}`).
+    #[arg(long)]
+    gateway: bool,
+    /// With --gateway: write each session's calls to DIR/SESSION.jsonl.
+    #[arg(long, requires = "gateway")]
+    gateway_log_dir: Option<PathBuf>,
+    /// With --gateway: the sampling temperature of every session's calls (what an agent sends is
+    /// recorded, not applied).
+    #[arg(long, default_value_t = 1.0, requires = "gateway")]
+    gateway_temperature: f64,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -95,6 +107,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    let gateway = if args.gateway {
+        let mut gateway = ooze_server::gateway::Gateway::new(tokenizer.clone(), name.clone());
+        let sampling = ooze_engine::SamplingParams {
+            temperature: Some(args.gateway_temperature),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--gateway-temperature: {}", e.message))?;
+        gateway.interactive = Some(ooze_server::gateway::Interactive {
+            engine: engine.clone(),
+            sampling,
+            limits: ooze_rollout::agent::AgentLimits {
+                max_context: context_len as usize,
+                ..Default::default()
+            },
+            log_dir: args.gateway_log_dir.clone(),
+        });
+        Some(Arc::new(gateway))
+    } else {
+        None
+    };
     let state = Arc::new(AppState::new(
         engine.clone(),
         tokenizer,
@@ -115,14 +148,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = ooze_server::listen_on(&args.host, args.port).await?;
         eprintln!(
-            "ooze serving {} on http://{} (at most {} connections)",
+            "ooze serving {} on http://{} (at most {} connections{})",
             args.model.display(),
             listener.local_addr()?,
-            config.max_connections
+            config.max_connections,
+            if gateway.is_some() {
+                "; OpenAI endpoints as an agent gateway: POST /gateway/sessions opens a session"
+            } else {
+                ""
+            }
         );
         let shutdown = Shutdown::new();
         tokio::spawn(trigger_on_signals(shutdown.clone()));
-        ooze_server::serve_app(listener, state, &config, &shutdown).await?;
+        ooze_server::serve_app(listener, state, gateway, &config, &shutdown).await?;
         eprintln!("ooze serve: shutting down");
         engine.shutdown().await;
         anyhow::Ok(())
