@@ -15,9 +15,9 @@ fi
 # nvidia-cuda-nvcc/-cccl bring CUDA's host headers for the C++ shim (CUDA graphs) and nvcc for
 # ooze's CUDA kernels; nvvm and crt are pinned to the same release (a newer cicc emits PTX that
 # this ptxas rejects).
-want="torch==2.11.0 transformers>=5,<6 safetensors numpy jinja2 openai sglang-router pyarrow tensorboard nvidia-cuda-nvcc==13.0.* nvidia-cuda-cccl==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-crt==13.0.*"
+want="torch==2.11.0 transformers>=5,<6 safetensors numpy jinja2 openai anthropic openai-agents sglang-router pyarrow tensorboard nvidia-cuda-nvcc==13.0.* nvidia-cuda-cccl==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-crt==13.0.*"
 torch_dir=$(.venv/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
-if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2, openai, sglang_router, pyarrow, tensorboard; assert torch.__version__.split("+")[0] == "2.11.0"' 2>/dev/null \
+if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2, openai, anthropic, agents, sglang_router, pyarrow, tensorboard; assert torch.__version__.split("+")[0] == "2.11.0"' 2>/dev/null \
    || [ ! -f "$torch_dir/../nvidia/cu13/include/crt/host_config.h" ] \
    || ! .venv/bin/python -c 'import importlib.metadata as m; assert m.version("nvidia-nvvm").startswith("13.0.")' 2>/dev/null; then
   echo "setup: installing $want (PyTorch is a few GB the first time)"
