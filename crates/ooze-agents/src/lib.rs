@@ -7,6 +7,7 @@
 //! - [`sandbox`]: Python execution in an isolated, limited process.
 //! - [`search`]: a BM25 index over a JSONL corpus, served with Search-R1's `/retrieve` API.
 
+pub mod command;
 pub mod parse;
 pub mod recipes;
 pub mod sandbox;

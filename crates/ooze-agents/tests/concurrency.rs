@@ -104,6 +104,7 @@ fn two_hundred_fifty_six_tool_trajectories_all_finish() {
                 label: String::new(),
                 metadata: serde_json::Value::Null,
                 messages: Vec::new(),
+                tools: None,
             };
             (i as u64, item)
         })

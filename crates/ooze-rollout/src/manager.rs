@@ -496,6 +496,7 @@ mod tests {
             label: String::new(),
             metadata: serde_json::Value::Null,
             messages: Vec::new(),
+            tools: None,
         };
         // Execution 0 has three siblings with per-sample rewards, execution 1 one sample.
         let group = Group {

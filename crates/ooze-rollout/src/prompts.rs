@@ -31,6 +31,10 @@ pub struct PromptItem {
     /// and `input_ids` are what was generated from.
     #[serde(skip)]
     pub messages: Vec<Value>,
+    /// The row's tools (OpenAI function form), if it has any: handed to agent programs with the
+    /// task. Not part of a rollout record.
+    #[serde(skip)]
+    pub tools: Option<Vec<Value>>,
 }
 
 /// Task items as rows (line = item number).
@@ -129,6 +133,7 @@ pub fn prepare(
             label: row.label,
             metadata: row.metadata,
             messages,
+            tools: row.tools,
         });
     }
     Ok((items, too_long))

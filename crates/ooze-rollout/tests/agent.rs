@@ -62,6 +62,7 @@ fn prompt() -> PromptItem {
         label: String::new(),
         metadata: serde_json::Value::Null,
         messages: Vec::new(),
+        tools: None,
     }
 }
 

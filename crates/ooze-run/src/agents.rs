@@ -2,10 +2,12 @@
 //! models.
 
 use crate::recipe::{
-    AgentLimitsSection, AgentSection, AgentflowSection, HelperSection, MemagentSection,
-    MultiAgentSection, Recipe, RetoolSection, SearchR1Section, ToolOrchestraSection,
+    AgentLimitsSection, AgentSection, AgentflowSection, CommandSection, HelperSection,
+    MemagentSection, MultiAgentSection, Recipe, RetoolSection, SearchR1Section,
+    ToolOrchestraSection,
 };
 use anyhow::Context;
+use ooze_agents::command::{CommandAgent, CommandConfig};
 use ooze_agents::recipes::agentflow::{AgentflowAgent, AgentflowConfig};
 use ooze_agents::recipes::memagent::{MemAgent, MemAgentConfig};
 use ooze_agents::recipes::multi_agent::{MultiAgent, MultiAgentConfig};
@@ -19,6 +21,7 @@ use ooze_model::{Decoder, SlotCache, Tokenizer};
 use ooze_rollout::agent::{Agent, AgentLimits, AgentRollout};
 use ooze_rollout::helpers::{Helper, HelperBackend, Helpers};
 use ooze_rollout::http_client::JsonClient;
+use ooze_server::gateway::session::Budget;
 use ooze_torch::tch::{Device, Kind};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -53,6 +56,8 @@ pub trait AgentSpec {
 pub struct AgentBuildContext<'a> {
     /// The recipe's `[helpers.NAME]` sections.
     pub helpers: &'a BTreeMap<String, HelperSection>,
+    /// The run directory, where agents keep their logs (none for demonstrations).
+    pub run_dir: Option<&'a Path>,
 }
 
 impl AgentSection {
@@ -66,6 +71,7 @@ impl AgentSection {
             AgentSection::Memagent(s) => Some(s),
             AgentSection::Agentflow(s) => Some(s),
             AgentSection::ToolOrchestra(s) => Some(s),
+            AgentSection::Command(s) => Some(s),
         }
     }
 }
@@ -333,8 +339,52 @@ impl AgentSpec for ToolOrchestraSection {
     }
 }
 
-/// The recipe's agent, if it has one (its helpers are added once the engines run).
-pub fn agent_rollout(recipe: &Recipe, max_context: usize) -> anyhow::Result<Option<AgentRollout>> {
+impl AgentSpec for CommandSection {
+    fn type_name(&self) -> &'static str {
+        "command"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        match self.command.first() {
+            None => Err("agent.command is required for agent.type = \"command\": the program and its arguments, e.g. [\"python3\", \"recipes/python_agent/agent.py\"]".into()),
+            Some(p) if p.is_empty() => Err("agent.command[0]: the program name is empty".into()),
+            Some(_) => Ok(()),
+        }
+    }
+    fn context_len(&self) -> usize {
+        self.max_response_tokens
+    }
+    fn build(&self, ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        let agent = CommandAgent::new(CommandConfig {
+            command: self.command.clone(),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            concurrency: self.concurrency,
+            budget: Budget {
+                max_calls: Some(self.max_turns),
+                max_tokens: Some(self.max_response_tokens),
+            },
+            memory_bytes: self.memory_mb << 20,
+            log_dir: ctx.run_dir.map(Path::to_owned),
+        })
+        .map_err(anyhow::Error::msg)?;
+        eprintln!(
+            "agent: the program {:?}, through the agent gateway",
+            self.command
+        );
+        Ok(Arc::new(agent))
+    }
+}
+
+/// The recipe's agent, if it has one (its helpers are added once the engines run); its logs go
+/// under `run_dir`.
+pub fn agent_rollout(
+    recipe: &Recipe,
+    max_context: usize,
+    run_dir: Option<&Path>,
+) -> anyhow::Result<Option<AgentRollout>> {
     let Some(spec) = recipe.agent.spec() else {
         return Ok(None);
     };
@@ -347,6 +397,7 @@ pub fn agent_rollout(recipe: &Recipe, max_context: usize) -> anyhow::Result<Opti
     };
     let agent = spec.build(&AgentBuildContext {
         helpers: &recipe.helpers,
+        run_dir,
     })?;
     Ok(Some(AgentRollout {
         agent,

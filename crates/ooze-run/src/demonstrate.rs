@@ -28,6 +28,10 @@ fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn O
         AgentSection::Memagent(_) => Arc::new(memagent::MemAgentOracle::new(prompt)?),
         AgentSection::Agentflow(_) => Arc::new(agentflow::AgentflowOracle::new(prompt)?),
         AgentSection::ToolOrchestra(_) => Arc::new(tool_orchestra::OrchestraOracle::new(prompt)?),
+        AgentSection::Command(_) => bail!(
+            "agent.type = \"command\" has no built-in oracle to demonstrate it: give `ooze sft` \
+             chat demonstrations of your own (a JSONL file of {{\"messages\": [...]}} rows)"
+        ),
     })
 }
 
@@ -62,7 +66,7 @@ pub fn demonstrations(
     }
     let helpers = scripted_helpers(recipe);
     let longest = prompts.iter().map(|p| p.input_ids.len()).max().unwrap_or(0);
-    let rollout = agent_rollout(recipe, longest + spec.context_len())?
+    let rollout = agent_rollout(recipe, longest + spec.context_len(), None)?
         .context("the recipe has no [agent]")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

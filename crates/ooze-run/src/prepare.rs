@@ -93,7 +93,7 @@ impl Run {
         let eos = ooze_model::config::load_generation_eos(model_path)?
             .unwrap_or_else(|| engine_decoder.config.eos_token_ids.clone());
         eprintln!("engine: {slots} sequences × {slot_len} tokens");
-        settings.agent = agent_rollout(&recipe, slot_len as usize)?;
+        settings.agent = agent_rollout(&recipe, slot_len as usize, Some(run_dir))?;
         // A resumed run's engine continues the weight versions from the trainer's step.
         let engine = ooze_engine::start(
             engine_decoder,

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 mod agent;
 mod models;
 pub use agent::{
-    AgentLimitsSection, AgentSection, AgentflowSection, FormatRewardSection, MemagentSection,
-    MultiAgentSection, RetoolSection, SearchR1Section, ToolOrchestraSection,
+    AgentLimitsSection, AgentSection, AgentflowSection, CommandSection, FormatRewardSection,
+    MemagentSection, MultiAgentSection, RetoolSection, SearchR1Section, ToolOrchestraSection,
 };
 pub use models::{CriticSection, TeacherSection};
 

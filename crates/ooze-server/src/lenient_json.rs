@@ -86,8 +86,9 @@ impl IgnoredFields {
             let n = counts.entry(name.clone()).or_insert(0);
             if *n == 0 {
                 eprintln!(
-                    "serve: ignoring request field `{name}` (ooze does not act on it; counted \
-                     under ignored_fields in /get_server_info)"
+                    "ooze: ignoring request field `{name}` (not acted on; counted: \
+                     /get_server_info's ignored_fields, or a gateway session's \
+                     gateway/ignored_field/ metrics)"
                 );
             }
             *n += 1;

@@ -140,6 +140,7 @@ pub(crate) fn test_prompt(
         label,
         metadata,
         messages,
+        tools: None,
     }
 }
 

@@ -23,6 +23,7 @@ pub enum AgentSection {
     Memagent(MemagentSection),
     Agentflow(AgentflowSection),
     ToolOrchestra(ToolOrchestraSection),
+    Command(CommandSection),
 }
 
 /// Reads `[agent]` (the recipe's `deserialize_with`): an empty section is no agent, and errors
@@ -40,7 +41,7 @@ pub(super) fn deserialize_section<'de, D: Deserializer<'de>>(
         Some(toml::Value::String(kind)) => kind.clone(),
         _ => {
             return Err(D::Error::custom(
-                "agent.type is required: none, search_r1, retool, multi_agent, memagent, agentflow or tool_orchestra",
+                "agent.type is required: none, search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra or command",
             ))
         }
     };
@@ -240,6 +241,25 @@ agent_section! {
         cost_weight: f64 = 5.0,
         latency_scale_secs: f64 = 500.0,
         max_penalty: f64 = 0.8,
+    }
+}
+
+agent_section! {
+    /// `type = "command"`: the agent is a program (any language) that talks to the policy through
+    /// the agent gateway's OpenAI and Anthropic endpoints; `max_turns` bounds its model calls,
+    /// `max_response_tokens` the tokens generated over all of them, `deadline_secs` its wall
+    /// clock.
+    CommandSection {
+        /// The program and its arguments, e.g. `["python3", "recipes/python_agent/agent.py"]`.
+        command: Vec<String> = Vec::new(),
+        /// Its working directory (default: where ooze runs).
+        cwd: Option<PathBuf> = None,
+        /// Environment variables set for it besides the gateway's.
+        env: std::collections::BTreeMap<String, String> = Default::default(),
+        /// Programs running at once (0: as many as the rollout runs executions).
+        concurrency: usize = 0,
+        /// Address space per process of the program, MiB (0: no limit).
+        memory_mb: u64 = 0,
     }
 }
 

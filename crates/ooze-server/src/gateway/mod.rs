@@ -165,6 +165,14 @@ impl Gateway {
         Some(session.record())
     }
 
+    /// Drops session `id` without waiting for its calls (its record is lost): for an execution
+    /// that is itself being dropped.
+    pub fn discard(&self, id: &str) {
+        if let Some(session) = self.sessions.lock().expect("never poisoned").remove(id) {
+            session.context().cancel_token().cancel();
+        }
+    }
+
     /// Open sessions.
     pub fn len(&self) -> usize {
         self.sessions.lock().expect("never poisoned").len()

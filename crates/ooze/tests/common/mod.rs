@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// A running `ooze serve`, stopped when dropped.
+#[allow(dead_code)] // not every test crate that shares this module serves
 pub struct Server(std::process::Child);
 
 impl Drop for Server {
@@ -16,6 +17,7 @@ impl Drop for Server {
 
 /// Starts `ooze serve --model MODEL` on the CPU on a free port with `extra` flags; returns it with
 /// its OpenAI base URL. Its log keeps being read, so the server never writes into a closed pipe.
+#[allow(dead_code)]
 pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
         .args(["serve", "--port", "0", "--device", "cpu"])

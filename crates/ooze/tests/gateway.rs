@@ -1,0 +1,251 @@
+//! Agents as programs (`[agent] type = "command"`) trained through the agent gateway, as a user
+//! runs them with `ooze train`: a program that misbehaves in every way (hangs, crashes, prints
+//! garbage, leaves children behind) is killed and scored 0 without stalling the step, and the
+//! shipped Python agent (recipes/python_agent, the real `openai` package) trains end to end.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("OOZE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"))
+}
+
+/// A tiny random chat model in `dir`.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    common::ooze_ok(&[
+        "init-model",
+        "--family",
+        "qwen2",
+        "--size",
+        "tiny",
+        model.to_str().unwrap(),
+    ]);
+    model
+}
+
+/// Prompts with labels, one per line.
+fn write_prompts(path: &Path, n: usize) {
+    let rows: Vec<String> = (0..n)
+        .map(|i| serde_json::json!({"prompt": format!("What is {i} + {i}?"), "label": (2 * i).to_string()}).to_string())
+        .collect();
+    std::fs::write(path, rows.join("\n") + "\n").unwrap();
+}
+
+/// The samples of every rollout record of a run.
+fn samples(run: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(run.join("rollouts")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for line in text.lines() {
+            let group: Value = serde_json::from_str(line).unwrap();
+            out.extend(group["samples"].as_array().unwrap().iter().cloned());
+        }
+    }
+    out
+}
+
+/// Processes whose environment holds `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.parse::<u32>().ok()?;
+            let env = std::fs::read(format!("/proc/{name}/environ")).ok()?;
+            env.split(|&b| b == 0)
+                .any(|v| v == marker.as_bytes())
+                .then_some(name)
+        })
+        .collect()
+}
+
+/// One program, five behaviours by sample index: 0 answers; 1 hangs after a call; 2 crashes
+/// after a call; 3 prints garbage as its last line; 4 answers but leaves a child in a session of
+/// its own (escaping the process group) sleeping. It talks to the gateway with the standard
+/// library only: any program that speaks HTTP is an agent.
+const MISBEHAVING: &str = r#"
+import json, os, subprocess, sys, time, urllib.request
+task = json.loads(sys.stdin.readline())
+body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": task["prompt"]}], "max_tokens": 4}
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps(body).encode(), headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(request))
+text = reply["choices"][0]["message"]["content"]
+kind = task["index"]
+if kind == 1:
+    time.sleep(3600)
+if kind == 2:
+    print("crashing on purpose", file=sys.stderr)
+    sys.exit(3)
+if kind == 3:
+    print("\x00\x01 not json {")
+    sys.exit(0)
+if kind == 4:
+    subprocess.Popen(["sleep", "3600"], start_new_session=True)
+print(json.dumps({"answer": text, "reward": 0.5, "metrics": {"kind": kind}}))
+"#;
+
+#[test]
+fn misbehaving_agent_programs_are_killed_and_scored_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("train.jsonl");
+    write_prompts(&data, 4);
+    let program = dir.path().join("agent.py");
+    std::fs::write(&program, MISBEHAVING).unwrap();
+    let run = dir.path().join("run");
+    // Every process of this run's programs carries this variable (the recipe's env).
+    let marker = format!("OOZE_TEST_MARK={}", std::process::id());
+    let recipe = format!(
+        r#"
+[model]
+path = {model:?}
+device = "cpu"
+[data]
+path = {data:?}
+input_key = "prompt"
+label_key = "label"
+[agent]
+type = "command"
+command = ["python3", {program:?}]
+env = {{ OOZE_TEST_MARK = "{pid}" }}
+max_turns = 2
+max_tokens_per_turn = 4
+deadline_secs = 4
+[rollout]
+num_rollouts = 1
+batch_size = 1
+n_samples_per_prompt = 5
+[reward]
+type = "math"
+[logging]
+run_dir = {run:?}
+"#,
+        pid = std::process::id()
+    );
+    let recipe_path = dir.path().join("recipe.toml");
+    std::fs::write(&recipe_path, recipe).unwrap();
+    common::ooze_ok(&["train", recipe_path.to_str().unwrap()]);
+
+    let samples = samples(&run);
+    let by_index = |i: u64| {
+        samples
+            .iter()
+            .find(|s| s["index"] == i)
+            .unwrap_or_else(|| panic!("no sample of execution {i}: {samples:?}"))
+    };
+    // 0 and 4 answered with their own reward; 3's garbage line is no result, so [reward]
+    // judged its last assistant text (a random model's: wrong).
+    for i in [0, 4] {
+        assert_eq!(by_index(i)["reward"], 0.5, "{}", by_index(i));
+        assert_eq!(by_index(i)["trained"], true);
+    }
+    assert_eq!(by_index(3)["reward"], 0.0, "{}", by_index(3));
+    assert_eq!(by_index(3)["agent_metrics"]["result_line"], 0.0);
+    assert!(by_index(3)["loss_mask"]
+        .as_array()
+        .unwrap()
+        .contains(&1.into()));
+    // 1 (hung) and 2 (crashed) failed with reward 0, saying why.
+    let error = |i: u64| by_index(i)["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error(1).contains("deadline"), "{}", by_index(1));
+    assert!(
+        error(2).contains("status 3") && error(2).contains("crashing on purpose"),
+        "{}",
+        by_index(2)
+    );
+    for i in [1, 2] {
+        assert_eq!(by_index(i)["reward"], 0.0);
+        assert_eq!(by_index(i)["trained"], false);
+    }
+    // Nothing is left behind: not the hung program, not the escaped child.
+    assert_eq!(processes_with(&marker), Vec::<String>::new());
+    // Logs: each execution's stderr, each session's calls.
+    let stderr = std::fs::read_to_string(run.join("agent/g0-s2.stderr")).unwrap();
+    assert!(stderr.contains("crashing on purpose"), "{stderr}");
+    let calls = std::fs::read_to_string(run.join("gateway/g0-s0.jsonl")).unwrap();
+    let call: Value = serde_json::from_str(calls.lines().next().unwrap()).unwrap();
+    assert_eq!(call["request"]["model"], "gpt-4o-mini");
+    assert_eq!(
+        call["tokens"].as_array().unwrap().len(),
+        call["log_probs"].as_array().unwrap().len()
+    );
+}
+
+/// recipes/python_agent's agent (the `openai` package, a tool loop) through `ooze train`, on a
+/// random model: every execution's calls are recorded as samples.
+#[test]
+fn the_python_agent_recipe_trains_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("data");
+    let made = std::process::Command::new(python())
+        .arg(root().join("recipes/python_agent/make_data.py"))
+        .arg(&data)
+        .args(["--n", "50", "--test", "10"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let run = dir.path().join("run");
+    let agent = root().join("recipes/python_agent/agent.py");
+    let set = |key: &str, value: String| format!("{key}={value}");
+    common::ooze_ok(&[
+        "train",
+        root()
+            .join("recipes/python_agent/recipe.toml")
+            .to_str()
+            .unwrap(),
+        "--set",
+        &set("model.path", format!("{model:?}")),
+        "--set",
+        "model.device=\"cpu\"",
+        "--set",
+        &set("data.path", format!("{:?}", data.join("train.jsonl"))),
+        "--set",
+        &set(
+            "agent.command",
+            format!("[{:?}, {agent:?}]", python().to_str().unwrap()),
+        ),
+        "--set",
+        &set(
+            "eval.datasets",
+            format!(
+                "[{{name = \"test\", path = {:?}, n_samples = 1}}]",
+                data.join("test.jsonl")
+            ),
+        ),
+        "--set",
+        "eval.interval=1",
+        "--set",
+        "rollout.num_rollouts=1",
+        "--set",
+        "rollout.batch_size=2",
+        "--set",
+        "rollout.n_samples_per_prompt=2",
+        "--set",
+        &set("logging.run_dir", format!("{run:?}")),
+    ]);
+    let samples = samples(&run);
+    assert!(!samples.is_empty());
+    for s in &samples {
+        assert_eq!(s["error"], Value::Null, "{s}");
+        let m = &s["agent_metrics"];
+        assert!(m["gateway/calls"].as_f64().unwrap() >= 1.0, "{s}");
+        assert_eq!(m["gateway/retokenized_turns"], 0.0, "{s}");
+        assert_eq!(m["result_line"], 1.0, "{s}");
+        let mask = s["loss_mask"].as_array().unwrap();
+        assert_eq!(mask.len(), s["log_probs"].as_array().unwrap().len());
+        assert!(mask.contains(&1.into()));
+    }
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("agent/gateway/calls"), "{metrics}");
+}
