@@ -23,12 +23,17 @@ fn serve(model: &Path) -> (common::Server, String) {
 
 /// Runs one of the Python client checks against `url`.
 fn client_check(script: &str, url: &str) {
+    client_check_with(script, &[url]);
+}
+
+/// Runs one of the Python client checks with `args`.
+fn client_check_with(script: &str, args: &[&str]) {
     let python = std::env::var_os("OOZE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".venv/bin/python"));
     let out = Command::new(python)
         .arg(root().join("scripts/reference").join(script))
-        .arg(url)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -160,4 +165,22 @@ fn tool_calls_reach_the_openai_client() {
     scripted_tool_model(dir.path());
     let (_server, url) = serve(dir.path());
     client_check("openai_tool_call_check.py", &url);
+}
+
+/// The agent gateway's Chat Completions, driven by the `openai` client through a tool loop (plain,
+/// streamed, with log-probs): the session's sample decodes exactly to Hugging Face's rendering of
+/// the conversation as the model wrote it, its trained tokens and log-probs are the ones the calls
+/// returned, and another system prompt starts a sibling (scripts/reference/gateway_chat_check.py).
+#[test]
+fn gateway_chat_samples_are_token_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    scripted_tool_model(dir.path());
+    let (_server, url) = common::serve(
+        dir.path(),
+        &["--context-len", "1024", "--max-running", "8", "--gateway"],
+    );
+    client_check_with(
+        "gateway_chat_check.py",
+        &[&url, dir.path().to_str().unwrap()],
+    );
 }
