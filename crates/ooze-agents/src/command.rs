@@ -322,15 +322,15 @@ impl CommandAgent {
             }
             None => {
                 let _ = child.wait().await;
-                let stderr_tail = collect(err).await.1;
+                let stderr_tail = tail(&err.await.unwrap_or_default(), 2000);
                 return Err(AgentError::Agent(format!(
                     "the agent program ran past its {:.0} s deadline and was killed with its whole process tree; the end of its stderr:\n{stderr_tail}",
                     ctx.limits().deadline.as_secs_f64()
                 )));
             }
         };
-        let stdout_tail = collect(out).await.0;
-        let stderr_tail = collect(err).await.1;
+        let stdout_tail = out.await.unwrap_or_default();
+        let stderr_tail = tail(&err.await.unwrap_or_default(), 2000);
         Ok(Ran {
             status,
             stdout_tail,
@@ -366,12 +366,6 @@ struct Ran {
     stdout_tail: String,
     stderr_tail: String,
     seconds: f64,
-}
-
-/// A reader task's text (stdout's tail, or stderr's tail after keeping it).
-async fn collect(task: tokio::task::JoinHandle<String>) -> (String, String) {
-    let text = task.await.unwrap_or_default();
-    (text.clone(), tail(&text, 2000))
 }
 
 /// The last `max` bytes of `text`, at a character boundary.

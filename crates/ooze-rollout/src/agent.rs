@@ -451,14 +451,7 @@ impl AgentContext {
             .render(&messages, &self.render_options(&tools, true))
             .map_err(Self::template_error)?;
         let ids = self.encode(&text)?;
-        Ok(Conversation {
-            messages,
-            tools,
-            sample: Sample::with_prompt(ids),
-            open_turn: false,
-            turns: 0,
-            id: self.conversations.fetch_add(1, Ordering::Relaxed),
-        })
+        Ok(self.start_tokens(messages, tools, ids))
     }
 
     /// A conversation whose prompt is `ids`, already rendered from `messages` and `tools`.
@@ -481,14 +474,7 @@ impl AgentContext {
     /// A conversation that starts from an already rendered prompt (the dataset's `input_ids`); its
     /// messages are the ones the prompt was rendered from (none for a raw text prompt).
     pub fn start_rendered(&self, prompt: &PromptItem) -> Conversation {
-        Conversation {
-            messages: prompt.messages.clone(),
-            tools: None,
-            sample: Sample::with_prompt(prompt.input_ids.clone()),
-            open_turn: false,
-            turns: 0,
-            id: self.conversations.fetch_add(1, Ordering::Relaxed),
-        }
+        self.start_tokens(prompt.messages.clone(), None, prompt.input_ids.clone())
     }
 
     /// Generates the next assistant tokens of `conv`, stopping at `stop` strings (kept in the

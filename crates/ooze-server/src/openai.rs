@@ -650,15 +650,7 @@ pub async fn chat_completions(
                     let mut finish = finish_str(&out.finish);
                     match parsed {
                         Some(p) if !p.tool_calls.is_empty() => {
-                            let calls: Vec<Value> = p
-                                .tool_calls
-                                .into_iter()
-                                .enumerate()
-                                .map(|(i, mut c)| {
-                                    c["index"] = json!(i);
-                                    c
-                                })
-                                .collect();
+                            let calls = tool_calls::indexed(&p.tool_calls);
                             send_json(&tx, &chunk(json!({"tool_calls": calls}), None, None)).await;
                             finish = "tool_calls";
                         }

@@ -53,6 +53,19 @@ pub fn parse(text: &str, id_prefix: &str) -> Parsed {
     }
 }
 
+/// Tool calls as a stream's delta carries them: each with its `index`.
+pub fn indexed(calls: &[Value]) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut c = c.clone();
+            c["index"] = json!(i);
+            c
+        })
+        .collect()
+}
+
 /// How much of `text` can be streamed as content without risking part of a tool-call block: all
 /// of it before an opening tag, minus any tail that could be the start of one.
 pub fn safe_content_len(text: &str) -> usize {

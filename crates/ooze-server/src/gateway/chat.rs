@@ -177,16 +177,7 @@ pub async fn chat_completions(
         match result {
             Ok(reply) => {
                 if !reply.tool_calls.is_empty() {
-                    let calls: Vec<Value> = reply
-                        .tool_calls
-                        .iter()
-                        .enumerate()
-                        .map(|(i, c)| {
-                            let mut c = c.clone();
-                            c["index"] = json!(i);
-                            c
-                        })
-                        .collect();
+                    let calls = tool_calls::indexed(&reply.tool_calls);
                     send_json(&tx, &chunk(json!({"tool_calls": calls}), None, None)).await;
                 } else if !text.rest().is_empty() {
                     send_json(&tx, &chunk(json!({"content": text.rest()}), None, None)).await;
