@@ -21,9 +21,10 @@ if ! .venv/bin/python -c 'import torch, transformers, safetensors, numpy, jinja2
    || [ ! -f "$torch_dir/../nvidia/cu13/include/crt/host_config.h" ] \
    || ! .venv/bin/python -c 'import importlib.metadata as m; assert m.version("nvidia-nvvm").startswith("13.0.")' 2>/dev/null; then
   echo "setup: installing $want (PyTorch is a few GB the first time)"
-  .venv/bin/python -m pip install -q --upgrade pip
+  # No pip cache: it would keep a second copy of PyTorch and CUDA's wheels (GBs) on the disk.
+  .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
   # shellcheck disable=SC2086
-  .venv/bin/python -m pip install -q $want
+  .venv/bin/python -m pip install -q --no-cache-dir $want
 fi
 .venv/bin/python -c 'import torch, transformers; print(f"setup: torch {torch.__version__}, transformers {transformers.__version__}")'
 # Checks the torch version and links .cache/libtorch to it: what cargo builds against and records
