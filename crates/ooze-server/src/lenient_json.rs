@@ -57,6 +57,22 @@ pub fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<(T, Vec<Str
     Ok((value, ignored))
 }
 
+/// Adds to `ignored` the fields of `obj` other than `known`, named under `path`
+/// (`messages.*.content.*` gives `messages.*.content.*.cache_control`): for parts of a body
+/// taken as JSON values (content blocks, input items), which serde does not see into.
+pub fn unknown_fields(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    known: &[&str],
+    path: &str,
+    ignored: &mut Vec<String>,
+) {
+    ignored.extend(
+        obj.keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .map(|k| format!("{path}.{k}")),
+    );
+}
+
 /// A field's path with array indices as `*`, so one name counts a field of every message.
 fn field_name(path: &str) -> String {
     path.split('.')

@@ -5,9 +5,13 @@
 //! - A session is one execution of the agent. It is named by the API key the program sends
 //!   (`Authorization: Bearer KEY` or `x-api-key: KEY`) or by a path prefix `/s/{session}/…`; an
 //!   unknown one gets 401 in the API's own error shape.
-//! - Endpoints: `GET /v1/models`; OpenAI Chat Completions `POST /v1/chat/completions`
-//!   ([`chat`]). Any `model` name is served by the policy. Fields ooze does not act on are
-//!   ignored, never a 400, and counted per session (`gateway/ignored_field/NAME`).
+//! - Endpoints, each also under `/s/{session}`: `GET /v1/models`; OpenAI Chat Completions
+//!   `POST /v1/chat/completions` ([`chat`]); OpenAI Responses `POST /v1/responses`
+//!   ([`responses`]); Anthropic Messages `POST /v1/messages` ([`messages`], errors in
+//!   Anthropic's shape). Each converts its request into one [`session::ChatCall`] (OpenAI chat
+//!   form) and the reply into its own wire shape. Any `model` name is served by the policy.
+//!   Fields ooze does not act on are ignored, never a 400, and counted per session
+//!   (`gateway/ignored_field/NAME`).
 //! - Each call goes through its session ([`session::Session`]): the history is rendered with the
 //!   policy's chat template, generated turns keep their exact tokens, and the calls grow samples
 //!   or start siblings ([`ooze_rollout::transcript`]). The recipe's sampling settings hold
@@ -17,6 +21,9 @@
 //!   `GET /gateway/sessions/{id}` shows its samples and `DELETE` closes it.
 
 pub mod chat;
+mod events;
+pub mod messages;
+pub mod responses;
 pub mod session;
 
 use crate::error::ApiError;
@@ -255,6 +262,10 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             "/s/{session}/v1/chat/completions",
             post(chat::chat_completions),
         )
+        .route("/v1/responses", post(responses::responses))
+        .route("/s/{session}/v1/responses", post(responses::responses))
+        .route("/v1/messages", post(messages::messages))
+        .route("/s/{session}/v1/messages", post(messages::messages))
         .route("/gateway/sessions", post(open_session))
         .route(
             "/gateway/sessions/{session}",

@@ -1,7 +1,8 @@
 //! One gateway session: one execution of an external agent. Its calls, whatever API they came
 //! through, arrive here as a [`ChatCall`] (OpenAI chat form) and go through the session's
 //! [`Transcript`], which keeps the samples token-exact; budgets are enforced per call; every call
-//! is written to the session's log.
+//! is written to the session's log. The conversations of its recent Responses API replies are kept
+//! by response id, for `previous_response_id`.
 
 use crate::error::ApiError;
 use crate::tool_calls;
@@ -9,7 +10,7 @@ use ooze_core::{FinishReason, Sample, StopMatch};
 use ooze_rollout::agent::{AgentContext, AgentError};
 use ooze_rollout::transcript::Transcript;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,6 +108,36 @@ pub struct SessionRecord {
     pub last_text: Option<String>,
 }
 
+/// How many Responses API replies a session keeps the conversation of (`previous_response_id`
+/// names one of the latest).
+pub const RESPONSES_KEPT: usize = 256;
+
+/// The conversations of a session's latest Responses API replies, by response id.
+#[derive(Default)]
+struct ResponseHistory {
+    /// Ids, oldest first.
+    order: VecDeque<String>,
+    conversations: HashMap<String, Vec<Value>>,
+}
+
+impl ResponseHistory {
+    /// Keeps `conversation` as response `id`'s, forgetting the oldest beyond `kept`.
+    fn insert(&mut self, id: String, conversation: Vec<Value>, kept: usize) {
+        if self
+            .conversations
+            .insert(id.clone(), conversation)
+            .is_none()
+        {
+            self.order.push_back(id);
+        }
+        while self.order.len() > kept {
+            if let Some(oldest) = self.order.pop_front() {
+                self.conversations.remove(&oldest);
+            }
+        }
+    }
+}
+
 pub struct Session {
     pub id: String,
     ctx: AgentContext,
@@ -118,6 +149,7 @@ pub struct Session {
     /// Calls generating now.
     in_flight: AtomicUsize,
     log: Option<Mutex<std::fs::File>>,
+    responses: Mutex<ResponseHistory>,
 }
 
 impl Session {
@@ -155,6 +187,7 @@ impl Session {
             last_text: Mutex::new(None),
             in_flight: AtomicUsize::new(0),
             log,
+            responses: Mutex::new(ResponseHistory::default()),
         })
     }
 
@@ -201,10 +234,37 @@ impl Session {
         Ok(())
     }
 
+    /// Keeps the conversation (OpenAI chat form, without the call's instructions) that Responses
+    /// API reply `id` ended, for a later `previous_response_id`; the oldest beyond
+    /// [`RESPONSES_KEPT`] are forgotten.
+    pub fn remember_response(&self, id: String, conversation: Vec<Value>) {
+        self.responses
+            .lock()
+            .expect("never poisoned")
+            .insert(id, conversation, RESPONSES_KEPT);
+    }
+
+    /// The conversation Responses API reply `id` ended, if the session still keeps it.
+    pub fn response_conversation(&self, id: &str) -> Option<Vec<Value>> {
+        let history = self.responses.lock().expect("never poisoned");
+        history.conversations.get(id).cloned()
+    }
+
     /// Answers one call with the policy, calling `on_token` with each token as it is sampled.
     pub async fn call(
         &self,
         call: ChatCall,
+        on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
+    ) -> Result<ChatReply, ApiError> {
+        self.call_with_prompt(call, &mut |_| {}, on_token).await
+    }
+
+    /// [`Session::call`], telling `on_prompt` the prompt's length in tokens once it is rendered
+    /// (before the first token; a call refused earlier never calls it).
+    pub async fn call_with_prompt(
+        &self,
+        call: ChatCall,
+        on_prompt: &mut (dyn FnMut(usize) + Send),
         on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
     ) -> Result<ChatReply, ApiError> {
         self.check_budget()?;
@@ -215,6 +275,7 @@ impl Session {
             .expect("never poisoned")
             .begin(&self.ctx, call.messages.clone(), call.tools.clone())
             .map_err(agent_error)?;
+        on_prompt(turn_call.prompt_tokens);
         let index = {
             let mut counts = self.counts.lock().expect("never poisoned");
             counts.calls += 1;
@@ -386,5 +447,23 @@ fn agent_error(e: AgentError) -> ApiError {
             code: "internal",
             message: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_history_keeps_the_latest() {
+        let mut history = ResponseHistory::default();
+        for i in 0..5 {
+            history.insert(format!("resp_{i}"), vec![json!(i)], 3);
+        }
+        history.insert("resp_3".into(), vec![json!("again")], 3);
+        assert_eq!(history.order, ["resp_2", "resp_3", "resp_4"]);
+        assert!(!history.conversations.contains_key("resp_1"));
+        assert_eq!(history.conversations["resp_3"], [json!("again")]);
+        assert_eq!(history.conversations.len(), 3);
     }
 }

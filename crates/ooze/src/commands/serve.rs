@@ -52,9 +52,10 @@ pub struct Args {
     /// second signal aborts at once.
     #[arg(long, default_value_t = 20)]
     shutdown_drain_secs: u64,
-    /// Serve the OpenAI endpoints as an agent gateway: every call belongs to a session (opened
-    /// with `POST /gateway/sessions`, named by the API key or `/s/{session}/`), and its samples are
-    /// recorded token-exactly (`GET /gateway/sessions/{id}`).
+    /// Serve as an agent gateway (OpenAI Chat Completions and Responses, Anthropic Messages):
+    /// every call belongs to a session (opened with `POST /gateway/sessions`, named by the API key
+    /// or `/s/{session}/`), and its samples are recorded token-exactly
+    /// (`GET /gateway/sessions/{id}`).
     #[arg(long)]
     gateway: bool,
     /// With --gateway: write each session's calls to DIR/SESSION.jsonl.
@@ -153,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             listener.local_addr()?,
             config.max_connections,
             if gateway.is_some() {
-                "; OpenAI endpoints as an agent gateway: POST /gateway/sessions opens a session"
+                "; an agent gateway (OpenAI chat and responses, Anthropic messages): POST /gateway/sessions opens a session"
             } else {
                 ""
             }

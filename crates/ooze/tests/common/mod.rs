@@ -1,5 +1,10 @@
-//! Shared by the integration tests: `ooze serve` on a free port, and agent warm starts.
+//! Shared by the integration tests: `ooze serve` on a free port, a scripted tool-calling model,
+//! and agent warm starts.
 
+use ooze_model::checkpoint::{save_weights, SaveOptions};
+use ooze_model::init::{init_model, random_weights, InitOptions, Size};
+use ooze_model::{Family, ModelConfig, Tokenizer};
+use ooze_torch::tch::{Kind, Tensor};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -124,4 +129,81 @@ pub fn agent_warm_start(
         &[("OMP_NUM_THREADS", "1")],
     );
     dir.join("sft/final-model")
+}
+
+/// The call the scripted model makes.
+const TOOL_CALL: &str = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+
+/// A tiny Qwen2 model that is a pure bigram chain: attention and MLP outputs are zero, so the
+/// logits depend on the current token only, and each token of
+/// `\n → <tool_call> → TOOL_CALL → </tool_call> → <|im_end|>` predicts the next one by a wide
+/// margin. The chat template's generation prompt ends in `\n`, so every chat is answered with the
+/// tool call. TOOL_CALL is one added token (the chain needs distinct tokens).
+#[allow(dead_code)] // not every test crate that shares this module serves it
+pub fn scripted_tool_model(dir: &Path) {
+    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
+    options.tokenizer_vocab = 500;
+    options.vocab_size = Some(512);
+    options.tie_word_embeddings = false;
+    init_model(dir, &ooze_model::corpus::generate(5, 30_000), &options).unwrap();
+
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let next_id = Tokenizer::load(dir).unwrap().vocab_size();
+    assert!(next_id < 512, "room for the added token");
+    tokenizer["added_tokens"].as_array_mut().unwrap().push(
+        serde_json::json!({"id": next_id, "content": TOOL_CALL, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
+    );
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+
+    let tokenizer = Tokenizer::load(dir).unwrap();
+    let id = |text: &str| {
+        let ids = tokenizer.encode(text, false).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?} is one token");
+        ids[0] as usize
+    };
+    let chain = [
+        id("\n"),
+        id("<tool_call>"),
+        id(TOOL_CALL),
+        id("</tool_call>"),
+        id("<|im_end|>"),
+    ];
+    let config = ModelConfig::load(dir).unwrap();
+    let (vocab, hidden) = (config.vocab_size as usize, config.hidden_size as usize);
+    assert!(chain.len() < hidden);
+    let mut embed = vec![0f32; vocab * hidden];
+    let mut head = vec![0f32; vocab * hidden];
+    for (i, pair) in chain.windows(2).enumerate() {
+        // Token pair[0] is the unit vector e_i; the head maps e_i to token pair[1].
+        embed[pair[0] * hidden + i] = 1.0;
+        head[pair[1] * hidden + i] = 4.0;
+    }
+    let matrix = |values: &[f32]| Tensor::from_slice(values).view([vocab as i64, hidden as i64]);
+    let weights: Vec<(String, Tensor)> = random_weights(&config, 1)
+        .into_iter()
+        .map(|(name, t)| {
+            let t = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+                t.zeros_like()
+            } else if name == "model.embed_tokens.weight" {
+                matrix(&embed)
+            } else if name == "lm_head.weight" {
+                matrix(&head)
+            } else {
+                t
+            };
+            (name, t)
+        })
+        .collect();
+    save_weights(
+        dir,
+        &weights,
+        SaveOptions {
+            max_shard_bytes: 1 << 30,
+            kind: Kind::Float,
+        },
+    )
+    .unwrap();
 }
