@@ -18,7 +18,8 @@
 //! - [`qa`]: SQuAD-normalised exact match and F1.
 //! - [`prompts`]: rows → prompt token ids, with the chat template and a system prompt.
 //! - [`scorer`]: the recipe's reward: built-in, task verifiers, registered Rust functions (per
-//!   sample or per group), a remote reward model over HTTP.
+//!   sample or per group), Python functions ([`python_reward`]'s worker pool), a remote reward
+//!   model over HTTP.
 //! - [`manager`]: prompts × samples through the engine, rewards, dynamic-sampling batches.
 //! - [`rollout_record`]: the line format of saved rollouts (old run directories still replay).
 //! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
@@ -34,6 +35,7 @@ pub mod math_answer;
 pub mod oracle;
 pub mod parquet_out;
 pub mod prompts;
+pub mod python_reward;
 pub mod qa;
 pub mod reward;
 pub mod rollout_record;

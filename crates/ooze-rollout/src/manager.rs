@@ -155,13 +155,38 @@ async fn generate_agent_groups(
         runs[p][index] = Some(t);
         on_sample();
     }
+    let runs: Vec<Vec<Trajectory>> = runs
+        .into_iter()
+        .map(|runs| {
+            runs.into_iter()
+                .map(|t| t.expect("invariant: every execution finished"))
+                .collect()
+        })
+        .collect();
+    // A scorer that waits on other processes scores the groups at once.
+    let rewards: Vec<Vec<f64>> = if scorer.blocks() {
+        std::thread::scope(|scope| {
+            let calls: Vec<_> = prompts
+                .iter()
+                .zip(&runs)
+                .map(|((_, prompt), runs)| {
+                    scope.spawn(move || agent_rewards(scorer, prompt, runs, tokenizer))
+                })
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().expect("invariant: scoring does not panic"))
+                .collect::<Result<_, _>>()
+        })?
+    } else {
+        prompts
+            .iter()
+            .zip(&runs)
+            .map(|((_, prompt), runs)| agent_rewards(scorer, prompt, runs, tokenizer))
+            .collect::<Result<_, _>>()?
+    };
     let mut groups = Vec::with_capacity(prompts.len());
-    for ((group, prompt), runs) in prompts.into_iter().zip(runs) {
-        let runs: Vec<Trajectory> = runs
-            .into_iter()
-            .map(|t| t.expect("invariant: every execution finished"))
-            .collect();
-        let rewards = agent_rewards(scorer, &prompt, &runs, tokenizer)?;
+    for (((group, prompt), runs), rewards) in prompts.into_iter().zip(runs).zip(rewards) {
         let mut samples = Vec::new();
         for (t, reward) in runs.into_iter().zip(rewards) {
             samples.extend(agent_samples(
@@ -371,7 +396,7 @@ async fn score(scorer: &Scorer, groups: &mut [Group]) -> Result<(), RolloutError
                 failure,
             })
     };
-    let all: Vec<Vec<f64>> = if scorer.is_remote() {
+    let all: Vec<Vec<f64>> = if scorer.blocks() {
         let mut tasks = tokio::task::JoinSet::new();
         for (i, g) in groups.iter().enumerate() {
             let (scorer, g) = (scorer.clone(), g.clone());

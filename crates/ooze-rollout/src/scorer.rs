@@ -1,11 +1,13 @@
 //! Rewards of a rollout: built-in checks, the synthetic tasks' verifiers, Rust functions registered
-//! by name (per sample or per group), and a remote reward model over HTTP.
+//! by name (per sample or per group), Python functions ([`crate::python_reward`]), and a remote
+//! reward model over HTTP.
 //!
 //! A remote reward model receives `POST {"prompt", "response", "label", "metadata"}` and answers a
 //! JSON number or `{"score": number}` (or `{"reward": number}`). Failed calls are retried with
 //! backoff; a call that keeps failing stops the run with the URL and the last error.
 
 use crate::http_client::JsonClient;
+use crate::python_reward::{PythonReward, PythonRewardConfig};
 use crate::reward::Reward;
 use crate::tasks::Task;
 use serde::{Deserialize, Serialize};
@@ -39,6 +41,19 @@ pub enum RewardConfig {
     Function { name: String },
     /// A Rust function registered under `name` that scores a prompt's samples together.
     GroupFunction { name: String },
+    /// A Python function, `path = "FILE.py:FUNCTION"`, run by a pool of worker processes (see
+    /// [`crate::python_reward`]).
+    Python {
+        path: String,
+        #[serde(default)]
+        group: bool,
+        #[serde(default)]
+        workers: usize,
+        #[serde(default = "default_python_timeout")]
+        timeout_secs: f64,
+        #[serde(default = "default_python")]
+        python: String,
+    },
     /// A reward model behind HTTP.
     Remote {
         url: String,
@@ -64,6 +79,7 @@ impl RewardConfig {
             RewardConfig::Regex { .. }
             | RewardConfig::Function { .. }
             | RewardConfig::GroupFunction { .. }
+            | RewardConfig::Python { .. }
             | RewardConfig::Remote { .. } => false,
         }
     }
@@ -74,6 +90,12 @@ fn default_timeout() -> f64 {
 }
 fn default_retries() -> u32 {
     3
+}
+fn default_python_timeout() -> f64 {
+    PythonRewardConfig::default().timeout_secs
+}
+fn default_python() -> String {
+    PythonRewardConfig::default().python
 }
 
 /// What a reward function sees of one sample.
@@ -140,6 +162,7 @@ pub enum Scorer {
     Task(Task),
     Sample(Arc<SampleRewardFn>),
     Group(Arc<GroupRewardFn>),
+    Python(PythonReward),
     Remote {
         client: JsonClient,
         url: String,
@@ -166,7 +189,7 @@ impl Scorer {
         Ok(match config {
             RewardConfig::Task => Scorer::Task(task.ok_or(
                 "reward.type = \"task\" scores with the data section's task verifier, but data.task is not set; \
-                 choose another reward.type (math, exact_match, f1, regex, contains, function, group_function, remote)",
+                 choose another reward.type (math, exact_match, f1, regex, contains, function, group_function, python, remote)",
             )?),
             RewardConfig::Math { answer_pattern } => built(Reward::math(answer_pattern.as_deref()))?,
             RewardConfig::ExactMatch => Scorer::Builtin(Reward::ExactMatch),
@@ -193,6 +216,19 @@ impl Scorer {
                     )
                 })?,
             ),
+            RewardConfig::Python {
+                path,
+                group,
+                workers,
+                timeout_secs,
+                python,
+            } => Scorer::Python(PythonReward::start(&PythonRewardConfig {
+                path: path.clone(),
+                group: *group,
+                workers: *workers,
+                timeout_secs: *timeout_secs,
+                python: python.clone(),
+            })?),
             RewardConfig::Remote {
                 url,
                 timeout_secs,
@@ -215,9 +251,9 @@ impl Scorer {
         })
     }
 
-    /// Whether scoring may block on the network (run it off the async threads).
-    pub fn is_remote(&self) -> bool {
-        matches!(self, Scorer::Remote { .. })
+    /// Whether scoring waits on another process or the network (run it off the async threads).
+    pub fn blocks(&self) -> bool {
+        matches!(self, Scorer::Remote { .. } | Scorer::Python(_))
     }
 
     /// The rewards of one prompt's samples, in order.
@@ -243,6 +279,7 @@ impl Scorer {
                 }
                 r
             }
+            Scorer::Python(p) => p.score_group(samples)?,
             Scorer::Remote {
                 client,
                 url,
@@ -478,7 +515,7 @@ mod tests {
             max_retries: 2,
         };
         let scorer = Scorer::new(&config, None, &Registry::default()).unwrap();
-        assert!(scorer.is_remote());
+        assert!(scorer.blocks());
         let rewards = scorer
             .score_group(&[input("abc", "L"), input("hello", "L")])
             .unwrap();

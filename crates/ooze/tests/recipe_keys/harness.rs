@@ -97,6 +97,14 @@ impl Env {
             rows.push_str(&format!("{row}\n"));
         }
         std::fs::write(p("data.jsonl"), &rows).unwrap();
+        // The Python reward's rows: an interpreter wrapper the reward can tell it ran under.
+        std::fs::write(
+            p("py"),
+            "#!/bin/sh\nOOZE_TEST_WRAPPED=1 exec python3 \"$@\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(p("py"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         let mut mem = String::new();
         for i in 0..4 {
             let row = serde_json::json!({
@@ -163,6 +171,11 @@ impl Env {
             ("{corpus}", s(p("corpus.jsonl"))),
             ("{search_matched}", s(p("search_matched.jsonl"))),
             ("{dir}", s(dir.path().to_owned())),
+            (
+                "{rewards}",
+                s(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/recipe_keys/rewards.py")),
+            ),
+            ("{py}", s(p("py"))),
             ("{url}", url),
             ("{teacher}", teacher_url),
         ];

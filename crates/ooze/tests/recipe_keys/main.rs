@@ -94,6 +94,7 @@ fn accepted_keys() -> BTreeSet<String> {
         "reward={type = \"contains\"}",
         "reward={type = \"function\", name = \"x\"}",
         "reward={type = \"group_function\", name = \"x\"}",
+        "reward={type = \"python\", path = \"x.py:f\"}",
         "reward={type = \"remote\", url = \"http://x\"}",
     ] {
         variants.push(vec![reward]);

@@ -221,6 +221,37 @@ pub fn cases() -> Vec<Case> {
             Fails("reward.name: no group reward function `best`"),
         ),
         case(
+            &["reward(python).path"],
+            &["reward={type = \"python\", path = \"{rewards}:quarter\"}"],
+            &["reward={type = \"python\", path = \"{rewards}:by_length\"}"],
+            Metric("reward/mean"),
+        ),
+        case(
+            &["reward(python).group"],
+            &["reward={type = \"python\", path = \"{rewards}:either\"}"],
+            &["reward={type = \"python\", path = \"{rewards}:either\", group = true}"],
+            Metric("reward/mean"),
+        ),
+        // One worker counts its calls 1 to 4 (mean 2.5); more workers share the calls.
+        case(
+            &["reward(python).workers"],
+            &["reward={type = \"python\", path = \"{rewards}:calls_in_this_worker\", workers = 1}"],
+            &["reward={type = \"python\", path = \"{rewards}:calls_in_this_worker\", workers = 4}"],
+            Metric("reward/mean"),
+        ),
+        case(
+            &["reward(python).timeout_secs"],
+            &["reward={type = \"python\", path = \"{rewards}:calls_in_this_worker\"}"],
+            &["reward={type = \"python\", path = \"{rewards}:calls_in_this_worker\", timeout_secs = 0.1}"],
+            Fails("no answer within 0.1 s (reward.timeout_secs)"),
+        ),
+        case(
+            &["reward(python).python"],
+            &["reward={type = \"python\", path = \"{rewards}:wrapped\"}"],
+            &["reward={type = \"python\", path = \"{rewards}:wrapped\", python = \"{py}\"}"],
+            Metric("reward/mean"),
+        ),
+        case(
             &["reward(remote).url"],
             &[],
             &["reward.url=\"{url}/double\""],
