@@ -119,6 +119,11 @@ impl CommandAgent {
         self.running
             .get_or_try_init(|| async {
                 let gateway = Arc::new(Gateway::new(ctx.tokenizer().clone(), "policy".into()));
+                // Each program holds pipes and a connection or two: hundreds at once need more
+                // than the usual soft limit of 1024 descriptors.
+                if let Err(e) = ooze_server::fd_limit::raise_open_file_limit() {
+                    eprintln!("agent gateway: cannot raise the open-file limit: {e}");
+                }
                 let listener = ooze_server::listen_on("127.0.0.1", 0)
                     .await
                     .map_err(|e| AgentError::Agent(format!("starting the agent gateway: {e}")))?;

@@ -181,59 +181,51 @@ run_dir = {run:?}
     );
 }
 
-/// recipes/python_agent's agent (the `openai` package, a tool loop) through `ooze train`, on a
-/// random model: every execution's calls are recorded as samples.
-#[test]
-fn the_python_agent_recipe_trains_through_the_gateway() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let data = dir.path().join("data");
+/// `ooze train` on the shipped recipe `recipes/NAME` for one rollout of 2 prompts × 2
+/// executions, on a random model and the recipe's own generated data, with `sets`; returns the
+/// run directory. Every execution's calls must be recorded as samples, token-exactly.
+fn train_shipped_recipe(dir: &Path, name: &str, sets: &[String]) -> PathBuf {
+    let model = tiny_model(dir);
+    let data = dir.join("data");
     let made = std::process::Command::new(python())
-        .arg(root().join("recipes/python_agent/make_data.py"))
+        .arg(root().join(format!("recipes/{name}/make_data.py")))
         .arg(&data)
         .args(["--n", "50", "--test", "10"])
         .output()
         .unwrap();
     assert!(made.status.success(), "{made:?}");
-    let run = dir.path().join("run");
-    let agent = root().join("recipes/python_agent/agent.py");
-    let set = |key: &str, value: String| format!("{key}={value}");
-    common::ooze_ok(&[
-        "train",
-        root()
-            .join("recipes/python_agent/recipe.toml")
-            .to_str()
-            .unwrap(),
-        "--set",
-        &set("model.path", format!("{model:?}")),
-        "--set",
-        "model.device=\"cpu\"",
-        "--set",
-        &set("data.path", format!("{:?}", data.join("train.jsonl"))),
-        "--set",
-        &set(
-            "agent.command",
-            format!("[{:?}, {agent:?}]", python().to_str().unwrap()),
+    let run = dir.join("run");
+    let agent = root().join(format!("recipes/{name}/agent.py"));
+    let recipe = root().join(format!("recipes/{name}/recipe.toml"));
+    let mut args: Vec<String> = vec!["train".into(), recipe.to_str().unwrap().into()];
+    let mut set = |key: &str, value: String| {
+        args.push("--set".into());
+        args.push(format!("{key}={value}"));
+    };
+    set("model.path", format!("{model:?}"));
+    set("model.device", "\"cpu\"".into());
+    set("data.path", format!("{:?}", data.join("train.jsonl")));
+    set(
+        "agent.command",
+        format!("[{:?}, {agent:?}]", python().to_str().unwrap()),
+    );
+    set(
+        "eval.datasets",
+        format!(
+            "[{{name = \"test\", path = {:?}, n_samples = 1}}]",
+            data.join("test.jsonl")
         ),
-        "--set",
-        &set(
-            "eval.datasets",
-            format!(
-                "[{{name = \"test\", path = {:?}, n_samples = 1}}]",
-                data.join("test.jsonl")
-            ),
-        ),
-        "--set",
-        "eval.interval=1",
-        "--set",
-        "rollout.num_rollouts=1",
-        "--set",
-        "rollout.batch_size=2",
-        "--set",
-        "rollout.n_samples_per_prompt=2",
-        "--set",
-        &set("logging.run_dir", format!("{run:?}")),
-    ]);
+    );
+    set("eval.interval", "1".into());
+    set("rollout.num_rollouts", "1".into());
+    set("rollout.batch_size", "2".into());
+    set("rollout.n_samples_per_prompt", "2".into());
+    set("logging.run_dir", format!("{run:?}"));
+    for s in sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    common::ooze_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let samples = samples(&run);
     assert!(!samples.is_empty());
     for s in &samples {
@@ -248,4 +240,131 @@ fn the_python_agent_recipe_trains_through_the_gateway() {
     }
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains("agent/gateway/calls"), "{metrics}");
+    run
+}
+
+/// recipes/python_agent's agent (the `openai` package, a tool loop) through `ooze train`.
+#[test]
+fn the_python_agent_recipe_trains_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    train_shipped_recipe(dir.path(), "python_agent", &[]);
+}
+
+/// recipes/agents_sdk: the OpenAI Agents SDK, unmodified (its Responses API calls), through
+/// `ooze train`, scored by the recipe's Python reward. A random model's answers are wrong, so
+/// the reward is checked on the saved answers by the same rule.
+#[test]
+fn the_agents_sdk_recipe_trains_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward = root().join("recipes/agents_sdk/reward.py");
+    let run = train_shipped_recipe(
+        dir.path(),
+        "agents_sdk",
+        &[format!(
+            "reward.path=\"{}:price_correct\"",
+            reward.display()
+        )],
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("agent/gateway/calls"), "{metrics}");
+    // The Agents SDK talks Responses: the session logs hold /v1/responses calls.
+    let logs: Vec<_> = std::fs::read_dir(run.join("gateway"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(!logs.is_empty());
+    assert!(
+        logs.iter().all(|l| l.contains("\"api\":\"responses\"")),
+        "{}",
+        logs[0]
+    );
+}
+
+/// An agent on the standard library alone: a call, then a barrier (a file per execution in
+/// argv[1]; it waits until argv[2] are there, two minutes at most), then a second call in the same
+/// conversation; it reports how many executions it saw at once.
+const BARRIER_AGENT: &str = r#"
+import json, os, sys, time, urllib.request
+task = json.loads(sys.stdin.readline())
+here, want = sys.argv[1], int(sys.argv[2])
+
+def chat(messages):
+    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 4}).encode()
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(request, timeout=600))["choices"][0]["message"]["content"]
+
+messages = [{"role": "user", "content": task["prompt"]}]
+messages.append({"role": "assistant", "content": chat(messages)})
+open(os.path.join(here, f"{task['group']}-{task['index']}"), "w").close()
+deadline = time.time() + 120
+while len(os.listdir(here)) < want and time.time() < deadline:
+    time.sleep(0.05)
+seen = len(os.listdir(here))
+messages.append({"role": "user", "content": "Again."})
+chat(messages)
+print(json.dumps({"answer": "0", "metrics": {"seen_at_once": seen}}))
+"#;
+
+/// 256 agent programs at once, each holding its gateway session open across a barrier that only
+/// opens when all 256 have made their first call: every execution finishes, with both calls in
+/// its sample, and saw the other 255 running.
+#[test]
+fn two_hundred_fifty_six_agent_programs_at_once() {
+    const N: usize = 256;
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("train.jsonl");
+    write_prompts(&data, 32);
+    let program = dir.path().join("agent.py");
+    std::fs::write(&program, BARRIER_AGENT).unwrap();
+    let barrier = dir.path().join("barrier");
+    std::fs::create_dir(&barrier).unwrap();
+    let run = dir.path().join("run");
+    let recipe = format!(
+        r#"
+[model]
+path = {model:?}
+device = "cpu"
+[data]
+path = {data:?}
+input_key = "prompt"
+label_key = "label"
+[agent]
+type = "command"
+command = ["python3", {program:?}, {barrier:?}, "{N}"]
+max_turns = 2
+max_tokens_per_turn = 4
+deadline_secs = 300
+[rollout]
+num_rollouts = 1
+batch_size = 32
+n_samples_per_prompt = 8
+max_new_tokens = 4
+[reward]
+type = "math"
+[logging]
+run_dir = {run:?}
+tensorboard = false
+report = false
+progress = false
+"#
+    );
+    let path = dir.path().join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    common::ooze_ok(&["train", path.to_str().unwrap()]);
+    let samples = samples(&run);
+    for s in &samples {
+        assert_eq!(s["error"], Value::Null, "{s}");
+        let m = &s["agent_metrics"];
+        assert_eq!(m["seen_at_once"], N as f64, "{s}");
+        assert_eq!(m["gateway/calls"], 2.0, "{s}");
+    }
+    // An execution's first sample has no `sibling` field.
+    let executions = samples
+        .iter()
+        .filter(|s| s.get("sibling").is_none())
+        .count();
+    assert_eq!(executions, N, "every execution left its sample");
+    assert_eq!(std::fs::read_dir(&barrier).unwrap().count(), N);
 }
