@@ -4,6 +4,7 @@
 //! the harness warm-starts on each agent's demonstrations (they search, call the interpreter,
 //! plan python_coder steps, call experts); agentflow's and tool_orchestra's fixed modules are then
 //! the harness's scripted expert, an OpenAI endpoint that writes Python, queries and answers.
+//! The command agent's keys act on the harness's agent program (`command_agent.py`).
 
 use super::cases::{Case, Obs};
 
@@ -25,6 +26,10 @@ fn agent(ty: &str, extra: &str) -> Vec<String> {
         "search_r1" => {
             sets[0].pop();
             sets[0].push_str(", corpus = \"{corpus}\"}");
+        }
+        "command" => {
+            sets[0].pop();
+            sets[0].push_str(", command = [\"python3\", \"{command_agent}\"]}");
         }
         "memagent" => sets.push("data={path = \"{mem_data}\", metadata_key = \"*\"}".into()),
         // These agents read the problem text from the row's metadata.
@@ -493,5 +498,68 @@ pub fn cases() -> Vec<Case> {
         described,
         Turns,
     ));
+    c.extend(command_cases());
     c
+}
+
+/// `type = "command"`: the harness's program (`command_agent.py`) chats with the policy until a
+/// call is refused (4 calls by default: `max_turns`) and reports in its result line what it saw:
+/// the most programs of the run at once, whether its working directory is the harness's, whether
+/// it could map 256 MiB, and `$AGENT_REWARD` as its reward. `env` is a table: the audit sees its
+/// variables as `env.NAME`.
+fn command_cases() -> Vec<Case> {
+    use Obs::*;
+    let one = |k: &str, extra: &str, obs: Obs| {
+        case(
+            &[&format!("agent(command).{k}")],
+            agent("command", ""),
+            agent("command", extra),
+            obs,
+        )
+    };
+    // Its argument: one call, then the result.
+    let one_call = agent("command", "")
+        .into_iter()
+        .map(|s| s.replace("\"{command_agent}\"]", "\"{command_agent}\", \"1\"]"))
+        .collect();
+    vec![
+        case(
+            &["agent(command).command"],
+            agent("command", ""),
+            one_call,
+            Metric("agent/gateway/calls"),
+        ),
+        one("cwd", "cwd = \"{command_cwd}\"", Metric("agent/in_cwd")),
+        one(
+            "env.NAME",
+            "env = {AGENT_REWARD = \"2\"}",
+            Metric("reward/mean"),
+        ),
+        one(
+            "concurrency",
+            "concurrency = 1",
+            Metric("agent/peak_programs"),
+        ),
+        // Its address space holds the interpreter, not 256 MiB more.
+        one("memory_mb", "memory_mb = 200", Metric("agent/reserved_mb")),
+        // The gateway refuses the third call…
+        one("max_turns", "max_turns = 2", Metric("agent/gateway/calls")),
+        // …and, after a first turn of 3 tokens, the second.
+        one(
+            "max_response_tokens",
+            "max_response_tokens = 3",
+            Metric("agent/gateway/calls"),
+        ),
+        one(
+            "max_tokens_per_turn",
+            "max_tokens_per_turn = 2",
+            Metric("rollout/response_len_max"),
+        ),
+        // The program is killed as it starts: every execution fails (reward 0, not trained).
+        one(
+            "deadline_secs",
+            "deadline_secs = 1e-4",
+            Metric("agent/failed_frac"),
+        ),
+    ]
 }

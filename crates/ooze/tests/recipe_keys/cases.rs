@@ -1,6 +1,7 @@
 //! The table: for every key the recipe parser accepts, a non-default value and what it changes.
 //! Keys of a tagged section are written `reward(TYPE).key` / `agent(TYPE).key`; the helpers'
-//! table `helpers.NAME.key`; eval sets `eval.datasets[].key`.
+//! table `helpers.NAME.key`; the command agent's variables `agent(command).env.NAME`; eval sets
+//! `eval.datasets[].key`.
 
 mod inputs;
 mod outputs;

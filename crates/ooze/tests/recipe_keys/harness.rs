@@ -1,5 +1,6 @@
 //! The runs behind the recipe-key cases: two tiny random models, prompt files, a corpus, a remote
-//! reward model over HTTP, `ooze train` on the CPU, and what a run left behind.
+//! reward model over HTTP, the command agent's program, `ooze train` on the CPU, and what a run
+//! left behind.
 
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -156,6 +157,10 @@ impl Env {
             })
             .collect();
         std::fs::write(p("search_matched.jsonl"), matched).unwrap();
+        // The command agent's program, and a working directory it recognises.
+        std::fs::write(p("command_agent.py"), include_str!("command_agent.py")).unwrap();
+        std::fs::create_dir(p("command-cwd")).unwrap();
+        std::fs::write(p("command-cwd/command-agent-cwd"), "").unwrap();
         let url = reward_server();
         let experts = format!("{url}/v1");
         // The teacher server serves the policy's own starting weights.
@@ -170,6 +175,8 @@ impl Env {
             ("{mem_data}", s(p("mem.jsonl"))),
             ("{corpus}", s(p("corpus.jsonl"))),
             ("{search_matched}", s(p("search_matched.jsonl"))),
+            ("{command_agent}", s(p("command_agent.py"))),
+            ("{command_cwd}", s(p("command-cwd"))),
             ("{dir}", s(dir.path().to_owned())),
             (
                 "{rewards}",

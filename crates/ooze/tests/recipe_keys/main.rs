@@ -84,6 +84,7 @@ fn accepted_keys() -> BTreeSet<String> {
             "helpers.judge={policy = true}",
         ],
         vec!["agent.type=\"tool_orchestra\"", "helpers.x={policy = true}"],
+        vec!["agent={type = \"command\", command = [\"p\"], env = {NAME = \"v\"}}"],
     ];
     for reward in [
         "reward={type = \"task\"}",
