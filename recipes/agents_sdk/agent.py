@@ -39,7 +39,7 @@ def lookup_price(item: str) -> str:
 
 def shop_agent():
     return Agent(name="shop assistant", instructions=INSTRUCTIONS, tools=[lookup_price],
-                 model="policy", model_settings=ModelSettings(max_tokens=48))
+                 model="policy", model_settings=ModelSettings(max_tokens=96))
 
 
 def agent(task):

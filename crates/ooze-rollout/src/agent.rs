@@ -130,8 +130,9 @@ impl Conversation {
             .map_err(|e| AgentError::Tokenizer(e.to_string()))
     }
 
-    /// Response tokens left under `limits`.
-    fn budget(&self, limits: &AgentLimits) -> usize {
+    /// Response tokens left under `limits` (generated and appended ones both count, and the
+    /// context's room).
+    pub fn tokens_left(&self, limits: &AgentLimits) -> usize {
         let used = self.sample.response_length;
         limits
             .max_response_tokens
@@ -500,7 +501,7 @@ impl AgentContext {
         on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
     ) -> Result<Turn, AgentError> {
         let budget = conv
-            .budget(&self.limits)
+            .tokens_left(&self.limits)
             .min(self.limits.max_tokens_per_turn)
             .min(max_tokens.unwrap_or(usize::MAX));
         if budget == 0 || self.should_stop() {

@@ -275,6 +275,22 @@ impl Session {
             .expect("never poisoned")
             .begin(&self.ctx, call.messages.clone(), call.tools.clone())
             .map_err(agent_error)?;
+        if turn_call.conversation.tokens_left(self.ctx.limits()) == 0 {
+            // The conversation's response (its turns and what was added between them) is as
+            // long as the limits allow: refused, not answered with nothing.
+            let limits = self.ctx.limits();
+            self.transcript
+                .lock()
+                .expect("never poisoned")
+                .abandon(turn_call);
+            return Err(ApiError {
+                code: "budget_exhausted",
+                message: format!(
+                    "the conversation is at its length limit (max_response_tokens {}, context {} tokens)",
+                    limits.max_response_tokens, limits.max_context
+                ),
+            });
+        }
         on_prompt(turn_call.prompt_tokens);
         let index = {
             let mut counts = self.counts.lock().expect("never poisoned");
