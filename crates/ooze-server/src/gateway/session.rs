@@ -330,16 +330,7 @@ impl Session {
             }
             None => (turn.text.clone(), Vec::new()),
         };
-        let message = if calls.is_empty() {
-            json!({"role": "assistant", "content": content})
-        } else {
-            let content = if content.is_empty() {
-                Value::Null
-            } else {
-                Value::String(content.clone())
-            };
-            json!({"role": "assistant", "content": content, "tool_calls": calls})
-        };
+        let message = assistant_message(&content, &calls);
         let (prompt_tokens, extended, retokenized) = (
             turn_call.prompt_tokens,
             turn_call.extended,
@@ -463,6 +454,57 @@ fn agent_error(e: AgentError) -> ApiError {
             code: "internal",
             message: other.to_string(),
         },
+    }
+}
+
+/// The assistant message of a turn in OpenAI chat form: with tool calls, `content` is null when
+/// the turn wrote nothing else.
+fn assistant_message(content: &str, calls: &[Value]) -> Value {
+    if calls.is_empty() {
+        json!({"role": "assistant", "content": content})
+    } else {
+        let content = if content.is_empty() {
+            Value::Null
+        } else {
+            json!(content)
+        };
+        json!({"role": "assistant", "content": content, "tool_calls": calls})
+    }
+}
+
+/// Replies for the API converters' tests.
+#[cfg(test)]
+pub(crate) mod test_replies {
+    use super::*;
+
+    /// A reply that wrote `content` and called `calls` (name, arguments), ending with `finish`.
+    pub fn reply(content: &str, calls: &[(&str, &str)], finish: FinishReason) -> ChatReply {
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                json!({"id": format!("call_s_0_{i}"), "type": "function",
+                       "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+        ChatReply {
+            index: 0,
+            message: assistant_message(content, &tool_calls),
+            text: content.to_owned(),
+            content: content.to_owned(),
+            tool_calls,
+            finish,
+            tokens: vec![1, 2, 3],
+            log_probs: vec![-0.1; 3],
+            prompt_tokens: 7,
+        }
+    }
+
+    /// The end-of-sequence finish.
+    pub fn eos() -> FinishReason {
+        FinishReason::Stop {
+            matched: ooze_core::StopMatch::Token(0),
+        }
     }
 }
 

@@ -353,45 +353,8 @@ pub fn usage(reply: &ChatReply) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ooze_core::StopMatch;
 
-    fn reply(content: &str, calls: &[(&str, &str)], finish: FinishReason) -> ChatReply {
-        let tool_calls: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(i, (name, args))| {
-                json!({"id": format!("call_s_0_{i}"), "type": "function",
-                       "function": {"name": name, "arguments": args}})
-            })
-            .collect();
-        let message = if tool_calls.is_empty() {
-            json!({"role": "assistant", "content": content})
-        } else {
-            let c = if content.is_empty() {
-                Value::Null
-            } else {
-                json!(content)
-            };
-            json!({"role": "assistant", "content": c, "tool_calls": tool_calls})
-        };
-        ChatReply {
-            index: 0,
-            message,
-            text: content.to_owned(),
-            content: content.to_owned(),
-            tool_calls,
-            finish,
-            tokens: vec![1, 2, 3],
-            log_probs: vec![-0.1; 3],
-            prompt_tokens: 7,
-        }
-    }
-
-    fn eos() -> FinishReason {
-        FinishReason::Stop {
-            matched: StopMatch::Token(0),
-        }
-    }
+    use crate::gateway::session::test_replies::{eos, reply};
 
     #[test]
     fn items_become_chat_messages() {
