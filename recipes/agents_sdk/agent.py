@@ -22,8 +22,9 @@ INSTRUCTIONS = ("You are the shop's assistant. Prices change every day: look the
                 "lookup_price. Answer with the price of one item in dollars.")
 MAX_TURNS = 4
 
-# The catalogue of the task being answered (set per execution).
+# The catalogue of the task being answered (set per execution), and the prices the tool gave.
 CATALOGUE = {}
+LOOKED_UP = []
 
 
 @function_tool
@@ -34,6 +35,7 @@ def lookup_price(item: str) -> str:
         item: The item's name, e.g. "apple".
     """
     price = CATALOGUE.get(item.strip().lower().removesuffix("s"))
+    LOOKED_UP.append(price)
     return f"${price}" if price is not None else f"The shop does not sell {item!r}."
 
 
@@ -45,13 +47,17 @@ def shop_agent():
 def agent(task):
     CATALOGUE.clear()
     CATALOGUE.update(task["metadata"]["prices"])
+    LOOKED_UP.clear()
     try:
         result = asyncio.run(Runner.run(shop_agent(), task["prompt"], max_turns=MAX_TURNS))
     except (MaxTurnsExceeded, ModelBehaviorError) as e:
         # Out of turns, or a tool call the SDK could not parse: no answer, reward 0.
         return {"answer": "", "metrics": {"stopped": 1, "stopped_" + type(e).__name__: 1}}
     calls = sum(1 for item in result.new_items if item.type == "tool_call_item")
-    return {"answer": str(result.final_output), "metrics": {"tool_calls": calls, "stopped": 0}}
+    # Diagnostics, not reward: did a lookup return the asked item's price (the label)?
+    found = float(any(str(price) == str(task["label"]) for price in LOOKED_UP))
+    return {"answer": str(result.final_output),
+            "metrics": {"tool_calls": calls, "found_price": found, "stopped": 0}}
 
 
 if __name__ == "__main__":

@@ -158,6 +158,59 @@ fn chat_template(family: Family) -> String {
     }
 }
 
+/// A tokenizer corpus from chat JSONL (`{"messages", "tools"?}` per line, as `ooze sft` reads):
+/// each conversation rendered with the family's chat template, so the vocabulary is learned on
+/// the text the model will see, template included. `origin` names the file in errors.
+pub fn render_chat_corpus(family: Family, jsonl: &str, origin: &str) -> Result<String> {
+    let tokens = family_tokens(family);
+    let mut special = std::collections::BTreeMap::new();
+    if let Some(bos) = tokens.bos {
+        special.insert("bos_token".to_owned(), bos.to_owned());
+    }
+    special.insert("eos_token".to_owned(), tokens.eos.to_owned());
+    special.insert("pad_token".to_owned(), tokens.pad.to_owned());
+    let template = crate::ChatTemplate::new(
+        &chat_template(family),
+        "the family's chat template",
+        special,
+    )?;
+    let mut corpus = String::new();
+    for (i, line) in jsonl.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{origin}:{}", i + 1);
+        let row: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| ModelError::Invalid(format!("{}: expected a JSON object: {e}", at())))?;
+        let Some(messages) = row.get("messages").and_then(|m| m.as_array()) else {
+            return Err(ModelError::Invalid(format!(
+                "{}: expected a `messages` list (chat JSONL, as `ooze sft` reads)",
+                at()
+            )));
+        };
+        let tools = match row.get("tools") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Array(tools)) => Some(tools.clone()),
+            Some(_) => {
+                return Err(ModelError::Invalid(format!(
+                    "{}: `tools` must be a list",
+                    at()
+                )))
+            }
+        };
+        let options = crate::RenderOptions {
+            tools,
+            ..Default::default()
+        };
+        let text = template
+            .render(messages, &options)
+            .map_err(|e| ModelError::Invalid(format!("{}: {e}", at())))?;
+        corpus.push_str(&text);
+        corpus.push('\n');
+    }
+    Ok(corpus)
+}
+
 /// The family's real pre-tokenizer: a regex split, then byte-level mapping. transformers 5
 /// rebuilds Qwen2 tokenizers with this split whatever tokenizer.json says, so it must match.
 fn pre_tokenizer(family: Family) -> Result<PreTokenizerWrapper> {

@@ -125,3 +125,53 @@ fn tiny_models_depend_only_on_the_seed() {
     assert!(a == b && ta == tb, "same seed, different files");
     assert_ne!(a, c, "different seeds, same weights");
 }
+
+/// A tokenizer corpus given as chat JSONL is rendered with the family's chat template first: the
+/// vocabulary learns the template's own text and the tool schema as the model will see them, so a
+/// rendered conversation takes far fewer tokens than with a tokenizer that saw the raw rows.
+#[test]
+fn chat_jsonl_corpora_are_rendered_with_the_chat_template() {
+    let row = |i: usize| {
+        json!({"messages": [
+            {"role": "system", "content": "You are the shop's assistant."},
+            {"role": "user", "content": format!("How much does item {i} cost?")},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "lookup_price", "arguments": {"item": format!("item {i}")}}}]},
+            {"role": "tool", "content": format!("${}", 10 + i % 90)},
+            {"role": "assistant", "content": format!("It costs ${}.", 10 + i % 90)}],
+          "tools": [{"type": "function", "function": {"name": "lookup_price", "description": "The price of one item.", "parameters": {"type": "object", "properties": {"item": {"type": "string"}}}}}]})
+        .to_string()
+    };
+    let jsonl: String = (0..300).map(|i| row(i) + "\n").collect();
+    let rendered =
+        ooze_model::init::render_chat_corpus(Family::Qwen2, &jsonl, "demo.jsonl").unwrap();
+    let one = ooze_model::init::render_chat_corpus(Family::Qwen2, &row(7), "demo.jsonl").unwrap();
+    assert!(rendered.contains("<tools>") && rendered.contains("<|im_start|>assistant"));
+    assert!(rendered.contains("\"name\": \"lookup_price\""));
+    let tokens = |corpus: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
+        options.tokenizer_vocab = 600;
+        init_model(dir.path(), corpus, &options).unwrap();
+        let tokenizer = Tokenizer::load(dir.path()).unwrap();
+        tokenizer.encode(&one, false).unwrap().len()
+    };
+    let (on_rendered, on_raw) = (tokens(&rendered), tokens(&jsonl));
+    assert!(
+        on_rendered * 10 < on_raw * 8,
+        "rendered {on_rendered}, raw {on_raw}"
+    );
+
+    let bad = format!("{}\n\n{{\"messages\": 3}}\n", row(0));
+    let err = ooze_model::init::render_chat_corpus(Family::Qwen2, &bad, "demo.jsonl").unwrap_err();
+    assert!(
+        err.to_string().contains("demo.jsonl:3") && err.to_string().contains("`messages`"),
+        "{err}"
+    );
+    let err = ooze_model::init::render_chat_corpus(Family::Qwen2, "not json\n", "demo.jsonl")
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("demo.jsonl:1: expected a JSON object"),
+        "{err}"
+    );
+}

@@ -15,7 +15,9 @@ pub struct Args {
     /// tiny, small, medium or 0.5b (the Qwen2.5-0.5B shape).
     #[arg(long, default_value = "tiny", value_parser = |s: &str| s.parse::<Size>())]
     size: Size,
-    /// Text to train the BPE tokenizer on (one document per line). Default: ooze's generated corpus.
+    /// Text to train the BPE tokenizer on (one document per line), or chat JSONL (a `.jsonl` file
+    /// of `{"messages", "tools"?}`, as `ooze sft` reads), rendered with the chat template first.
+    /// Default: ooze's generated corpus.
     #[arg(long)]
     tokenizer_corpus: Option<PathBuf>,
     /// Tokenizer vocabulary size, special tokens included.
@@ -41,8 +43,19 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let corpus = match &args.tokenizer_corpus {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("reading the tokenizer corpus {}", path.display()))?,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the tokenizer corpus {}", path.display()))?;
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                ooze_model::init::render_chat_corpus(
+                    args.family,
+                    &text,
+                    &path.display().to_string(),
+                )?
+            } else {
+                text
+            }
+        }
         None => ooze_model::corpus::generate(args.seed as u64, 400_000),
     };
     if corpus.trim().is_empty() {
