@@ -109,10 +109,9 @@ pub async fn chat_completions(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let fail = GatewayError::openai;
-    let session = gateway
-        .session_of(path.as_ref().map(|p| p.0.as_str()), &headers)
+    let (session, req): (_, ChatRequest) = gateway
+        .request(path.as_ref(), &headers, &body)
         .map_err(fail)?;
-    let req: ChatRequest = gateway.parse(&session, &body).map_err(fail)?;
     let n = req.n.unwrap_or(1);
     if n != 1 {
         return Err(fail(ApiError::invalid(format!(

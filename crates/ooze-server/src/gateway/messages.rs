@@ -20,7 +20,6 @@ use super::events::{Events, Pieces};
 use super::session::{ChatCall, ChatReply};
 use super::{chat::sent_sampling, Api, Gateway, GatewayError};
 use crate::error::ApiError;
-use crate::tool_calls;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -62,17 +61,12 @@ fn chat_call(
     let messages = convert::chat_messages(req.system.as_ref(), &req.messages, ignored)?;
     let messages = crate::openai::normalise_messages(messages)?;
     let declared = convert::function_tools(req.tools.as_deref().unwrap_or_default(), ignored)?;
-    tool_calls::check_tools(&declared).map_err(ApiError::invalid)?;
-    let renders = match &req.tool_choice {
-        Some(choice) => {
-            let names: Vec<&str> = declared
-                .iter()
-                .filter_map(|t| t["function"]["name"].as_str())
-                .collect();
-            convert::renders_tools(choice, &names, ignored)?
-        }
-        None => true,
-    };
+    let tools = super::call_tools(
+        declared,
+        req.tool_choice.as_ref(),
+        ignored,
+        convert::renders_tools,
+    )?;
     if req.max_tokens == Some(0) {
         return Err(ApiError::invalid("max_tokens: must be ≥ 1, got 0"));
     }
@@ -85,7 +79,7 @@ fn chat_call(
     let call = ChatCall {
         api: "messages",
         messages,
-        tools: (renders && !declared.is_empty()).then_some(declared),
+        tools,
         stop: stop.clone(),
         max_tokens: req.max_tokens,
         sent_sampling: sent_sampling(req.temperature, req.top_p, req.top_k, None),
@@ -100,10 +94,9 @@ pub async fn messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let session = gateway
-        .session_of(path.as_ref().map(|p| p.0.as_str()), &headers)
+    let (session, req): (_, MessagesRequest) = gateway
+        .request(path.as_ref(), &headers, &body)
         .map_err(anthropic)?;
-    let req: MessagesRequest = gateway.parse(&session, &body).map_err(anthropic)?;
     let stream = req.stream == Some(true);
     let mut ignored = Vec::new();
     let converted = chat_call(req, &body, &mut ignored);

@@ -221,6 +221,19 @@ impl Gateway {
             })
     }
 
+    /// The session a request names and its body as `T` (see [`Gateway::session_of`] and
+    /// [`Gateway::parse`]): the preamble of every endpoint.
+    pub fn request<T: serde::de::DeserializeOwned>(
+        &self,
+        in_path: Option<&Path<String>>,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<(Arc<Session>, T), ApiError> {
+        let session = self.session_of(in_path.map(|p| p.0.as_str()), headers)?;
+        let request = self.parse(&session, body)?;
+        Ok((session, request))
+    }
+
     /// The request body as `T`; the fields the gateway ignored are counted for the session and
     /// the gateway.
     pub fn parse<T: serde::de::DeserializeOwned>(
@@ -240,6 +253,32 @@ impl Gateway {
             self.ignored_fields.count(names);
         }
     }
+}
+
+/// An API's check of `tool_choice` against the declared tools' names: whether the call renders
+/// its tools.
+pub(crate) type RendersTools = fn(&Value, &[&str], &mut Vec<String>) -> Result<bool, ApiError>;
+
+/// The tools a call is rendered with: those it declares (checked), unless its `tool_choice`
+/// (checked against their names by the API's own `renders`) turns them off.
+pub(crate) fn call_tools(
+    declared: Vec<Value>,
+    choice: Option<&Value>,
+    ignored: &mut Vec<String>,
+    renders: RendersTools,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    crate::tool_calls::check_tools(&declared).map_err(ApiError::invalid)?;
+    let rendered = match choice {
+        Some(choice) => {
+            let names: Vec<&str> = declared
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str())
+                .collect();
+            renders(choice, &names, ignored)?
+        }
+        None => true,
+    };
+    Ok((rendered && !declared.is_empty()).then_some(declared))
 }
 
 /// A key shown in an error: enough to recognise, not the whole secret.

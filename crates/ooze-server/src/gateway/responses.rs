@@ -27,7 +27,6 @@ use super::session::{ChatCall, ChatReply, Session};
 use super::{chat::sent_sampling, Gateway, GatewayError};
 use crate::error::ApiError;
 use crate::openai::unix_now;
-use crate::tool_calls;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -121,17 +120,12 @@ fn chat_call(
     let history = crate::openai::normalise_messages(history)
         .map_err(|e| ApiError::invalid(format!("input, as chat messages: {}", e.message)))?;
     let declared = convert::function_tools(req.tools.as_deref().unwrap_or_default(), ignored)?;
-    tool_calls::check_tools(&declared).map_err(ApiError::invalid)?;
-    let renders = match &req.tool_choice {
-        Some(choice) => {
-            let names: Vec<&str> = declared
-                .iter()
-                .filter_map(|t| t["function"]["name"].as_str())
-                .collect();
-            convert::renders_tools(choice, &names, ignored)?
-        }
-        None => true,
-    };
+    let tools = super::call_tools(
+        declared,
+        req.tool_choice.as_ref(),
+        ignored,
+        convert::renders_tools,
+    )?;
     if req.max_output_tokens == Some(0) {
         return Err(ApiError::invalid("max_output_tokens: must be ≥ 1, got 0"));
     }
@@ -143,7 +137,7 @@ fn chat_call(
     let call = ChatCall {
         api: "responses",
         messages,
-        tools: (renders && !declared.is_empty()).then_some(declared),
+        tools,
         stop: Vec::new(),
         max_tokens: req.max_output_tokens,
         sent_sampling: sent_sampling(req.temperature, req.top_p, None, None),
@@ -159,10 +153,9 @@ pub async fn responses(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let fail = GatewayError::openai;
-    let session = gateway
-        .session_of(path.as_ref().map(|p| p.0.as_str()), &headers)
+    let (session, req): (_, ResponsesRequest) = gateway
+        .request(path.as_ref(), &headers, &body)
         .map_err(fail)?;
-    let req: ResponsesRequest = gateway.parse(&session, &body).map_err(fail)?;
     let mut ignored = Vec::new();
     let converted = chat_call(&session, &req, &body, &mut ignored);
     gateway.count_ignored(&session, &ignored);
