@@ -8,7 +8,9 @@
 //! - the program starts with `OPENAI_BASE_URL` (`…/v1`), `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
 //!   `ANTHROPIC_API_KEY`, `OOZE_GATEWAY_URL` and `OOZE_SESSION_ID` set (besides the recipe's `env`
 //!   and this process's own environment), `HOME` and `TMPDIR` a fresh directory of its own, in a
-//!   session and process group of its own, without core dumps;
+//!   session and process group of its own, without core dumps, and (`network = "gateway"`, the
+//!   default) in a network namespace of its own whose only way out is the gateway
+//!   ([`crate::net_jail`]), where the kernel allows one;
 //! - the task arrives on stdin as one JSON object ([`task_json`]);
 //! - the last non-empty stdout line may be a JSON object `{"reward": number or {"name": number},
 //!   "answer": "…", "metrics": {"name": number}}`: the program's reward (named parts are summed
@@ -61,12 +63,26 @@ pub struct CommandConfig {
     pub memory_bytes: u64,
     /// Where stderr and call logs go (`agent/`, `gateway/` below it); `None` keeps none.
     pub log_dir: Option<PathBuf>,
+    /// What the program's network reaches.
+    pub network: Network,
+}
+
+/// What an agent program's network reaches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Network {
+    /// The agent gateway only, where the kernel allows a network namespace ([`crate::net_jail`]);
+    /// the host's network where it does not (said once, and `agent/network_jailed` is 0).
+    #[default]
+    Gateway,
+    /// The host's network, as any process of this user.
+    Host,
 }
 
 /// The running gateway: its sessions and its base URL.
 struct Running {
     gateway: Arc<Gateway>,
     url: String,
+    addr: std::net::SocketAddr,
 }
 
 /// `ooze_agent`, the Python module that reads the task, makes the session's clients and prints
@@ -79,6 +95,8 @@ pub struct CommandAgent {
     running: OnceCell<Running>,
     /// Holds `ooze_agent.py`.
     python_dir: tempfile::TempDir,
+    /// Programs get a network namespace of their own (`Some(true)`: with a user namespace).
+    jail: Option<bool>,
 }
 
 impl CommandAgent {
@@ -106,11 +124,25 @@ impl CommandAgent {
                 Ok(dir)
             })
             .map_err(|e| format!("writing the ooze_agent Python module: {e}"))?;
+        let jail = match config.network {
+            Network::Host => None,
+            Network::Gateway => match crate::sandbox::probe_isolation() {
+                crate::sandbox::Isolation::Full => Some(false),
+                crate::sandbox::Isolation::NetworkOnly => Some(true),
+                crate::sandbox::Isolation::LimitsOnly => {
+                    eprintln!(
+                        "agent: this kernel gives no network namespace to this user: agent programs use the host's network (agent.network = \"gateway\" cannot be kept)"
+                    );
+                    None
+                }
+            },
+        };
         Ok(CommandAgent {
             config,
             slots,
             running: OnceCell::new(),
             python_dir,
+            jail,
         })
     }
 
@@ -147,6 +179,7 @@ impl CommandAgent {
                 Ok(Running {
                     gateway,
                     url: format!("http://{addr}"),
+                    addr,
                 })
             })
             .await
@@ -185,7 +218,7 @@ impl CommandAgent {
             token: Some(token.clone()),
         };
         let ran = self
-            .run_program(ctx, prompt, &running.url, &token, log("agent", "stderr"))
+            .run_program(ctx, prompt, running, &token, log("agent", "stderr"))
             .await;
         open.token = None;
         let record = running
@@ -196,6 +229,10 @@ impl CommandAgent {
         let ran = ran?;
         let mut metrics = record.metrics;
         metrics.insert("seconds".into(), ran.seconds);
+        metrics.insert(
+            "network_jailed".into(),
+            f64::from(u8::from(self.jail.is_some())),
+        );
         if !ran.status.success() {
             let how = match (ran.status.code(), ran.status.signal()) {
                 (Some(code), _) => format!("exited with status {code}"),
@@ -235,10 +272,20 @@ impl CommandAgent {
         &self,
         ctx: &AgentContext,
         prompt: &PromptItem,
-        url: &str,
+        running: &Running,
         token: &str,
         stderr_path: Option<PathBuf>,
     ) -> Result<Ran, AgentError> {
+        let url = running.url.as_str();
+        let jail = match self.jail {
+            Some(user_namespace) => Some(Arc::new(
+                crate::net_jail::Jail::new(running.addr.port(), user_namespace).map_err(|e| {
+                    AgentError::Agent(format!("preparing the program's network namespace: {e}"))
+                })?,
+            )),
+            None => None,
+        };
+        let jail_in_child = jail.clone();
         let home = tempfile::Builder::new()
             .prefix("ooze-agent-")
             .tempdir()
@@ -275,6 +322,9 @@ impl CommandAgent {
                 if libc::setsid() == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
+                if let Some(jail) = &jail_in_child {
+                    jail.enter()?;
+                }
                 // Killed with this process, should it die first.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 let no_core = libc::rlimit {
@@ -302,6 +352,13 @@ impl CommandAgent {
         let tree = ProcessTree {
             pgid: child.id().map(|id| id as i32),
             marker: format!("OOZE_SESSION_ID={token}"),
+        };
+        // The relay into the program's namespace, stopped with the execution.
+        let _relay = match &jail {
+            Some(jail) => Some(AbortOnDrop(jail.serve(running.addr).map_err(|e| {
+                AgentError::Agent(format!("serving the program's network namespace: {e}"))
+            })?)),
+            None => None,
         };
         let task = task_json(ctx, prompt, url, token).to_string() + "\n";
         let mut stdin = child.stdin.take().expect("invariant: piped");
@@ -362,6 +419,15 @@ impl Drop for OpenSession<'_> {
         if let Some(token) = self.token.take() {
             self.gateway.discard(&token);
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -507,7 +507,10 @@ impl ChildSetup {
 }
 
 /// Writes `value` to a /proc file without allocating.
-unsafe fn write_proc(path: &std::ffi::CStr, value: &std::ffi::CStr) -> std::io::Result<()> {
+pub(crate) unsafe fn write_proc(
+    path: &std::ffi::CStr,
+    value: &std::ffi::CStr,
+) -> std::io::Result<()> {
     let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
@@ -522,7 +525,7 @@ unsafe fn write_proc(path: &std::ffi::CStr, value: &std::ffi::CStr) -> std::io::
 }
 
 /// Which isolation a throwaway child can set up here.
-fn probe_isolation() -> Isolation {
+pub(crate) fn probe_isolation() -> Isolation {
     let try_child = |flags: libc::c_int, user: bool| -> bool {
         let mut cmd = Command::new("/bin/true");
         let maps = (

@@ -7,7 +7,7 @@ use crate::recipe::{
     ToolOrchestraSection,
 };
 use anyhow::Context;
-use ooze_agents::command::{CommandAgent, CommandConfig};
+use ooze_agents::command::{CommandAgent, CommandConfig, Network};
 use ooze_agents::recipes::agentflow::{AgentflowAgent, AgentflowConfig};
 use ooze_agents::recipes::memagent::{MemAgent, MemAgentConfig};
 use ooze_agents::recipes::multi_agent::{MultiAgent, MultiAgentConfig};
@@ -339,6 +339,18 @@ impl AgentSpec for ToolOrchestraSection {
     }
 }
 
+impl CommandSection {
+    fn network(&self) -> Result<Network, String> {
+        match self.network.as_str() {
+            "gateway" => Ok(Network::Gateway),
+            "host" => Ok(Network::Host),
+            other => Err(format!(
+                "agent.network: expected \"gateway\" (the agent gateway only) or \"host\", got {other:?}"
+            )),
+        }
+    }
+}
+
 impl AgentSpec for CommandSection {
     fn type_name(&self) -> &'static str {
         "command"
@@ -347,6 +359,7 @@ impl AgentSpec for CommandSection {
         self.limits()
     }
     fn check(&self, _helpers: &BTreeMap<String, HelperSection>) -> Result<(), String> {
+        self.network()?;
         match self.command.first() {
             None => Err("agent.command is required for agent.type = \"command\": the program and its arguments, e.g. [\"python3\", \"recipes/python_agent/agent.py\"]".into()),
             Some(p) if p.is_empty() => Err("agent.command[0]: the program name is empty".into()),
@@ -368,6 +381,7 @@ impl AgentSpec for CommandSection {
             },
             memory_bytes: self.memory_mb << 20,
             log_dir: ctx.run_dir.map(Path::to_owned),
+            network: self.network().map_err(anyhow::Error::msg)?,
         })
         .map_err(anyhow::Error::msg)?;
         eprintln!(

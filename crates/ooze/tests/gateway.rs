@@ -94,18 +94,17 @@ if kind == 4:
 print(json.dumps({"answer": text, "reward": 0.5, "metrics": {"kind": kind}}))
 "#;
 
-#[test]
-fn misbehaving_agent_programs_are_killed_and_scored_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let data = dir.path().join("train.jsonl");
-    write_prompts(&data, 4);
-    let program = dir.path().join("agent.py");
-    std::fs::write(&program, MISBEHAVING).unwrap();
-    let run = dir.path().join("run");
-    // Every process of this run's programs carries this variable (the recipe's env).
-    let marker = format!("OOZE_TEST_MARK={}", std::process::id());
-    let recipe = format!(
+/// A one-rollout recipe running `python3 program` as the agent (`agent`: more `[agent]` keys),
+/// `(batch_size, n_samples_per_prompt)`, math reward, into `run`.
+fn command_recipe(
+    model: &Path,
+    data: &Path,
+    program: &Path,
+    agent: &str,
+    (batch, n): (usize, usize),
+    run: &Path,
+) -> String {
+    format!(
         r#"
 [model]
 path = {model:?}
@@ -117,21 +116,35 @@ label_key = "label"
 [agent]
 type = "command"
 command = ["python3", {program:?}]
-env = {{ OOZE_TEST_MARK = "{pid}" }}
-max_turns = 2
-max_tokens_per_turn = 4
-deadline_secs = 4
+{agent}
 [rollout]
 num_rollouts = 1
-batch_size = 1
-n_samples_per_prompt = 5
+batch_size = {batch}
+n_samples_per_prompt = {n}
 [reward]
 type = "math"
 [logging]
 run_dir = {run:?}
-"#,
-        pid = std::process::id()
+"#
+    )
+}
+
+#[test]
+fn misbehaving_agent_programs_are_killed_and_scored_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("train.jsonl");
+    write_prompts(&data, 4);
+    let program = dir.path().join("agent.py");
+    std::fs::write(&program, MISBEHAVING).unwrap();
+    let run = dir.path().join("run");
+    // Every process of this run's programs carries this variable (the recipe's env).
+    let marker = format!("OOZE_TEST_MARK={}", std::process::id());
+    let agent = format!(
+        "env = {{ OOZE_TEST_MARK = \"{}\" }}\nmax_turns = 2\nmax_tokens_per_turn = 4\ndeadline_secs = 4",
+        std::process::id()
     );
+    let recipe = command_recipe(&model, &data, &program, &agent, (1, 5), &run);
     let recipe_path = dir.path().join("recipe.toml");
     std::fs::write(&recipe_path, recipe).unwrap();
     common::ooze_ok(&["train", recipe_path.to_str().unwrap()]);
@@ -179,6 +192,80 @@ run_dir = {run:?}
         call["tokens"].as_array().unwrap().len(),
         call["log_probs"].as_array().unwrap().len()
     );
+}
+
+/// An agent that calls the gateway, then tries another port of the host (`$HOST_PORT`, a listener
+/// of the test): it reports whether it got through.
+const NETWORK_PROBE: &str = r#"
+import json, os, socket, sys, urllib.request
+task = json.loads(sys.stdin.readline())
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": task["prompt"]}], "max_tokens": 2}).encode()
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+text = json.load(urllib.request.urlopen(request, timeout=60))["choices"][0]["message"]["content"]
+try:
+    socket.create_connection(("127.0.0.1", int(os.environ["HOST_PORT"])), timeout=5).close()
+    reached = 1
+except OSError:
+    reached = 0
+print(json.dumps({"answer": text, "metrics": {"reached_host": reached}}))
+"#;
+
+/// `agent.network = "gateway"` (the default): where the kernel gives a network namespace (as root,
+/// or through a user namespace), the program reaches the gateway and no other port of the host;
+/// `"host"` reaches both.
+#[test]
+fn agent_programs_reach_the_gateway_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let data = dir.path().join("train.jsonl");
+    write_prompts(&data, 2);
+    let program = dir.path().join("agent.py");
+    std::fs::write(&program, NETWORK_PROBE).unwrap();
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let run_with = |network: &str| {
+        let run = dir.path().join(format!("run-{network}"));
+        let agent = format!(
+            "env = {{ HOST_PORT = \"{port}\" }}\nnetwork = \"{network}\"\nmax_tokens_per_turn = 2"
+        );
+        let recipe = command_recipe(&model, &data, &program, &agent, (2, 2), &run);
+        let path = dir.path().join(format!("{network}.toml"));
+        std::fs::write(&path, recipe).unwrap();
+        common::ooze_ok(&["train", path.to_str().unwrap()]);
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        let step: Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+        assert_eq!(step["agent/failed_frac"], 0.0, "{step}");
+        assert_eq!(step["agent/gateway/calls"], 1.0, "{step}");
+        (
+            step["agent/network_jailed"].as_f64().unwrap(),
+            step["agent/reached_host"].as_f64().unwrap(),
+        )
+    };
+    let (jailed, reached) = run_with("gateway");
+    // Root can always make a network namespace (CI runs as root).
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        == b"0\n";
+    assert!(
+        !root || jailed == 1.0,
+        "root, yet the program was not jailed"
+    );
+    if jailed == 1.0 {
+        assert_eq!(
+            reached, 0.0,
+            "a jailed program reached another port of the host"
+        );
+    } else {
+        eprintln!(
+            "this kernel gives no network namespace here: the program used the host's network"
+        );
+        assert_eq!(reached, 1.0);
+    }
+    assert_eq!(run_with("host"), (0.0, 1.0));
 }
 
 /// `ooze train` on the shipped recipe `recipes/NAME` for one rollout of 2 prompts × 2

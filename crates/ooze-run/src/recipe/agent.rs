@@ -260,6 +260,9 @@ agent_section! {
         concurrency: usize = 0,
         /// Address space per process of the program, MiB (0: no limit).
         memory_mb: u64 = 0,
+        /// What its network reaches: "gateway" (a network namespace of its own whose only way
+        /// out is the agent gateway, where the kernel allows one) or "host".
+        network: String = "gateway".to_owned(),
     }
 }
 

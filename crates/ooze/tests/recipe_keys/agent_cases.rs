@@ -555,6 +555,9 @@ fn command_cases() -> Vec<Case> {
             "max_tokens_per_turn = 2",
             Metric("rollout/response_len_max"),
         ),
+        // Its own network namespace (loopback only, the gateway relayed in) by default; the
+        // host's interfaces with "host".
+        one("network", "network = \"host\"", Metric("agent/interfaces")),
         // The program is killed as it starts: every execution fails (reward 0, not trained).
         one(
             "deadline_secs",

@@ -9,6 +9,8 @@ its calls: `argv[1]`, default 8. Its result line reports what the command keys c
   one before its first call);
 - `in_cwd`: 1 when its working directory holds a file `command-agent-cwd`;
 - `reserved_mb`: 256 when it could map 256 MiB of address space, else 0;
+- `interfaces`: the network interfaces it sees (1, loopback, in the network namespace that
+  `agent.network = "gateway"` gives it; the host's with `"host"`);
 - `reward`: `$AGENT_REWARD` when set; else its answer (the last reply) is left to `[reward]`.
 """
 
@@ -16,6 +18,7 @@ import fcntl
 import json
 import mmap
 import os
+import socket
 import sys
 import time
 import urllib.error
@@ -83,7 +86,7 @@ def main():
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
     _, peak = counter(-1)
     metrics = {"peak_programs": peak, "in_cwd": int(os.path.exists("command-agent-cwd")),
-               "reserved_mb": reserved_mb()}
+               "reserved_mb": reserved_mb(), "interfaces": len(socket.if_nameindex())}
     result = {"answer": answer, "metrics": metrics}
     if "AGENT_REWARD" in os.environ:
         result["reward"] = float(os.environ["AGENT_REWARD"])
