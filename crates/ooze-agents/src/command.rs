@@ -354,10 +354,14 @@ impl CommandAgent {
             marker: format!("OOZE_SESSION_ID={token}"),
         };
         // The relay into the program's namespace, stopped with the execution.
-        let _relay = match &jail {
-            Some(jail) => Some(AbortOnDrop(jail.serve(running.addr).map_err(|e| {
-                AgentError::Agent(format!("serving the program's network namespace: {e}"))
-            })?)),
+        let _relay = match jail.as_ref().map(|jail| jail.serve(running.addr)) {
+            Some(Ok(relay)) => Some(AbortOnDrop(relay)),
+            Some(Err(e)) => {
+                tree.kill();
+                return Err(AgentError::Agent(format!(
+                    "serving the program's network namespace: {e}"
+                )));
+            }
             None => None,
         };
         let task = task_json(ctx, prompt, url, token).to_string() + "\n";
