@@ -61,7 +61,7 @@ fn chat_call(
     let messages = convert::chat_messages(req.system.as_ref(), &req.messages, ignored)?;
     let messages = crate::openai::normalise_messages(messages)?;
     let declared = convert::function_tools(req.tools.as_deref().unwrap_or_default(), ignored)?;
-    let tools = super::call_tools(
+    let tools = super::tools::call_tools(
         declared,
         req.tool_choice.as_ref(),
         ignored,

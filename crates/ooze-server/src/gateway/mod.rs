@@ -25,6 +25,7 @@ mod events;
 pub mod messages;
 pub mod responses;
 pub mod session;
+mod tools;
 
 use crate::error::ApiError;
 use crate::lenient_json::IgnoredFields;
@@ -253,32 +254,6 @@ impl Gateway {
             self.ignored_fields.count(names);
         }
     }
-}
-
-/// An API's check of `tool_choice` against the declared tools' names: whether the call renders
-/// its tools.
-pub(crate) type RendersTools = fn(&Value, &[&str], &mut Vec<String>) -> Result<bool, ApiError>;
-
-/// The tools a call is rendered with: those it declares (checked), unless its `tool_choice`
-/// (checked against their names by the API's own `renders`) turns them off.
-pub(crate) fn call_tools(
-    declared: Vec<Value>,
-    choice: Option<&Value>,
-    ignored: &mut Vec<String>,
-    renders: RendersTools,
-) -> Result<Option<Vec<Value>>, ApiError> {
-    crate::tool_calls::check_tools(&declared).map_err(ApiError::invalid)?;
-    let rendered = match choice {
-        Some(choice) => {
-            let names: Vec<&str> = declared
-                .iter()
-                .filter_map(|t| t["function"]["name"].as_str())
-                .collect();
-            renders(choice, &names, ignored)?
-        }
-        None => true,
-    };
-    Ok((rendered && !declared.is_empty()).then_some(declared))
 }
 
 /// A key shown in an error: enough to recognise, not the whole secret.

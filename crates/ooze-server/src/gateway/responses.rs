@@ -120,7 +120,7 @@ fn chat_call(
     let history = crate::openai::normalise_messages(history)
         .map_err(|e| ApiError::invalid(format!("input, as chat messages: {}", e.message)))?;
     let declared = convert::function_tools(req.tools.as_deref().unwrap_or_default(), ignored)?;
-    let tools = super::call_tools(
+    let tools = super::tools::call_tools(
         declared,
         req.tool_choice.as_ref(),
         ignored,

@@ -18,14 +18,10 @@
 
 use crate::error::ApiError;
 use crate::gateway::session::ChatReply;
+use crate::gateway::tools::{self, shown, ToolShape};
 use crate::lenient_json::unknown_fields;
 use ooze_core::FinishReason;
 use serde_json::{json, Map, Value};
-
-/// `value` as shown in an error.
-fn shown(value: Option<&Value>) -> String {
-    value.map_or("nothing".to_owned(), Value::to_string)
-}
 
 /// The text of `blocks` (`at` names them in errors, `path` in ignored-field names): a string, or a
 /// list of text blocks joined as they are.
@@ -227,66 +223,26 @@ fn tool_call(block: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
     Ok(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
 }
 
-/// `tools` as OpenAI function tools.
-pub fn function_tools(tools: &[Value], ignored: &mut Vec<String>) -> Result<Vec<Value>, ApiError> {
-    let mut names: Vec<&str> = Vec::with_capacity(tools.len());
-    let mut out = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let bad = |field: &str, expected: &str, got: Option<&Value>| {
-            ApiError::invalid(format!(
-                "tools[{i}]{field}: expected {expected}, got {}",
-                shown(got)
-            ))
-        };
-        let Some(obj) = tool.as_object() else {
-            return Err(bad(
-                "",
-                "a tool object {\"name\", \"input_schema\", …}",
-                Some(tool),
-            ));
-        };
-        match obj.get("type") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(t)) if t == "custom" => {}
-            Some(other) => {
-                return Err(ApiError::invalid(format!(
-                    "tools[{i}].type: {other} is a server tool; the gateway serves only custom tools (name, description, input_schema), which the agent runs itself"
-                )))
-            }
-        }
-        let name = match obj.get("name").and_then(Value::as_str) {
-            Some(n) if !n.trim().is_empty() => n,
-            _ => return Err(bad(".name", "a non-empty string", obj.get("name"))),
-        };
-        if let Some(j) = names.iter().position(|&n| n == name) {
-            return Err(ApiError::invalid(format!(
-                "tools[{i}].name: \"{name}\" is already the name of tools[{j}]"
-            )));
-        }
-        names.push(name);
-        let Some(schema) = obj.get("input_schema").filter(|s| s.is_object()) else {
-            return Err(bad(
-                ".input_schema",
-                "a JSON schema object",
-                obj.get("input_schema"),
-            ));
-        };
-        let mut function = json!({"name": name});
-        match obj.get("description") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(d)) => function["description"] = json!(d),
-            Some(other) => return Err(bad(".description", "a string", Some(other))),
-        }
-        function["parameters"] = schema.clone();
-        unknown_fields(
-            obj,
-            &["type", "name", "description", "input_schema"],
-            "tools.*",
-            ignored,
-        );
-        out.push(json!({"type": "function", "function": function}));
+/// How the Messages API spells a tool: a custom tool (`type` absent or `"custom"`), its schema
+/// in `input_schema`.
+const TOOL: ToolShape = ToolShape {
+    what: "a tool object {\"name\", \"input_schema\", …}",
+    check_type: |i, kind| {
+        match kind {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if t == "custom" => Ok(()),
+        Some(other) => Err(ApiError::invalid(format!(
+            "tools[{i}].type: {other} is a server tool; the gateway serves only custom tools (name, description, input_schema), which the agent runs itself"
+        ))),
     }
-    Ok(out)
+    },
+    schema_key: "input_schema",
+    schema_required: true,
+};
+
+/// `tools` as chat tools.
+pub fn function_tools(tools: &[Value], ignored: &mut Vec<String>) -> Result<Vec<Value>, ApiError> {
+    tools::function_tools(tools, &TOOL, ignored)
 }
 
 /// Checks `tool_choice` against the tools' `names`; whether the chat is rendered with its tools
@@ -309,19 +265,7 @@ pub fn renders_tools(
             ignored.push("tool_choice".to_owned());
             Ok(true)
         }
-        Some("tool") => match obj.get("name").and_then(Value::as_str) {
-            Some(name) if names.contains(&name) => {
-                ignored.push("tool_choice".to_owned());
-                Ok(true)
-            }
-            Some(name) => Err(ApiError::invalid(format!(
-                "tool_choice.name: \"{name}\" is not among the request's tools"
-            ))),
-            None => Err(ApiError::invalid(format!(
-                "tool_choice.name: expected a string, got {}",
-                shown(obj.get("name"))
-            ))),
-        },
+        Some("tool") => tools::named_choice(obj.get("name"), names, ignored),
         _ => Err(ApiError::invalid(format!(
             "tool_choice.type: expected \"auto\", \"any\", \"tool\" or \"none\", got {}",
             shown(obj.get("type"))

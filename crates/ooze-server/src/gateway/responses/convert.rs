@@ -19,13 +19,10 @@
 
 use crate::error::ApiError;
 use crate::gateway::session::ChatReply;
+use crate::gateway::tools::{self, shown, ToolShape};
 use crate::lenient_json::unknown_fields;
 use ooze_core::FinishReason;
 use serde_json::{json, Value};
-
-fn shown(value: Option<&Value>) -> String {
-    value.map_or("nothing".to_owned(), Value::to_string)
-}
 
 /// The text of a message's `content` or a call output (`at` names it in errors, `path` in
 /// ignored-field names): a string, or text parts joined as they are.
@@ -178,61 +175,29 @@ pub fn chat_messages(
     Ok(out)
 }
 
+/// How the Responses API spells a tool: `"type": "function"`, its schema (optional) in
+/// `parameters`.
+const TOOL: ToolShape = ToolShape {
+    what: "a function tool {\"type\": \"function\", \"name\", …}",
+    check_type: |i, kind| {
+        match kind.and_then(Value::as_str) {
+        Some("function") => Ok(()),
+        Some(other) => Err(ApiError::invalid(format!(
+            "tools[{i}].type: \"{other}\" is a hosted tool; the gateway serves only function tools, which the agent runs itself"
+        ))),
+        None => Err(ApiError::invalid(format!(
+            "tools[{i}].type: expected \"function\", got {}",
+            shown(kind)
+        ))),
+    }
+    },
+    schema_key: "parameters",
+    schema_required: false,
+};
+
 /// `tools` as chat tools.
 pub fn function_tools(tools: &[Value], ignored: &mut Vec<String>) -> Result<Vec<Value>, ApiError> {
-    let mut out: Vec<Value> = Vec::with_capacity(tools.len());
-    for (i, tool) in tools.iter().enumerate() {
-        let bad = |field: &str, expected: &str, got: Option<&Value>| {
-            ApiError::invalid(format!(
-                "tools[{i}]{field}: expected {expected}, got {}",
-                shown(got)
-            ))
-        };
-        let Some(obj) = tool.as_object() else {
-            return Err(bad(
-                "",
-                "a function tool {\"type\": \"function\", \"name\", …}",
-                Some(tool),
-            ));
-        };
-        match obj.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            Some(other) => {
-                return Err(ApiError::invalid(format!(
-                    "tools[{i}].type: \"{other}\" is a hosted tool; the gateway serves only function tools, which the agent runs itself"
-                )))
-            }
-            None => return Err(bad(".type", "\"function\"", obj.get("type"))),
-        }
-        let name = match obj.get("name").and_then(Value::as_str) {
-            Some(n) if !n.trim().is_empty() => n,
-            _ => return Err(bad(".name", "a non-empty string", obj.get("name"))),
-        };
-        if let Some(j) = out.iter().position(|t| t["function"]["name"] == name) {
-            return Err(ApiError::invalid(format!(
-                "tools[{i}].name: \"{name}\" is already the name of tools[{j}]"
-            )));
-        }
-        let mut function = json!({"name": name});
-        match obj.get("description") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(d)) => function["description"] = json!(d),
-            Some(other) => return Err(bad(".description", "a string", Some(other))),
-        }
-        match obj.get("parameters") {
-            None | Some(Value::Null) => {}
-            Some(p @ Value::Object(_)) => function["parameters"] = p.clone(),
-            Some(other) => return Err(bad(".parameters", "a JSON schema object", Some(other))),
-        }
-        unknown_fields(
-            obj,
-            &["type", "name", "description", "parameters"],
-            "tools.*",
-            ignored,
-        );
-        out.push(json!({"type": "function", "function": function}));
-    }
-    Ok(out)
+    tools::function_tools(tools, &TOOL, ignored)
 }
 
 /// Checks `tool_choice` against the tools' `names`; whether the chat is rendered with its tools
@@ -253,19 +218,9 @@ pub fn renders_tools(
             ignored.push("tool_choice".to_owned());
             Ok(true)
         }
-        Some("function") if choice.is_object() => match choice.get("name").and_then(Value::as_str) {
-            Some(name) if names.contains(&name) => {
-                ignored.push("tool_choice".to_owned());
-                Ok(true)
-            }
-            Some(name) => Err(ApiError::invalid(format!(
-                "tool_choice.name: \"{name}\" is not among the request's tools"
-            ))),
-            None => Err(ApiError::invalid(format!(
-                "tool_choice.name: expected a string, got {}",
-                shown(choice.get("name"))
-            ))),
-        },
+        Some("function") if choice.is_object() => {
+            tools::named_choice(choice.get("name"), names, ignored)
+        }
         _ => Err(ApiError::invalid(format!(
             "tool_choice: expected \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"name\": …}}, got {choice}"
         ))),
