@@ -86,10 +86,11 @@ impl TextStream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn tokenizer() -> Tokenizer {
+    /// A tiny Qwen2-style tokenizer trained on ooze's corpus (the streaming tests' fixture).
+    pub(crate) fn tokenizer() -> Tokenizer {
         let dir = tempfile::tempdir().unwrap();
         let mut options = ooze_model::init::InitOptions::new(
             ooze_model::Family::Qwen2,

@@ -162,22 +162,7 @@ impl Pieces {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tokenizer() -> Tokenizer {
-        let dir = tempfile::tempdir().unwrap();
-        let mut options = ooze_model::init::InitOptions::new(
-            ooze_model::Family::Qwen2,
-            ooze_model::init::Size::Tiny,
-        );
-        options.tokenizer_vocab = 400;
-        ooze_model::init::init_model(
-            dir.path(),
-            &ooze_model::corpus::generate(0, 20_000),
-            &options,
-        )
-        .unwrap();
-        Tokenizer::load(dir.path()).unwrap()
-    }
+    use crate::text_stream::tests::tokenizer;
 
     #[test]
     fn pieces_with_tools_add_up_to_the_trimmed_content() {
