@@ -7,12 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use std::path::Path;
 
 /// `ooze serve --gateway` on `model`; returns it with its root URL (no `/v1`).
 fn serve_gateway(model: &Path) -> (common::Server, String) {
@@ -24,23 +19,13 @@ fn serve_gateway(model: &Path) -> (common::Server, String) {
     (server, root)
 }
 
-/// Runs `scripts/reference/SCRIPT ROOT MODE [ARGS]` with the repository's Python.
+/// Runs `scripts/reference/SCRIPT ROOT MODE [ARGS]`.
 fn sdk_check(script: &str, root: &str, mode: &str, args: &[&str]) {
-    let python = std::env::var_os("OOZE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| self::root().join(".venv/bin/python"));
-    let out = Command::new(python)
-        .arg(self::root().join("scripts/reference").join(script))
-        .args([root, mode])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script} {mode} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all: Vec<&str> = [root, mode]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    common::reference_check(script, &all);
 }
 
 #[test]

@@ -5,12 +5,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// `ooze serve` as these tests run it.
 fn serve(model: &Path) -> (common::Server, String) {
@@ -19,25 +15,7 @@ fn serve(model: &Path) -> (common::Server, String) {
 
 /// Runs one of the Python client checks against `url`.
 fn client_check(script: &str, url: &str) {
-    client_check_with(script, &[url]);
-}
-
-/// Runs one of the Python client checks with `args`.
-fn client_check_with(script: &str, args: &[&str]) {
-    let python = std::env::var_os("OOZE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/python"));
-    let out = Command::new(python)
-        .arg(root().join("scripts/reference").join(script))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::reference_check(script, &[url]);
 }
 
 #[test]
@@ -99,7 +77,7 @@ fn gateway_chat_samples_are_token_exact() {
         dir.path(),
         &["--context-len", "1024", "--max-running", "8", "--gateway"],
     );
-    client_check_with(
+    common::reference_check(
         "gateway_chat_check.py",
         &[&url, dir.path().to_str().unwrap()],
     );

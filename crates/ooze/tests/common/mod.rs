@@ -9,6 +9,27 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// Runs `scripts/reference/SCRIPT ARGS…` with the repository's Python (`$OOZE_PYTHON`, else
+/// `.venv/bin/python`) and asserts it succeeded, showing its output when not.
+#[allow(dead_code)] // not every test crate runs the reference scripts
+pub fn reference_check(script: &str, args: &[&str]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var_os("OOZE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv/bin/python"));
+    let out = Command::new(python)
+        .arg(root.join("scripts/reference").join(script))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A running `ooze serve`, stopped when dropped.
 #[allow(dead_code)] // not every test crate that shares this module serves
 pub struct Server(std::process::Child);
