@@ -352,16 +352,7 @@ fn exit_status(child: &mut Child) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn input<'a>(response: &'a str, label: &'a str) -> RewardInput<'a> {
-        static META: Value = Value::Null;
-        RewardInput {
-            prompt: "p",
-            response,
-            label,
-            metadata: &META,
-        }
-    }
+    use crate::scorer::tests::input;
 
     fn reward_file(dir: &std::path::Path, source: &str) -> String {
         let path = dir.join("rewards.py");

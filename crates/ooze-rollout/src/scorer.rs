@@ -354,10 +354,11 @@ fn parse_score(body: &str) -> Result<f64, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn input<'a>(response: &'a str, label: &'a str) -> RewardInput<'a> {
+    /// A reward input with prompt "p" and no metadata (the reward tests' fixture).
+    pub(crate) fn input<'a>(response: &'a str, label: &'a str) -> RewardInput<'a> {
         static NULL: Value = Value::Null;
         RewardInput {
             prompt: "p",
