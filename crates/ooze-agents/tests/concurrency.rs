@@ -134,6 +134,7 @@ fn two_hundred_fifty_six_tool_trajectories_all_finish() {
             },
             grace: Duration::from_secs(5),
             helpers: Default::default(),
+            activity: Default::default(),
         }),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -19,6 +19,7 @@
 //! A context made with [`AgentContext::scripted`] asks an [`Oracle`] instead of the engine and the
 //! helpers, and records every conversation: the demonstrations of [`crate::oracle`].
 
+use crate::activity::{Activity, Phase};
 use crate::cancel::{wait_output, CancelToken, WaitError};
 use crate::helpers::{HelperError, HelperReply, HelperUsage, Helpers};
 use crate::oracle::{Caller, Oracle, Recording};
@@ -201,6 +202,7 @@ pub struct AgentContext {
     /// Conversations and helper calls started so far.
     conversations: Arc<AtomicU64>,
     execution: ExecutionId,
+    activity: Activity,
 }
 
 impl AgentContext {
@@ -225,6 +227,7 @@ impl AgentContext {
             helper_usage: Arc::default(),
             conversations: Arc::default(),
             execution: ExecutionId::default(),
+            activity: Activity::default(),
         }
     }
 
@@ -249,6 +252,7 @@ impl AgentContext {
             helper_usage: Arc::default(),
             conversations: Arc::default(),
             execution: ExecutionId::default(),
+            activity: Activity::default(),
         }
     }
 
@@ -261,6 +265,12 @@ impl AgentContext {
     /// The same context, serving sample `index` of group `group`.
     pub fn with_execution(mut self, execution: ExecutionId) -> AgentContext {
         self.execution = execution;
+        self
+    }
+
+    /// The same context, counting its policy turns and helper calls in `activity`.
+    pub fn with_activity(mut self, activity: Activity) -> AgentContext {
+        self.activity = activity;
         self
     }
 
@@ -304,6 +314,7 @@ impl AgentContext {
             return self.scripted_helper(oracle.as_ref(), recording, name, messages, max_tokens);
         }
         let helper = self.helpers.get(name)?.clone();
+        let waiting = self.activity.enter(Phase::Helper);
         let reply = helper
             .chat(
                 messages,
@@ -314,6 +325,7 @@ impl AgentContext {
                 &self.cancel,
             )
             .await?;
+        drop(waiting);
         let mut usage = self.helper_usage.lock().expect("never poisoned");
         let u = usage.entry(name.to_owned()).or_default();
         u.calls += 1;
@@ -527,6 +539,7 @@ impl AgentContext {
                     input_ids: conv.sample.tokens.clone(),
                     sampling,
                 };
+                let _generating = self.activity.enter(Phase::Generating);
                 wait_output(engine, request, self.deadline, &self.cancel, on_token).await?
             }
             PolicySource::Oracle { oracle, .. } => {
@@ -804,6 +817,8 @@ pub struct AgentRollout {
     pub grace: Duration,
     /// The fixed models the agent may call.
     pub helpers: Helpers,
+    /// Where executions count what they are doing (the manager restarts it per rollout).
+    pub activity: Activity,
 }
 
 impl std::fmt::Debug for AgentRollout {
@@ -843,7 +858,9 @@ pub async fn run_one(
         cancel.clone(),
     )
     .with_helpers(rollout.helpers.clone())
-    .with_execution(ExecutionId { group, index });
+    .with_execution(ExecutionId { group, index })
+    .with_activity(rollout.activity.clone());
+    let _alive = rollout.activity.enter(Phase::Execution);
     let hard = ctx.deadline() + rollout.grace;
     let result = tokio::time::timeout_at(hard, rollout.agent.run(&mut ctx, prompt)).await;
     let usage = ctx.helper_usage();

@@ -20,11 +20,13 @@
 //! - [`scorer`]: the recipe's reward: built-in, task verifiers, registered Rust functions (per
 //!   sample or per group), Python functions ([`python_reward`]'s worker pool), a remote reward
 //!   model over HTTP.
+//! - [`activity`]: what a rollout's executions do over time (effective concurrency).
 //! - [`manager`]: prompts × samples through the engine, rewards, dynamic-sampling batches.
 //! - [`rollout_record`]: the line format of saved rollouts (old run directories still replay).
 //! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
 //!   generators and verifiers.
 
+pub mod activity;
 pub mod agent;
 pub mod cancel;
 pub mod data;

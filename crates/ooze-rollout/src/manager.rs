@@ -7,6 +7,7 @@
 //! the group, and the engine's draws depend only on (seed, position): a rollout is reproducible,
 //! whatever else the engine runs beside it.
 
+use crate::activity::ActivitySummary;
 pub use crate::agent::AgentRollout;
 use crate::agent::{run_one, Trajectory};
 use crate::prompts::PromptItem;
@@ -80,6 +81,10 @@ pub struct Batch {
     /// Dropped groups by reason (`zero_std`, `truncated`), and over-sampled groups left unused
     /// (`surplus`).
     pub dropped: BTreeMap<String, usize>,
+    /// What the agent's executions did over the rollout (none without an agent, or in a
+    /// replay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<ActivitySummary>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +96,9 @@ pub enum RolloutError {
     #[error("decoding a response: {0}")]
     Decode(String),
 }
+
+/// Seconds between the samples of a rollout's activity series.
+pub const ACTIVITY_SAMPLE_SECS: f64 = 0.25;
 
 /// Generates and scores `prompts` (each with its group number), `n` samples (or agent
 /// executions) each.
@@ -462,6 +470,9 @@ pub async fn fill_batch(
     on_sample: &(dyn Fn() + Sync),
 ) -> Result<Batch, RolloutError> {
     let mut batch = Batch::default();
+    if let Some(agent) = &settings.agent {
+        agent.activity.restart();
+    }
     let filtering = settings.dynamic_sampling || settings.drop_truncated_groups;
     while batch.groups.len() < batch_size && batch.rounds < settings.max_rounds.max(1) {
         let missing = batch_size - batch.groups.len();
@@ -496,6 +507,10 @@ pub async fn fill_batch(
             }
         }
     }
+    batch.activity = settings
+        .agent
+        .as_ref()
+        .map(|a| a.activity.summary(ACTIVITY_SAMPLE_SECS));
     Ok(batch)
 }
 

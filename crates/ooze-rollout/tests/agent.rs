@@ -51,6 +51,7 @@ fn rollout(agent: impl Agent + 'static, limits: &AgentLimits, grace: Duration) -
         limits: limits.clone(),
         grace,
         helpers: Helpers::default(),
+        activity: Default::default(),
     }
 }
 

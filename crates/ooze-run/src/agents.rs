@@ -3,8 +3,8 @@
 
 use crate::recipe::{
     AgentLimitsSection, AgentSection, AgentflowSection, CommandSection, HelperSection,
-    MemagentSection, MultiAgentSection, Recipe, RetoolSection, SearchR1Section, TerminalSection,
-    ToolOrchestraSection,
+    MemagentSection, MultiAgentSection, Recipe, RetoolSection, SearchR1Section, TauRetailSection,
+    TerminalSection, ToolOrchestraSection,
 };
 use anyhow::Context;
 use ooze_agents::command::{CommandAgent, CommandConfig, Network};
@@ -79,6 +79,7 @@ impl AgentSection {
             AgentSection::ToolOrchestra(s) => Some(s),
             AgentSection::Command(s) => Some(s),
             AgentSection::Terminal(s) => Some(s),
+            AgentSection::TauRetail(s) => Some(s),
         }
     }
 }
@@ -258,6 +259,33 @@ impl AgentSpec for TerminalSection {
                 file_tools: self.file_tools,
             },
         )))
+    }
+}
+
+impl AgentSpec for TauRetailSection {
+    fn writes_observations(&self) -> bool {
+        true
+    }
+    fn type_name(&self) -> &'static str {
+        "tau_retail"
+    }
+    fn limits(&self) -> AgentLimitsSection {
+        self.limits()
+    }
+    fn required_helpers(&self) -> &[&str] {
+        &[ooze_agents::recipes::tau_retail::USER]
+    }
+    fn context_len(&self) -> usize {
+        self.max_response_tokens
+    }
+    fn build(&self, _ctx: &AgentBuildContext<'_>) -> anyhow::Result<Arc<dyn Agent>> {
+        use ooze_agents::recipes::tau_retail::{TauRetailAgent, TauRetailConfig};
+        Ok(Arc::new(TauRetailAgent {
+            config: TauRetailConfig {
+                max_turns: self.max_turns,
+                max_observation_tokens: self.max_observation_tokens,
+            },
+        }))
     }
 }
 
@@ -485,6 +513,7 @@ pub fn agent_rollout(
         limits,
         grace: Duration::from_secs(10),
         helpers: Helpers::default(),
+        activity: Default::default(),
     }))
 }
 

@@ -18,7 +18,7 @@ const AT_ONCE: usize = 8;
 /// The agent type's oracle for one prompt.
 fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn Oracle>> {
     use ooze_agents::recipes::{
-        agentflow, memagent, multi_agent, retool, search_r1, terminal, tool_orchestra,
+        agentflow, memagent, multi_agent, retool, search_r1, tau_retail, terminal, tool_orchestra,
     };
     Ok(match agent {
         AgentSection::None => bail!("the recipe has no [agent]"),
@@ -29,6 +29,7 @@ fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn O
         AgentSection::Agentflow(_) => Arc::new(agentflow::AgentflowOracle::new(prompt)?),
         AgentSection::ToolOrchestra(_) => Arc::new(tool_orchestra::OrchestraOracle::new(prompt)?),
         AgentSection::Terminal(_) => Arc::new(terminal::TerminalOracle::new(prompt)?),
+        AgentSection::TauRetail(_) => Arc::new(tau_retail::TauRetailOracle::new(prompt)?),
         AgentSection::Command(_) => bail!(
             "agent.type = \"command\" has no built-in oracle to demonstrate it: give `ooze sft` \
              chat demonstrations of your own (a JSONL file of {{\"messages\": [...]}} rows)"
@@ -47,7 +48,7 @@ pub fn demonstrations(
         bail!("the recipe has no [agent]: demonstrations are an agent's conversations");
     };
     let rows = ooze_rollout::data::load(&data_config(recipe, path))?.rows;
-    let (prompts, _) = prepare(
+    let (prompts, too_long) = prepare(
         rows,
         &tokenizer,
         &prompt_format(recipe),
@@ -55,6 +56,20 @@ pub fn demonstrations(
         path,
     )
     .map_err(anyhow::Error::msg)?;
+    if too_long > 0 {
+        eprintln!(
+            "demonstrations: {too_long} rows of {path} skipped: their prompts are longer than \
+             data.max_prompt_tokens = {}",
+            recipe.data.max_prompt_tokens
+        );
+    }
+    if prompts.is_empty() {
+        bail!(
+            "{path}: no prompt to demonstrate (every prompt is longer than \
+             data.max_prompt_tokens = {})",
+            recipe.data.max_prompt_tokens
+        );
+    }
     let continues_the_prompt = matches!(
         recipe.agent,
         AgentSection::SearchR1(_) | AgentSection::Retool(_)

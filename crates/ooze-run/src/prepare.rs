@@ -253,8 +253,20 @@ fn training_prompts(recipe: &Recipe, tokenizer: &Tokenizer) -> anyhow::Result<Ve
     Ok(prompts)
 }
 
-/// The held-out eval sets: their prompts less those in the training set, each with its scorer
-/// and sampling.
+/// What makes a row the same task as another: its prompt, its label and its metadata less the
+/// rows' bookkeeping (`index`, `split`). Agents whose prompt is the same for every task (a
+/// simulated customer's hidden goal, in `tau_retail`) differ by their metadata.
+fn task_key(p: &PromptItem) -> String {
+    let mut metadata = p.metadata.clone();
+    if let Some(m) = metadata.as_object_mut() {
+        m.remove("index");
+        m.remove("split");
+    }
+    format!("{}\u{0}{}\u{0}{metadata}", p.text, p.label)
+}
+
+/// The held-out eval sets: their prompts less those in the training set (the same task:
+/// [`task_key`]), each with its scorer and sampling.
 fn eval_sets(
     recipe: &Recipe,
     tokenizer: &Tokenizer,
@@ -263,7 +275,7 @@ fn eval_sets(
 ) -> anyhow::Result<Vec<EvalSet>> {
     let d = &recipe.data;
     let format = prompt_format(recipe);
-    let train_texts: HashSet<&str> = train.iter().map(|p| p.text.as_str()).collect();
+    let train_tasks: HashSet<String> = train.iter().map(task_key).collect();
     let mut evals = Vec::new();
     for (i, e) in recipe.eval.datasets.iter().enumerate() {
         let at = format!("eval.datasets[{i}] ({})", e.name);
@@ -277,7 +289,7 @@ fn eval_sets(
         let before = items.len();
         let prompts: Vec<PromptItem> = items
             .into_iter()
-            .filter(|p| !train_texts.contains(p.text.as_str()))
+            .filter(|p| !train_tasks.contains(&task_key(p)))
             .collect();
         eprintln!(
             "eval {}: {} held-out prompts ({} also in the training set and {too_long} too long left out)",
@@ -497,4 +509,44 @@ pub(crate) fn build_trainer(
         });
     }
     Ok(Some(trainer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_key;
+    use ooze_rollout::prompts::PromptItem;
+    use serde_json::json;
+
+    fn item(text: &str, metadata: serde_json::Value) -> PromptItem {
+        PromptItem {
+            source_line: 1,
+            text: text.into(),
+            input_ids: vec![1],
+            label: "7".into(),
+            metadata,
+            messages: Vec::new(),
+            tools: None,
+        }
+    }
+
+    #[test]
+    fn a_task_is_its_prompt_label_and_metadata_less_bookkeeping() {
+        let a = item(
+            "2+5?",
+            json!({"index": 3, "split": "train", "problem": "2+5"}),
+        );
+        let b = item(
+            "2+5?",
+            json!({"index": 9, "split": "test", "problem": "2+5"}),
+        );
+        assert_eq!(task_key(&a), task_key(&b));
+        // The same prompt for another hidden goal is another task.
+        let c = item("policy", json!({"index": 1, "scenario": {"db_seed": 1}}));
+        let d = item("policy", json!({"index": 1, "scenario": {"db_seed": 2}}));
+        assert_ne!(task_key(&c), task_key(&d));
+        assert_ne!(
+            task_key(&a),
+            task_key(&item("2+6?", json!({"problem": "2+5"})))
+        );
+    }
 }

@@ -17,8 +17,8 @@ mod agent;
 mod models;
 pub use agent::{
     AgentLimitsSection, AgentSection, AgentflowSection, CommandSection, FormatRewardSection,
-    MemagentSection, MultiAgentSection, RetoolSection, SearchR1Section, TerminalSection,
-    ToolOrchestraSection,
+    MemagentSection, MultiAgentSection, RetoolSection, SearchR1Section, TauRetailSection,
+    TerminalSection, ToolOrchestraSection,
 };
 pub use models::{CriticSection, TeacherSection};
 

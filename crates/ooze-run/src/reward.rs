@@ -115,6 +115,24 @@ pub(crate) fn rollout_line(
     for (reason, count) in &batch.dropped {
         line.insert(format!("rollout/dropped_{reason}"), json!(count));
     }
+    // Effective concurrency: executions alive, with a policy turn in the engine, waiting on a
+    // helper model (time-weighted over the rollout).
+    if let Some(a) = &batch.activity {
+        for (name, stats) in [
+            ("alive", &a.alive),
+            ("generating", &a.generating),
+            ("helper", &a.helper),
+        ] {
+            for (stat, value) in [
+                ("mean", stats.mean),
+                ("median", stats.median),
+                ("p90", stats.p90),
+                ("max", stats.max),
+            ] {
+                line.insert(format!("concurrency/{name}_{stat}"), json!(value));
+            }
+        }
+    }
     if seconds > 0.0 {
         line.insert("rollout/tokens_per_s".into(), json!(tokens / seconds));
     }

@@ -32,6 +32,9 @@ impl Run {
         if self.recipe.logging.save_rollouts && self.mode() != Mode::Replay {
             write_rollout(&self.run_dir.join("rollouts"), index, &batch)?;
         }
+        if let Some(activity) = &batch.activity {
+            write_activity(&self.run_dir.join("activity"), index, activity)?;
+        }
         Ok((batch, seconds))
     }
 
@@ -83,6 +86,19 @@ fn write_rollout(dir: &Path, index: u64, batch: &Batch) -> anyhow::Result<()> {
         body.push('\n');
     }
     ooze_core::atomic_file::write(&rollout_file(dir, index), body.as_bytes())?;
+    Ok(())
+}
+
+/// Saves what the rollout's executions did over time (`RUN/activity/rollout-NNNNNN.json`:
+/// statistics and the `[alive, generating, helper]` series), atomically.
+fn write_activity(
+    dir: &Path,
+    index: u64,
+    activity: &ooze_rollout::activity::ActivitySummary,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("rollout-{index:06}.json"));
+    ooze_core::atomic_file::write(&path, serde_json::to_string(activity)?.as_bytes())?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@ pub mod memagent;
 pub mod multi_agent;
 pub mod retool;
 pub mod search_r1;
+pub mod tau_retail;
 pub mod terminal;
 pub mod tool_orchestra;
 

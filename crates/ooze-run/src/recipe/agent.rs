@@ -25,6 +25,7 @@ pub enum AgentSection {
     ToolOrchestra(ToolOrchestraSection),
     Command(CommandSection),
     Terminal(TerminalSection),
+    TauRetail(TauRetailSection),
 }
 
 /// Reads `[agent]` (the recipe's `deserialize_with`): an empty section is no agent, and errors
@@ -42,7 +43,7 @@ pub(super) fn deserialize_section<'de, D: Deserializer<'de>>(
         Some(toml::Value::String(kind)) => kind.clone(),
         _ => {
             return Err(D::Error::custom(
-                "agent.type is required: none, search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, command or terminal",
+                "agent.type is required: none, search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, command, terminal or tau_retail",
             ))
         }
     };
@@ -281,6 +282,17 @@ agent_section! {
         /// Commands running at once across all executions (0: twice the CPUs, at least 4); more
         /// wait for a slot.
         tool_concurrency: usize = 0,
+    }
+}
+
+agent_section! {
+    /// `type = "tau_retail"`: a store's customer service agent with a simulated customer (the
+    /// helper `user`) over a generated database (τ-bench's retail shape); the row's
+    /// `scenario` holds the customer's hidden goal and the reward compares databases. The
+    /// customer's replies are cut at `helpers.user.max_tokens`.
+    TauRetailSection {
+        /// Tokens of a tool's result kept.
+        max_observation_tokens: usize = 512,
     }
 }
 

@@ -16,6 +16,10 @@
 //! - `endless_terminals`, `echo`: generated terminal task directories (`tasks/train`,
 //!   `tasks/test`, Harbor's layout) and `train`/`test` rows naming them (`extra_info.task_dir`);
 //!   `swe_lite`: generated coding tasks the same way.
+//! - `tau_retail`: `train.jsonl` and `test.jsonl`, customer-service scenarios over generated store
+//!   databases (τ-bench's retail shape): the policy document as the system message, the scenario
+//!   (database seed, the customer's hidden goal, the solution's actions) in `extra_info.scenario`.
+//!   The test split's customers and databases are not in the train split.
 //!
 //! With `--demonstrations`, `sft.jsonl` holds demonstrations recorded from the recipe's own agent
 //! ([`ooze_run::demonstrate`]): every training row runs through the agent (the recipe's TOML,
@@ -31,8 +35,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, endless_terminals, echo
-    /// or swe_lite
+    /// search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, endless_terminals, echo,
+    /// swe_lite or tau_retail
     recipe: String,
     out: PathBuf,
     /// Questions (and facts) to write; a tenth more go to the test split.
@@ -117,11 +121,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "retool" | "multi_agent" | "agentflow" | "tool_orchestra" => math_recipe(&args)?,
         "memagent" => memagent(&args)?,
         "endless_terminals" | "echo" | "swe_lite" => terminal_recipe(&args)?,
-        other => anyhow::bail!("unknown recipe `{other}`; expected search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, endless_terminals, echo or swe_lite"),
+        "tau_retail" => tau_retail(&args)?,
+        other => anyhow::bail!("unknown recipe `{other}`; expected search_r1, retool, multi_agent, memagent, agentflow, tool_orchestra, endless_terminals, echo, swe_lite or tau_retail"),
     }
     if args.demonstrations {
         write_demonstrations(&args)?;
     }
+    Ok(())
+}
+
+/// τ-bench-style scenarios: train and test rows.
+fn tau_retail(args: &Args) -> anyhow::Result<()> {
+    let test_n = (args.n / 10).max(1);
+    let mut rows = ooze_agents::recipes::tau_retail::synthetic(args.n + test_n, args.seed);
+    let test = rows.split_off(args.n);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    write_jsonl(&args.out.join("train.jsonl"), &rows)?;
+    write_jsonl(&args.out.join("test.jsonl"), &test)?;
+    eprintln!(
+        "wrote {} train and {} test scenarios to {}",
+        rows.len(),
+        test.len(),
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -208,7 +231,7 @@ fn terminal_recipe(args: &Args) -> anyhow::Result<()> {
 }
 
 /// The recipes `--demonstrations` runs by default, as shipped.
-const SHIPPED: [(&str, &str); 9] = [
+const SHIPPED: [(&str, &str); 10] = [
     (
         "search_r1",
         include_str!("../../../../recipes/search_r1/recipe.toml"),
@@ -241,6 +264,10 @@ const SHIPPED: [(&str, &str); 9] = [
     (
         "swe_lite",
         include_str!("../../../../recipes/swe_lite/recipe.toml"),
+    ),
+    (
+        "tau_retail",
+        include_str!("../../../../recipes/tau_retail/recipe.toml"),
     ),
 ];
 

@@ -94,16 +94,34 @@ pub fn ooze_ok_with(args: &[&str], envs: &[(&str, &str)]) -> std::process::Outpu
     out
 }
 
+/// How long a warm start fine-tunes: steps of `batch` conversations.
+#[allow(dead_code)]
+#[derive(Debug, Clone, Copy)]
+pub struct SftSteps {
+    pub steps: usize,
+    pub batch: usize,
+}
+
+#[allow(dead_code)]
+impl SftSteps {
+    /// What the agents of short conversations need to act like their demonstrations.
+    pub const DEFAULT: SftSteps = SftSteps {
+        steps: 120,
+        batch: 32,
+    };
+}
+
 /// Warm-starts a tiny model for agent `recipe` in `dir`: `init-model` writes a tiny random Qwen2
 /// into `dir/model`, `recipe-data` writes `n` prompts with worked trajectories (and `data_args`)
 /// into `dir/data`, `edit` may rewrite the demonstrations (`dir/data/sft.jsonl`), and `ooze sft`
-/// fine-tunes the model on them for 120 steps into `dir/sft`. Returns the fine-tuned model's
-/// directory (`dir/sft/final-model`).
+/// fine-tunes the model on them (`sft`) into `dir/sft`. Returns the fine-tuned model's directory
+/// (`dir/sft/final-model`).
 #[allow(dead_code)] // not every test crate that shares this module warm-starts an agent
 pub fn agent_warm_start(
     recipe: &str,
     dir: &Path,
     n: usize,
+    sft: SftSteps,
     data_args: &[&str],
     edit: &dyn Fn(&Path),
 ) -> PathBuf {
@@ -135,13 +153,13 @@ pub fn agent_warm_start(
             "--device",
             "cpu",
             "--batch-size",
-            "32",
+            &sft.batch.to_string(),
             "--lr",
             "5e-3",
             "--warmup-steps",
             "10",
             "--max-steps",
-            "120",
+            &sft.steps.to_string(),
             "--save-every",
             "100000",
             "--eval-every",

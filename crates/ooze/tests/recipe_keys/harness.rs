@@ -138,6 +138,7 @@ impl Env {
                         } else {
                             200
                         },
+                        crate::common::SftSteps::DEFAULT,
                         &[],
                         &|sft| match recipe {
                             "tool_orchestra" => vary_orchestration(sft),
