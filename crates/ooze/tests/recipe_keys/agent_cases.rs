@@ -179,6 +179,59 @@ fn terminal_cases() -> Vec<Case> {
     ]
 }
 
+/// `[agent]` of type tau_retail (`extra`: `key = value` pairs that replace the defaults) on the
+/// harness's generated scenarios, with a policy that calls a tool every turn (one the store does
+/// not have: each result is the same long error) and plays the customer too.
+fn tau(extra: &str) -> Vec<String> {
+    let mut keys = vec![
+        ("max_tokens_per_turn", "16"),
+        ("max_response_tokens", "400"),
+        ("max_turns", "3"),
+    ];
+    for pair in extra.split(", ").filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once(" = ").unwrap();
+        keys.retain(|(key, _)| *key != k);
+        keys.push((k, v));
+    }
+    let body: String = keys.iter().map(|(k, v)| format!(", {k} = {v}")).collect();
+    vec![
+        format!("agent={{type = \"tau_retail\"{body}}}"),
+        "model.path=\"{tool_model}\"".into(),
+        "data={path = \"{tau_data}\", input_key = \"prompt\", metadata_key = \"extra_info\"}"
+            .into(),
+        "helpers.user={policy = true, max_tokens = 8}".into(),
+        "reward={type = \"exact_match\"}".into(),
+    ]
+}
+
+fn tau_cases() -> Vec<Case> {
+    use Obs::*;
+    let one = |k: &str, v: &str, obs: Obs| {
+        case(
+            &[&format!("agent(tau_retail).{k}")],
+            tau(""),
+            tau(&format!("{k} = {v}")),
+            obs,
+        )
+    };
+    vec![
+        one(
+            "max_tokens_per_turn",
+            "2",
+            Metric("rollout/response_len_max"),
+        ),
+        one(
+            "max_response_tokens",
+            "3",
+            Metric("rollout/response_len_max"),
+        ),
+        one("deadline_secs", "1e-4", Responses),
+        one("max_turns", "1", Metric("agent/turns")),
+        // The tool's error is cut: fewer appended tokens.
+        one("max_observation_tokens", "2", Turns),
+    ]
+}
+
 pub fn cases() -> Vec<Case> {
     use Obs::*;
     let mut c = vec![case(
@@ -228,6 +281,7 @@ pub fn cases() -> Vec<Case> {
         }
     }
     c.extend(terminal_cases());
+    c.extend(tau_cases());
     let mut orchestra_two = agent("tool_orchestra", "");
     orchestra_two.push("helpers.other={policy = true, max_tokens = 4}".into());
     c.extend([

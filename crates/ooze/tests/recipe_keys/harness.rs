@@ -176,6 +176,11 @@ impl Env {
         std::fs::write(p("command_agent.py"), include_str!("command_agent.py")).unwrap();
         std::fs::create_dir(p("command-cwd")).unwrap();
         std::fs::write(p("command-cwd/command-agent-cwd"), "").unwrap();
+        // tau_retail's rows: generated scenarios, and a policy that always calls a tool (one the
+        // store does not have, so every call comes back as the same long error).
+        let tau = p("tau").display().to_string();
+        super::common::ooze_ok(&["recipe-data", "tau_retail", &tau, "--n", "8"]);
+        super::common::scripted_tool_model(&p("tool-model"));
         let url = reward_server();
         let experts = format!("{url}/v1");
         // The teacher server serves the policy's own starting weights.
@@ -191,6 +196,8 @@ impl Env {
             ("{corpus}", s(p("corpus.jsonl"))),
             ("{search_matched}", s(p("search_matched.jsonl"))),
             ("{command_agent}", s(p("command_agent.py"))),
+            ("{tau_data}", s(p("tau/train.jsonl"))),
+            ("{tool_model}", s(p("tool-model"))),
             ("{command_cwd}", s(p("command-cwd"))),
             ("{dir}", s(dir.path().to_owned())),
             (

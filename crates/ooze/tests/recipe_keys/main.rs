@@ -86,6 +86,7 @@ fn accepted_keys() -> BTreeSet<String> {
         vec!["agent.type=\"tool_orchestra\"", "helpers.x={policy = true}"],
         vec!["agent={type = \"command\", command = [\"p\"], env = {NAME = \"v\"}}"],
         vec!["agent.type=\"terminal\""],
+        vec!["agent.type=\"tau_retail\"", "helpers.user={policy = true}"],
     ];
     for reward in [
         "reward={type = \"task\"}",
