@@ -11,6 +11,10 @@
 #   tool_orchestra  orchestrator over two experts warm-started on the recorded expert
 #                   conversations: `small` (tiny model, few steps, cheap) and `large` (small
 #                   model, more steps, 15× the price)
+#   tau_retail      a store's agent with a simulated customer (the SFT model, frozen, plays it);
+#                   32 scenarios × 8 per step, all 256 conversations at once (the seed's shape);
+#                   the effective concurrency per step is in the metrics (concurrency/*) and
+#                   RUN/activity/
 # The demonstrations come from `ooze recipe-data RECIPE … --demonstrations --recipe TOML --model
 # MODEL`: the recipe's agent runs every training row with the agent type's oracle writing the
 # turns (see each oracle's docs for the habits it mixes), rendered with the model's template.
@@ -26,6 +30,7 @@
 #                held-out problem (4 for the others)
 #   memagent: medium model (25M), 3500 SFT steps at 5e-4, 20000 training documents of 300 words,
 #             chunks of 256 tokens
+#   tau_retail: small model, 1500 SFT steps at 2e-3, 2000 scenarios
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
 #        (env, overriding every recipe's setting: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4,
 #         SFT_STEPS, SFT_LR, SIZE (the policy's `init-model --size`), N (problems; memagent:
@@ -49,6 +54,7 @@ settings() { # RECIPE
   case $1 in
     multi_agent) size=medium sft_steps=3000 sft_lr=5e-4 eval_n=2 extra=(--set agent.solvers=2) ;;
     memagent) size=medium sft_steps=3500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
+    tau_retail) n=2000 ;;
   esac
   size=${SIZE:-$size} sft_steps=${SFT_STEPS:-$sft_steps} sft_lr=${SFT_LR:-$sft_lr} n=${N:-$n}
   local kv
@@ -84,6 +90,7 @@ run_one() { # RECIPE SEED DIR DATA
       sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]"
         --set "agent.corpus=\"$data/corpus.jsonl\"")
       ;;
+    tau_retail) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.jsonl" "$eval_n")]") ;;
     *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]") ;;
   esac
   $ooze init-model --seed "$seed" --family qwen2 --size "$size" "$dir/model" >/dev/null
@@ -94,7 +101,7 @@ run_one() { # RECIPE SEED DIR DATA
   local -a data_args
   case $recipe in
     memagent) data_args=(--n "$n" --words 300) ;;
-    search_r1) data_args=(--n "$n") ;;
+    search_r1 | tau_retail) data_args=(--n "$n") ;;
     retool) data_args=(--n "$n" --task "${TASK:-arithmetic}") ;;
     *) data_args=(--n "$n" --task "${TASK:-addition}") ;;
   esac
@@ -108,6 +115,7 @@ run_one() { # RECIPE SEED DIR DATA
         sets+=(--set "helpers.$h.path=\"$dir/sft/final-model\"")
       done
       ;;
+    tau_retail) sets+=(--set "helpers.user.path=\"$dir/sft/final-model\"") ;;
     tool_orchestra)
       $ooze init-model --seed "$seed" --family qwen2 --size tiny "$dir/experts/small-init" >/dev/null
       sft "$dir/experts/small-init" "$demos/experts.jsonl" "$dir/experts/small" $((sft_steps * 3 / 8)) "$seed"
@@ -118,8 +126,10 @@ run_one() { # RECIPE SEED DIR DATA
       ;;
   esac
   sft_done=$(date +%s)
+  local ext=parquet
+  [ "$recipe" = tau_retail ] && ext=jsonl
   $ooze train "recipes/$recipe/recipe.toml" \
-    --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$data/train.parquet\"" \
+    --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$data/train.$ext\"" \
     --set "logging.run_dir=\"$dir/grpo\"" --set "rollout.num_rollouts=$rollouts" \
     --set "eval.interval=$rollouts" --set "trainer.lr=$lr" --set trainer.save_interval=1000 \
     --set logging.progress=false --set "model.device=\"$device\"" \
@@ -137,13 +147,23 @@ evals = [m for m in map(json.loads, open(path)) if any(k.startswith("eval/") for
 keys = sorted(k for k in evals[0] if k.startswith("eval/") and k.endswith("/pass@1"))
 cells = [f"{k[5:-7]} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys]
 print(f"result {recipe} seed {seed}: " + ", ".join(cells))
+steps = [m for m in map(json.loads, open(path)) if "concurrency/alive_max" in m]
+if steps:
+    mean = lambda k: sum(m[k] for m in steps) / len(steps)
+    print(f"concurrency {recipe} seed {seed} (mean over {len(steps)} rollouts): alive "
+          f"{mean('concurrency/alive_mean'):.1f} (max {mean('concurrency/alive_max'):.0f}), "
+          f"generating median {mean('concurrency/generating_median'):.1f} mean "
+          f"{mean('concurrency/generating_mean'):.1f} p90 {mean('concurrency/generating_p90'):.1f}, "
+          f"waiting on helpers mean {mean('concurrency/helper_mean'):.1f}; "
+          f"rollout {mean('time/rollout'):.1f} s, reward {steps[0]['reward/mean']:.3f} -> "
+          f"{steps[-1]['reward/mean']:.3f}")
 EOF
 }
 
 pids=()
 for recipe in "$@"; do
   case $recipe in
-    search_r1 | retool | multi_agent | memagent | agentflow | tool_orchestra) ;;
+    search_r1 | retool | multi_agent | memagent | agentflow | tool_orchestra | tau_retail) ;;
     *) echo "unknown recipe $recipe" >&2; exit 2 ;;
   esac
   settings "$recipe"
@@ -156,7 +176,7 @@ for recipe in "$@"; do
       $ooze recipe-data memagent "$data" --n "$n" --words 300
       for w in 300 600 1200 2400; do head -n "$eval_rows" "$data/test_$w.jsonl" >"$data/eval_$w.jsonl"; done
       ;;
-    search_r1) $ooze recipe-data search_r1 "$data" --n "$n" ;;
+    search_r1 | tau_retail) $ooze recipe-data "$recipe" "$data" --n "$n" ;;
     retool) $ooze recipe-data retool "$data" --n "$n" --task "${TASK:-arithmetic}" ;;
     *) $ooze recipe-data "$recipe" "$data" --n "$n" --task "${TASK:-addition}" ;;
   esac
