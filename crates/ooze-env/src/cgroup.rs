@@ -4,8 +4,12 @@
 //! Version 1 (one hierarchy per controller, as on the 2-core CI machines) and version 2 (one
 //! unified hierarchy) are both used where this process may create groups under its own. Each
 //! process of ooze makes `ooze-<pid>` under its group in every writable controller, and one
-//! `ep-<n>` per episode below it. The episode's first process joins the groups before it execs
-//! (writing `0` to `cgroup.procs` moves the writer), so everything it starts is counted.
+//! `ep-<n>` per episode below it. In v2 a group that holds processes cannot hand controllers
+//! down to its children, so a job its launcher put in a group of its own (the GPU machines'
+//! `/process_api/<id>`) often gets none there; run as root, ooze then makes `ooze-<pid>` under
+//! the root group instead, enabling the controllers there (`use_root_group`). The episode's
+//! first process joins the groups before it execs (writing `0` to `cgroup.procs` moves the
+//! writer), so everything it starts is counted.
 //! Groups left by an ooze process that died are emptied and removed by the next one.
 //!
 //! The groups are probed once per process ([`Cgroups::shared`]) and `ooze-<pid>` stays until the
@@ -34,6 +38,11 @@ impl Controller {
         }
     }
 }
+
+const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+
+/// Where the kernel's cgroup filesystem is mounted.
+const CGROUP_FS: &str = "/sys/fs/cgroup";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupVersion {
@@ -78,8 +87,8 @@ impl Cgroups {
             return cgroups;
         };
         let mine = format!("ooze-{}", std::process::id());
-        let v1 = Path::new("/sys/fs/cgroup/memory").is_dir()
-            || Path::new("/sys/fs/cgroup/pids").is_dir();
+        let v1 = Path::new(CGROUP_FS).join("memory").is_dir()
+            || Path::new(CGROUP_FS).join("pids").is_dir();
         if v1 {
             for line in own.lines() {
                 // "4:memory:/path"
@@ -88,9 +97,9 @@ impl Cgroups {
                 let (Some(names), Some(path)) = (names, path) else {
                     continue;
                 };
-                for c in [Controller::Memory, Controller::Pids, Controller::Cpu] {
+                for c in ALL {
                     if names.split(',').any(|n| n == c.name()) {
-                        let base = Path::new("/sys/fs/cgroup")
+                        let base = Path::new(CGROUP_FS)
                             .join(c.name())
                             .join(path.trim_start_matches('/'));
                         if let Some(dir) = make_parent(&base, &mine) {
@@ -103,23 +112,31 @@ impl Cgroups {
                 cgroups.version = Some(CgroupVersion::V1);
             }
         } else if let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) {
-            let base = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-            if let Some(dir) = make_parent(&base, &mine) {
-                let available =
-                    std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
-                let mut enable = String::new();
-                for c in [Controller::Memory, Controller::Pids, Controller::Cpu] {
-                    if available.split_whitespace().any(|n| n == c.name()) {
-                        enable.push_str(&format!("+{} ", c.name()));
-                        cgroups.parents.push((c, dir.clone()));
-                    }
+            let own_group = Path::new(CGROUP_FS).join(path.trim_start_matches('/'));
+            let mut parents = v2_parents(&own_group, &mine);
+            let is_root = unsafe { libc::geteuid() } == 0;
+            let given: Vec<Controller> = parents.iter().map(|(c, _)| *c).collect();
+            if use_root_group(&given, is_root, own_group == Path::new(CGROUP_FS)) {
+                let root = Path::new(CGROUP_FS);
+                for c in ALL {
+                    // One at a time: a controller the root lacks must not block the others.
+                    let _ = std::fs::write(
+                        root.join("cgroup.subtree_control"),
+                        format!("+{}", c.name()),
+                    );
                 }
-                if std::fs::write(dir.join("cgroup.subtree_control"), enable.trim()).is_err() {
-                    cgroups.parents.clear();
-                }
-                if !cgroups.parents.is_empty() {
-                    cgroups.version = Some(CgroupVersion::V2);
-                }
+                let at_root = v2_parents(root, &mine);
+                let (kept, dropped) = if at_root.len() > parents.len() {
+                    (at_root, own_group.join(&mine))
+                } else {
+                    (parents, root.join(&mine))
+                };
+                let _ = std::fs::remove_dir(dropped);
+                parents = kept;
+            }
+            cgroups.parents = parents;
+            if !cgroups.parents.is_empty() {
+                cgroups.version = Some(CgroupVersion::V2);
             }
         }
         cgroups
@@ -128,6 +145,11 @@ impl Cgroups {
     /// The controllers in force, by name.
     pub fn controllers(&self) -> Vec<&'static str> {
         self.parents.iter().map(|(c, _)| c.name()).collect()
+    }
+
+    /// The `ooze-<pid>` directory of the first controller (v2: of all), if any.
+    pub fn group(&self) -> Option<&Path> {
+        self.parents.first().map(|(_, d)| d.as_path())
     }
 
     pub fn has(&self, controller: Controller) -> bool {
@@ -156,6 +178,32 @@ impl Cgroups {
         }
         Ok(group)
     }
+}
+
+/// `base/name` made as a v2 parent, with every controller of ours that `base` hands down
+/// enabled for its children; none when they cannot be enabled.
+fn v2_parents(base: &Path, name: &str) -> Vec<(Controller, PathBuf)> {
+    let Some(dir) = make_parent(base, name) else {
+        return Vec::new();
+    };
+    let available = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    let given: Vec<Controller> = ALL
+        .into_iter()
+        .filter(|c| available.split_whitespace().any(|n| n == c.name()))
+        .collect();
+    let enable: Vec<String> = given.iter().map(|c| format!("+{}", c.name())).collect();
+    if std::fs::write(dir.join("cgroup.subtree_control"), enable.join(" ")).is_err() {
+        return Vec::new();
+    }
+    given.into_iter().map(|c| (c, dir.clone())).collect()
+}
+
+/// Whether v2 groups go under the root group rather than this process's own: only for root
+/// (who may write there), and only when the own group hands down fewer than all three
+/// controllers (a group that holds processes cannot enable controllers for its children, so
+/// a job put in a group of its own by its launcher often gets none).
+fn use_root_group(own_gives: &[Controller], is_root: bool, own_is_root_group: bool) -> bool {
+    is_root && !own_is_root_group && ALL.iter().any(|c| !own_gives.contains(c))
 }
 
 /// `base/name`, made if need be, after removing groups of ooze processes no longer running.
@@ -348,5 +396,23 @@ impl Drop for EpisodeCgroup {
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_group_only_for_root_when_the_own_group_falls_short() {
+        use Controller::*;
+        // The GPU machine: root, own group `/process_api/<id>` hands nothing down.
+        assert!(use_root_group(&[], true, false));
+        assert!(use_root_group(&[Memory], true, false));
+        // Everything handed down, not root, or already at the root: stay.
+        assert!(!use_root_group(&[Memory, Pids, Cpu], true, false));
+        assert!(!use_root_group(&[Cpu, Pids, Memory], true, false));
+        assert!(!use_root_group(&[], false, false));
+        assert!(!use_root_group(&[Memory], true, true));
     }
 }

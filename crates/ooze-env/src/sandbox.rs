@@ -17,7 +17,7 @@ use crate::episode::Episode;
 use crate::error::EnvError;
 use crate::image::{find_program, Image};
 use crate::launch::{Launch, Layout};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -126,6 +126,8 @@ pub struct Isolation {
     /// ooze is not root: its episodes live in a user namespace of its own.
     pub user_namespace: bool,
     pub cgroup: Option<CgroupVersion>,
+    /// The `ooze-<pid>` group the episodes' groups go under (v1: the first controller's).
+    pub cgroup_group: Option<PathBuf>,
     /// Cgroup controllers limiting each episode.
     pub controllers: Vec<&'static str>,
     /// Limits kept by rlimits instead (no writable controller).
@@ -160,8 +162,12 @@ impl std::fmt::Display for Isolation {
         match self.cgroup {
             Some(v) => write!(
                 f,
-                "; cgroup {}: {}",
+                "; cgroup {} ({}): {}",
                 if v == CgroupVersion::V1 { "v1" } else { "v2" },
+                self.cgroup_group
+                    .as_deref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
                 self.controllers.join(", ")
             )?,
             None => write!(f, "; no writable cgroup")?,
@@ -247,6 +253,7 @@ impl Sandbox {
             bubblewrap,
             user_namespace: mode == IsolationMode::Container && !root,
             cgroup: cgroups.version,
+            cgroup_group: cgroups.group().map(Path::to_path_buf),
             controllers: cgroups.controllers(),
             rlimits,
             unlimited,
