@@ -87,10 +87,11 @@ pub fn write_task(
         "instruction.md",
         &format!("{}\n", generated.instruction.trim()),
     )?;
+    // The seed is a string: TOML's integers stop at i64::MAX, task seeds are any u64.
     write(
         "task.toml",
         &format!(
-            "version = \"1.0\"\n\n[metadata]\nfamily = \"{}\"\narea = \"{}\"\nseed = {seed}\n\n\
+            "version = \"1.0\"\n\n[metadata]\nfamily = \"{}\"\narea = \"{}\"\nseed = \"{seed}\"\n\n\
              [agent]\ntimeout_sec = 300.0\n\n[verifier]\ntimeout_sec = 60.0\n{}\n\
              [environment]\ncpus = 1\nmemory_mb = 512\nstorage_mb = 256\n",
             family.name,
