@@ -171,9 +171,11 @@ impl Agent for TerminalAgent {
             let mut conv = ctx.start_rendered(prompt);
             let (mut turns, mut commands, mut failed, mut timeouts, mut errors, mut file_calls) =
                 (0usize, 0usize, 0usize, 0usize, 0usize, 0usize);
-            let mut tool_seconds = 0.0;
+            let (mut tool_seconds, mut generate_seconds) = (0.0, 0.0);
             for _ in 0..self.config.max_turns {
+                let t = Instant::now();
                 let turn = ctx.generate(&mut conv, &["</tool_call>"]).await?;
+                generate_seconds += t.elapsed().as_secs_f64();
                 turns += 1;
                 if turn.tokens == 0 || turn.finish == FinishReason::Length {
                     break;
@@ -229,6 +231,7 @@ impl Agent for TerminalAgent {
                 ("passed".to_string(), verdict.passed() as u8 as f64),
                 ("episode_start_seconds".to_string(), start_seconds),
                 ("tool_seconds".to_string(), tool_seconds),
+                ("generate_seconds".to_string(), generate_seconds),
                 ("verify_seconds".to_string(), verify_seconds),
                 (
                     "episode_memory_mib".to_string(),
@@ -278,10 +281,19 @@ pub fn instruction(task: &str, file_tools: bool) -> String {
     )
 }
 
-/// The demonstrations' teacher: the task's reference solution as one `bash` call, then "Done.".
+/// The demonstrations' teacher. Two habits, fixed per task (a hash of its instruction), so the
+/// warm-started policy starts imperfect and RL has the finishing to find, as the other recipes'
+/// oracles mix a weak habit with a good one:
+/// - half the tasks: the task's reference solution as one `bash` call, then "Done.";
+/// - half: a look at the working directory (`ls /work`), then "Done." with the task not done
+///   (the premature claim of completion weak terminal agents make; reward 0).
 pub struct TerminalOracle {
     solution: String,
+    solves: bool,
 }
+
+/// The weak habit's one command.
+const LOOK: &str = "ls /work";
 
 impl TerminalOracle {
     pub fn new(prompt: &PromptItem) -> Result<TerminalOracle, AgentError> {
@@ -295,6 +307,7 @@ impl TerminalOracle {
         })?;
         Ok(TerminalOracle {
             solution: solution.trim_start_matches("set -e\n").trim().to_owned(),
+            solves: super::strategy(&task.instruction, 2) == 0,
         })
     }
 }
@@ -313,8 +326,46 @@ impl ooze_rollout::oracle::Oracle for TerminalOracle {
         Ok(if so_far.contains("<tool_response>") {
             "Done.".to_string()
         } else {
-            let call = json!({"name": "bash", "arguments": {"command": self.solution}});
+            let command = if self.solves { &self.solution } else { LOOK };
+            let call = json!({"name": "bash", "arguments": {"command": command}});
             format!("<tool_call>{call}</tool_call>")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ooze_rollout::oracle::{Caller, Oracle};
+
+    #[test]
+    fn the_oracle_solves_or_looks_and_stops() {
+        let tmp = tempfile::tempdir().unwrap();
+        let families = ooze_env::families::terminal_families();
+        let dirs = ooze_env::families::write_tasks(tmp.path(), &families, 16, 3).unwrap();
+        let mut habits = [0, 0];
+        for dir in dirs {
+            let prompt = crate::recipes::test_prompt(
+                "pass".into(),
+                json!({"task_dir": dir.display().to_string()}),
+                vec![json!({"role": "user", "content": "Task: …"})],
+            );
+            let o = TerminalOracle::new(&prompt).unwrap();
+            habits[o.solves as usize] += 1;
+            let first = o.reply(Caller::Policy, &prompt.messages).unwrap();
+            let call = tool_calls(&first).remove(0).unwrap();
+            let command = call.string_argument("command").unwrap();
+            let solution = Task::load(&dir).unwrap().solution.unwrap();
+            if o.solves {
+                assert!(solution.contains(command), "{command}");
+            } else {
+                assert_eq!(command, LOOK);
+            }
+            let shown = format!("{first}\n<tool_response>\n…\n</tool_response>\n");
+            let mut messages = prompt.messages.clone();
+            messages.push(json!({"role": "assistant", "content": shown}));
+            assert_eq!(o.reply(Caller::Policy, &messages).unwrap(), "Done.");
+        }
+        assert!(habits[0] > 0 && habits[1] > 0, "{habits:?}");
     }
 }
