@@ -54,13 +54,6 @@ impl Agent for TauRetailAgent {
     fn run<'a>(&'a self, ctx: &'a mut AgentContext, prompt: &'a PromptItem) -> AgentFuture<'a> {
         Box::pin(async move {
             let scenario = scenario(prompt)?;
-            let mut db = Database::generate(scenario.db_seed);
-            let mut customer = vec![
-                json!({"role": "system", "content": user_system_prompt(&scenario.instruction)}),
-                json!({"role": "user", "content": GREETING}),
-            ];
-            let opening = ctx.ask_helper(USER, &customer, usize::MAX, &[]).await?.text;
-            customer.push(json!({"role": "assistant", "content": opening}));
             let mut messages = prompt.messages.clone();
             if messages.is_empty() {
                 return Err(agent_error(format!(
@@ -69,11 +62,19 @@ impl Agent for TauRetailAgent {
                     prompt.source_line
                 )));
             }
+            let mut db = Database::generate(scenario.db_seed);
+            let mut customer = vec![
+                json!({"role": "system", "content": user_system_prompt(&scenario.instruction)}),
+                json!({"role": "user", "content": GREETING}),
+            ];
+            let opening = ctx.ask_helper(USER, &customer, usize::MAX, &[]).await?.text;
+            customer.push(json!({"role": "assistant", "content": opening}));
             messages.push(json!({"role": "user", "content": opening}));
             let mut conv = ctx.start(messages, None)?;
             let mut said: Vec<String> = Vec::new();
             let mut m = Counts::default();
-            let mut ended = opening.contains(STOP);
+            let mut stopped = opening.contains(STOP);
+            let mut ended = stopped;
             while !ended && m.turns < self.config.max_turns {
                 let turn = ctx.generate(&mut conv, &["</tool_call>"]).await?;
                 m.turns += 1;
@@ -93,7 +94,8 @@ impl Agent for TauRetailAgent {
                     let reply = ctx.ask_helper(USER, &customer, usize::MAX, &[]).await?.text;
                     customer.push(json!({"role": "assistant", "content": reply}));
                     m.user_turns += 1;
-                    ended = reply.contains(STOP);
+                    stopped = reply.contains(STOP);
+                    ended = stopped;
                     json!({"role": "user", "content": reply})
                 } else {
                     // The turn stopped at `</tool_call>`: a tool call.
@@ -102,8 +104,9 @@ impl Agent for TauRetailAgent {
                         Some(Ok(call)) => {
                             ended = call.name == "transfer_to_human_agents";
                             m.transfers += ended as usize;
-                            m.writes += tools::writes(&call.name) as usize;
-                            tools::call(&mut db, &call.name, &call.arguments)
+                            let result = tools::call(&mut db, &call.name, &call.arguments);
+                            m.writes += (result.is_ok() && tools::writes(&call.name)) as usize;
+                            result
                         }
                         Some(Err(e)) => Err(e.0),
                         None => Err("no tool call before </tool_call>".to_owned()),
@@ -127,7 +130,7 @@ impl Agent for TauRetailAgent {
                 ("writes".to_string(), m.writes as f64),
                 ("user_turns".to_string(), m.user_turns as f64),
                 ("transfers".to_string(), m.transfers as f64),
-                ("user_stopped".to_string(), ended as u8 as f64),
+                ("user_stopped".to_string(), stopped as u8 as f64),
                 (
                     "database_matches".to_string(),
                     grade.database_matches as u8 as f64,
@@ -154,6 +157,7 @@ struct Counts {
     turns: usize,
     tool_calls: usize,
     tool_errors: usize,
+    /// Changes the store accepted.
     writes: usize,
     user_turns: usize,
     transfers: usize,
