@@ -4,10 +4,12 @@
 //!
 //! - [`db`]: the database (users, products with variants, orders with payments), from a seed.
 //! - [`tools`]: the agent's tools and the store's rules they enforce.
+//! - `draw`: a customer and a request drawn from a database, with its solution.
 //! - [`scenario`]: customers' requests, their solutions, the grading, the user simulator's and
 //!   the agent's prompts.
 
 pub mod db;
+mod draw;
 pub mod scenario;
 pub mod tools;
 

@@ -4,11 +4,11 @@
 //! database and compare it with the database the agent left; and every required fact must appear
 //! in what the agent said to the customer.
 
-use super::db::{dollars, Address, Database};
-use super::tools::{self, CANCEL_REASONS};
+use super::db::{Address, Database};
+use super::tools;
 use ooze_core::SplitMix64;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 /// How the customer identifies themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,14 +83,14 @@ pub struct Scenario {
     pub outputs: Vec<String>,
 }
 
-fn action(name: &str, arguments: Value) -> Action {
+pub(super) fn action(name: &str, arguments: Value) -> Action {
     Action {
         name: name.to_owned(),
         arguments: arguments.as_object().expect("an object").clone(),
     }
 }
 
-fn describe(options: &std::collections::BTreeMap<String, String>) -> String {
+pub(super) fn describe(options: &std::collections::BTreeMap<String, String>) -> String {
     options
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
@@ -104,217 +104,10 @@ impl Scenario {
         let db = Database::generate(seed);
         let mut rng = SplitMix64::new(seed ^ 0x5ce7_a710);
         loop {
-            if let Some(s) = Self::attempt(&db, seed, &mut rng) {
+            if let Some(s) = super::draw::scenario(&db, seed, &mut rng) {
                 return s;
             }
         }
-    }
-
-    /// One draw of a customer and a request; `None` when the drawn customer has nothing the
-    /// drawn request applies to.
-    fn attempt(db: &Database, seed: u64, rng: &mut SplitMix64) -> Option<Scenario> {
-        let users: Vec<_> = db.users.values().collect();
-        let user = *rng.pick(&users);
-        let orders: Vec<_> = user.orders.iter().map(|o| &db.orders[o]).collect();
-        let of_status = |status: &str| -> Vec<_> {
-            orders
-                .iter()
-                .copied()
-                .filter(|o| o.status == status)
-                .collect()
-        };
-        let new_address = |rng: &mut SplitMix64| {
-            let other = db
-                .users
-                .values()
-                .nth(rng.below(db.users.len() as u64) as usize)?;
-            (other.address.zip != user.address.zip).then(|| other.address.clone())
-        };
-        let name = format!("{} {}", user.first_name, user.last_name);
-        let (request, goal, actions, outputs) = match rng.below(6) {
-            0 => {
-                let pending = of_status("pending");
-                let o = *pending.get(rng.below(pending.len().max(1) as u64) as usize)?;
-                let reason = rng.pick(&CANCEL_REASONS).to_string();
-                let why = if reason == "no longer needed" {
-                    "you no longer need it"
-                } else {
-                    "you ordered it by mistake"
-                };
-                (
-                    Request::Cancel {
-                        order_id: o.order_id.clone(),
-                        reason: reason.clone(),
-                    },
-                    format!("cancel your order {} because {why}", o.order_id),
-                    vec![action(
-                        "cancel_pending_order",
-                        json!({"order_id": o.order_id, "reason": reason}),
-                    )],
-                    vec![],
-                )
-            }
-            1 => {
-                let pending = of_status("pending");
-                let o = *pending.get(rng.below(pending.len().max(1) as u64) as usize)?;
-                let a = new_address(rng)?;
-                (
-                    Request::OrderAddress {
-                        order_id: o.order_id.clone(),
-                        address: a.clone(),
-                    },
-                    format!(
-                        "have your order {} shipped to {}, {} {} instead",
-                        o.order_id, a.street, a.city, a.zip
-                    ),
-                    vec![action(
-                        "modify_pending_order_address",
-                        json!({"order_id": o.order_id, "street": a.street, "city": a.city,
-                               "zip": a.zip}),
-                    )],
-                    vec![],
-                )
-            }
-            2 => {
-                let a = new_address(rng)?;
-                (
-                    Request::UserAddress { address: a.clone() },
-                    format!(
-                        "change your account's address to {}, {} {} (you moved)",
-                        a.street, a.city, a.zip
-                    ),
-                    vec![action(
-                        "modify_user_address",
-                        json!({"user_id": user.user_id, "street": a.street, "city": a.city,
-                               "zip": a.zip}),
-                    )],
-                    vec![],
-                )
-            }
-            3 => {
-                let delivered = of_status("delivered");
-                let o = *delivered.get(rng.below(delivered.len().max(1) as u64) as usize)?;
-                let item = rng.pick(&o.items);
-                let gift = user.payment_methods.iter().find(|m| m.kind == "gift_card");
-                let (method, to) = match gift {
-                    Some(g) if rng.below(2) == 0 => (g.id.clone(), "your gift card"),
-                    _ => (
-                        o.payments[0].payment_method_id.clone(),
-                        "the original payment method",
-                    ),
-                };
-                (
-                    Request::Return {
-                        order_id: o.order_id.clone(),
-                        item_id: item.item_id.clone(),
-                        payment_method_id: method.clone(),
-                    },
-                    format!(
-                        "return the {} ({}) of your order {}, refunded to {to}",
-                        item.name,
-                        describe(&item.options),
-                        o.order_id
-                    ),
-                    vec![action(
-                        "return_delivered_order_items",
-                        json!({"order_id": o.order_id, "item_ids": [item.item_id],
-                               "payment_method_id": method}),
-                    )],
-                    vec![],
-                )
-            }
-            4 => {
-                let delivered = of_status("delivered");
-                let o = *delivered.get(rng.below(delivered.len().max(1) as u64) as usize)?;
-                let item = rng.pick(&o.items);
-                let product = &db.products[&item.product_id];
-                // Another available variant that differs from the item in exactly one option.
-                let choices: Vec<_> = product
-                    .variants
-                    .iter()
-                    .filter(|v| v.available && v.item_id != item.item_id)
-                    .filter(|v| {
-                        v.options
-                            .iter()
-                            .filter(|(k, val)| item.options.get(*k) != Some(val))
-                            .count()
-                            == 1
-                    })
-                    .collect();
-                let v = *choices.get(rng.below(choices.len().max(1) as u64) as usize)?;
-                let (option, value) = v
-                    .options
-                    .iter()
-                    .find(|(k, val)| item.options.get(*k) != Some(val))
-                    .map(|(k, val)| (k.clone(), val.clone()))
-                    .expect("exactly one option differs");
-                let method = o.payments[0].payment_method_id.clone();
-                (
-                    Request::Exchange {
-                        order_id: o.order_id.clone(),
-                        item_id: item.item_id.clone(),
-                        product_id: product.product_id.clone(),
-                        option: option.clone(),
-                        value: value.clone(),
-                        new_item_id: v.item_id.clone(),
-                        payment_method_id: method.clone(),
-                    },
-                    format!(
-                        "exchange the {} ({}) of your order {} for the same item with {option} \
-                         {value}, paying any difference with the original payment method",
-                        item.name,
-                        describe(&item.options),
-                        o.order_id
-                    ),
-                    vec![action(
-                        "exchange_delivered_order_items",
-                        json!({"order_id": o.order_id, "item_ids": [item.item_id],
-                               "new_item_ids": [v.item_id], "payment_method_id": method}),
-                    )],
-                    vec![],
-                )
-            }
-            _ => {
-                let o = *rng.pick(&orders);
-                (
-                    Request::OrderTotal {
-                        order_id: o.order_id.clone(),
-                    },
-                    format!(
-                        "know how much you paid in total for your order {}",
-                        o.order_id
-                    ),
-                    vec![],
-                    vec![dollars(o.total())],
-                )
-            }
-        };
-        let (identity, known_by) = if rng.below(2) == 0 {
-            (
-                Identity::Email {
-                    email: user.email.clone(),
-                },
-                format!("your email is {}", user.email),
-            )
-        } else {
-            (
-                Identity::NameZip {
-                    first_name: user.first_name.clone(),
-                    last_name: user.last_name.clone(),
-                    zip: user.address.zip.clone(),
-                },
-                format!("your zip code is {}", user.address.zip),
-            )
-        };
-        Some(Scenario {
-            db_seed: seed,
-            user_id: user.user_id.clone(),
-            identity,
-            instruction: format!("You are {name}; {known_by}. You want to {goal}."),
-            request,
-            actions,
-            outputs,
-        })
     }
 
     /// The scenario of a dataset row's metadata.
@@ -406,6 +199,7 @@ pub fn policy_document() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_scenario_is_solvable_and_needs_its_actions() {
