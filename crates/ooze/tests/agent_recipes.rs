@@ -382,23 +382,15 @@ fn tau_retail_serves_a_simulated_customer_and_grades_the_database() {
                 user_turns += m["user_turns"].as_f64().unwrap();
                 // The reward is τ-bench's: replaying the agent's own tool calls (its trained
                 // tokens) on a fresh database gives the database it was graded on.
-                let ids: Vec<u64> = sample["response_ids"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap())
-                    .collect();
-                let mask: Vec<u64> = sample["loss_mask"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap())
+                let ids = token_ids(&sample["response_ids"]);
+                let mask: Vec<u64> = token_ids(&sample["loss_mask"])
+                    .into_iter()
+                    .map(u64::from)
                     .collect();
                 let mut db = Database::generate(scenario.db_seed);
                 for (a, b, m) in runs(&mask) {
                     if m == 1 {
-                        let turn: Vec<u32> = ids[a..b].iter().map(|&i| i as u32).collect();
-                        let turn = run.tokenizer.decode(&turn, false).unwrap();
+                        let turn = run.tokenizer.decode(&ids[a..b], false).unwrap();
                         if let Some(Ok(call)) =
                             ooze_agents::parse::tool_calls(&turn).into_iter().next()
                         {

@@ -148,19 +148,8 @@ fn terminal_cases() -> Vec<Case> {
             obs,
         )
     };
-    vec![
-        one(
-            "max_tokens_per_turn",
-            "2",
-            Metric("rollout/response_len_max"),
-        ),
-        one(
-            "max_response_tokens",
-            "3",
-            Metric("rollout/response_len_max"),
-        ),
-        one("deadline_secs", "1e-4", Responses),
-        one("max_turns", "1", Metric("agent/turns")),
+    let mut c = limit_cases("terminal", terminal);
+    c.extend([
         // A cut tool response is fewer appended tokens (every command here times out, so every
         // response is the long TIMEOUT note).
         case(
@@ -176,41 +165,36 @@ fn terminal_cases() -> Vec<Case> {
         ),
         one("file_tools", "true", Stderr("tools: bash, view, edit")),
         one("tool_concurrency", "3", Stderr("3 commands at once")),
-    ]
+    ]);
+    c
 }
 
 /// `[agent]` of type tau_retail (`extra`: `key = value` pairs that replace the defaults) on the
 /// harness's generated scenarios, with a policy that calls a tool every turn (one the store does
 /// not have: each result is the same long error) and plays the customer too.
 fn tau(extra: &str) -> Vec<String> {
-    let mut keys = vec![
-        ("max_tokens_per_turn", "16"),
-        ("max_response_tokens", "400"),
-        ("max_turns", "3"),
-    ];
-    for pair in extra.split(", ").filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once(" = ").unwrap();
-        keys.retain(|(key, _)| *key != k);
-        keys.push((k, v));
-    }
-    let body: String = keys.iter().map(|(k, v)| format!(", {k} = {v}")).collect();
-    vec![
-        format!("agent={{type = \"tau_retail\"{body}}}"),
+    let keys =
+        format!("max_tokens_per_turn = 16, max_response_tokens = 400, max_turns = 3, {extra}");
+    let mut sets = agent("tau_retail", keys.trim_end_matches(", "));
+    sets.extend([
         "model.path=\"{tool_model}\"".into(),
         "data={path = \"{tau_data}\", input_key = \"prompt\", metadata_key = \"extra_info\"}"
             .into(),
         "helpers.user={policy = true, max_tokens = 8}".into(),
         "reward={type = \"exact_match\"}".into(),
-    ]
+    ]);
+    sets
 }
 
-fn tau_cases() -> Vec<Case> {
+/// The four limits every agent type with turns has, each set low against `build("")` (`build`
+/// takes `key = value` pairs for the `[agent]` table).
+fn limit_cases(ty: &str, build: fn(&str) -> Vec<String>) -> Vec<Case> {
     use Obs::*;
     let one = |k: &str, v: &str, obs: Obs| {
         case(
-            &[&format!("agent(tau_retail).{k}")],
-            tau(""),
-            tau(&format!("{k} = {v}")),
+            &[&format!("agent({ty}).{k}")],
+            build(""),
+            build(&format!("{k} = {v}")),
             obs,
         )
     };
@@ -227,9 +211,19 @@ fn tau_cases() -> Vec<Case> {
         ),
         one("deadline_secs", "1e-4", Responses),
         one("max_turns", "1", Metric("agent/turns")),
-        // The tool's error is cut: fewer appended tokens.
-        one("max_observation_tokens", "2", Turns),
     ]
+}
+
+fn tau_cases() -> Vec<Case> {
+    let mut c = limit_cases("tau_retail", tau);
+    // The tool's error is cut: fewer appended tokens.
+    c.push(case(
+        &["agent(tau_retail).max_observation_tokens"],
+        tau(""),
+        tau("max_observation_tokens = 2"),
+        Obs::Turns,
+    ));
+    c
 }
 
 pub fn cases() -> Vec<Case> {
