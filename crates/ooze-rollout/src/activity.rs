@@ -50,7 +50,8 @@ impl Drop for PhaseGuard {
 }
 
 impl Activity {
-    /// Starts a new log (at the start of a rollout); counts of phases still open carry over.
+    /// Starts a new log (at the start of a rollout; until the first, changes are counted but not
+    /// logged); counts of phases still open carry over.
     pub fn restart(&self) {
         let mut log = self.0.lock().expect("never poisoned");
         let now = log.now;
@@ -75,9 +76,11 @@ impl Activity {
         } else {
             log.now[i].saturating_sub(1)
         };
-        let start = *log.start.get_or_insert_with(Instant::now);
-        let entry = (start.elapsed().as_secs_f64(), log.now);
-        log.changes.push(entry);
+        // Only a restarted log records its changes (contexts outside a rollout count, unread).
+        if let Some(start) = log.start {
+            let entry = (start.elapsed().as_secs_f64(), log.now);
+            log.changes.push(entry);
+        }
     }
 
     /// The log since the last [`Activity::restart`], up to now, with the series sampled every

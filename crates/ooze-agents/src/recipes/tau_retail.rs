@@ -16,7 +16,7 @@
 //! at the helper's `max_tokens`.
 
 use crate::parse::tool_calls;
-use crate::retail::scenario::{user_system_prompt, Request, Scenario, GREETING, STOP};
+use crate::retail::scenario::{user_system_prompt, Identity, Request, Scenario, GREETING, STOP};
 use crate::retail::{tools, Database};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_rollout::agent::{Agent, AgentContext, AgentError, AgentFuture, AgentOutput};
@@ -220,10 +220,10 @@ impl TauRetailOracle {
     fn script(&self) -> Vec<String> {
         let s = &self.scenario;
         let identify = match &s.identity {
-            crate::retail::scenario::Identity::Email { email } => {
+            Identity::Email { email } => {
                 Self::call("find_user_id_by_email", json!({ "email": email }))
             }
-            crate::retail::scenario::Identity::NameZip {
+            Identity::NameZip {
                 first_name,
                 last_name,
                 zip,
@@ -327,10 +327,10 @@ impl TauRetailOracle {
     fn opening(&self) -> String {
         let s = &self.scenario;
         let who = match &s.identity {
-            crate::retail::scenario::Identity::Email { email } => {
+            Identity::Email { email } => {
                 format!("My email is {email}.")
             }
-            crate::retail::scenario::Identity::NameZip {
+            Identity::NameZip {
                 first_name,
                 last_name,
                 zip,
