@@ -12,11 +12,18 @@ use ooze_rollout::oracle::{demonstrate, Demonstration, Oracle};
 use ooze_rollout::prompts::{prepare, PromptItem};
 use std::sync::Arc;
 
-/// Executions run at once (each may wait on the sandbox).
-const AT_ONCE: usize = 8;
+/// Executions run at once (each may wait on the sandbox): two per core, 8 to 64.
+fn at_once() -> usize {
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    (2 * cores).clamp(8, 64)
+}
 
-/// The agent type's oracle for one prompt.
-fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn Oracle>> {
+/// The agent type's oracle for one prompt, in its `take`-th recording (0 for the first).
+fn oracle(
+    agent: &AgentSection,
+    prompt: &PromptItem,
+    take: usize,
+) -> anyhow::Result<Arc<dyn Oracle>> {
     use ooze_agents::recipes::{
         agentflow, memagent, multi_agent, retool, search_r1, tau_retail, terminal, tool_orchestra,
     };
@@ -28,7 +35,7 @@ fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn O
         AgentSection::Memagent(_) => Arc::new(memagent::MemAgentOracle::new(prompt)?),
         AgentSection::Agentflow(_) => Arc::new(agentflow::AgentflowOracle::new(prompt)?),
         AgentSection::ToolOrchestra(_) => Arc::new(tool_orchestra::OrchestraOracle::new(prompt)?),
-        AgentSection::Terminal(_) => Arc::new(terminal::TerminalOracle::new(prompt)?),
+        AgentSection::Terminal(_) => Arc::new(terminal::TerminalOracle::new(prompt, take)?),
         AgentSection::TauRetail(_) => Arc::new(tau_retail::TauRetailOracle::new(prompt)?),
         AgentSection::Command(_) => bail!(
             "agent.type = \"command\" has no built-in oracle to demonstrate it: give `ooze sft` \
@@ -38,15 +45,27 @@ fn oracle(agent: &AgentSection, prompt: &PromptItem) -> anyhow::Result<Arc<dyn O
 }
 
 /// Every conversation of the recipe's agent on each prompt of the data file `path` (read with
-/// the recipe's `[data]` keys), in prompt order. Progress goes to stderr.
+/// the recipe's `[data]` keys), in prompt order, each prompt recorded `takes` times in a row.
+/// Only the terminal agent's oracle varies between takes (it alternates its habit), so other
+/// agents take one. Progress goes to stderr.
 pub fn demonstrations(
     recipe: &Recipe,
     tokenizer: Arc<Tokenizer>,
     path: &str,
+    takes: usize,
 ) -> anyhow::Result<Vec<Demonstration>> {
     let Some(spec) = recipe.agent.spec() else {
         bail!("the recipe has no [agent]: demonstrations are an agent's conversations");
     };
+    if takes == 0 {
+        bail!("takes must be at least 1");
+    }
+    if takes > 1 && !matches!(recipe.agent, AgentSection::Terminal(_)) {
+        bail!(
+            "{takes} takes per prompt: only the terminal agent's oracle (endless_terminals, echo, \
+             swe_lite) differs between takes; this agent's would repeat itself"
+        );
+    }
     let rows = ooze_rollout::data::load(&data_config(recipe, path))?.rows;
     let (prompts, too_long) = prepare(
         rows,
@@ -89,15 +108,17 @@ pub fn demonstrations(
         .enable_all()
         .build()?;
     let started = std::time::Instant::now();
-    let mut out: Vec<Vec<Demonstration>> = vec![Vec::new(); prompts.len()];
+    let jobs = prompts.len() * takes;
+    let mut out: Vec<Vec<Demonstration>> = vec![Vec::new(); jobs];
     runtime.block_on(async {
         let mut running = tokio::task::JoinSet::new();
         let mut next = 0;
         let mut done = 0;
-        while done < prompts.len() {
-            while next < prompts.len() && running.len() < AT_ONCE {
-                let prompt = prompts[next].clone();
-                let oracle = oracle(&recipe.agent, &prompt)?;
+        let at_once = at_once();
+        while done < jobs {
+            while next < jobs && running.len() < at_once {
+                let (prompt, take) = (prompts[next / takes].clone(), next % takes);
+                let oracle = oracle(&recipe.agent, &prompt, take)?;
                 let (agent, limits, tokenizer, helpers) = (
                     rollout.agent.clone(),
                     rollout.limits.clone(),
@@ -114,9 +135,9 @@ pub fn demonstrations(
             let (i, line, shown) = running.join_next().await.expect("tasks are running")?;
             out[i] = shown.with_context(|| format!("{path}:{line}: the demonstration failed"))?;
             done += 1;
-            if done % 100 == 0 || done == prompts.len() {
+            if done % 100 == 0 || done == jobs {
                 eprintln!(
-                    "demonstrations: {done}/{} prompts ({:.0}s)",
+                    "demonstrations: {done}/{jobs} recordings of {} prompts ({:.0}s)",
                     prompts.len(),
                     started.elapsed().as_secs_f64()
                 );

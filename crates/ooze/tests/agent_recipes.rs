@@ -290,14 +290,38 @@ fn tool_orchestra_pays_for_its_experts() {
 
 #[test]
 fn endless_terminals_trains_ppo_on_exact_trajectories() {
-    let run = run_recipe(
+    let run = run_recipe_with(
         "endless_terminals",
         "jsonl",
+        &["--takes", "2"],
         &[
             "agent.max_turns=3".to_string(),
             "agent.max_tokens_per_turn=64".to_string(),
         ],
+        |_| Vec::new(),
     );
+    // Two takes of every task, one solving it and one looking and stopping.
+    let shown: Vec<Value> = std::fs::read_to_string(run.data.join("sft.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(shown.len(), 400);
+    for pair in shown.chunks(2) {
+        let first_turn = |d: &Value| {
+            let messages = d["messages"].as_array().unwrap();
+            let at = messages
+                .iter()
+                .position(|m| m["role"] == "assistant")
+                .unwrap();
+            let turn = messages[at]["content"].as_str().unwrap().to_owned();
+            (messages[..at].to_vec(), turn)
+        };
+        let (one, other) = (first_turn(&pair[0]), first_turn(&pair[1]));
+        assert_eq!(one.0, other.0, "the same task");
+        let looks = |turn: &(Vec<Value>, String)| turn.1.contains(r#""command":"ls /work"}"#);
+        assert_ne!(looks(&one), looks(&other), "{pair:?}");
+    }
     let actions = check_terminal_run(&run);
     assert!(
         actions > 0,

@@ -281,12 +281,16 @@ pub fn instruction(task: &str, file_tools: bool) -> String {
     )
 }
 
-/// The demonstrations' teacher. Two habits, fixed per task (a hash of its instruction), so the
-/// warm-started policy starts imperfect and RL has the finishing to find, as the other recipes'
-/// oracles mix a weak habit with a good one:
-/// - half the tasks: the task's reference solution as one `bash` call, then "Done.";
-/// - half: a look at the working directory (`ls /work`), then "Done." with the task not done
-///   (the premature claim of completion weak terminal agents make; reward 0).
+/// The demonstrations' teacher. Two habits, so the warm-started policy starts imperfect and RL
+/// has the finishing to find, as the other recipes' oracles mix a weak habit with a good one:
+/// - the task's reference solution as one `bash` call, then "Done.";
+/// - a look at the working directory (`ls /work`), then "Done." with the task not done (the
+///   premature claim of completion weak terminal agents make; reward 0).
+///
+/// The first take of a task picks the habit by a hash of its instruction (half the tasks each);
+/// every further take switches to the other habit. With two takes per task the demonstrations
+/// show every task both ways, so the warm-started policy is undecided on each task rather than
+/// decided by whatever SFT made of the hash.
 pub struct TerminalOracle {
     solution: String,
     solves: bool,
@@ -296,7 +300,8 @@ pub struct TerminalOracle {
 const LOOK: &str = "ls /work";
 
 impl TerminalOracle {
-    pub fn new(prompt: &PromptItem) -> Result<TerminalOracle, AgentError> {
+    /// The oracle of `prompt`'s `take`-th recording (0 for the first).
+    pub fn new(prompt: &PromptItem, take: usize) -> Result<TerminalOracle, AgentError> {
         let dir = task_dir(prompt)?;
         let task = Task::load(&dir).map_err(|e| AgentError::Agent(e.to_string()))?;
         let solution = task.solution.ok_or_else(|| {
@@ -307,7 +312,7 @@ impl TerminalOracle {
         })?;
         Ok(TerminalOracle {
             solution: solution.trim_start_matches("set -e\n").trim().to_owned(),
-            solves: super::strategy(&task.instruction, 2) == 0,
+            solves: (super::strategy(&task.instruction, 2) + take as u64).is_multiple_of(2),
         })
     }
 }
@@ -350,8 +355,11 @@ mod tests {
                 json!({"task_dir": dir.display().to_string()}),
                 vec![json!({"role": "user", "content": "Task: …"})],
             );
-            let o = TerminalOracle::new(&prompt).unwrap();
+            let o = TerminalOracle::new(&prompt, 0).unwrap();
             habits[o.solves as usize] += 1;
+            // The next take shows the task the other way, the one after it as the first.
+            assert_ne!(TerminalOracle::new(&prompt, 1).unwrap().solves, o.solves);
+            assert_eq!(TerminalOracle::new(&prompt, 2).unwrap().solves, o.solves);
             let first = o.reply(Caller::Policy, &prompt.messages).unwrap();
             let call = tool_calls(&first).remove(0).unwrap();
             let command = call.string_argument("command").unwrap();

@@ -63,6 +63,12 @@ pub struct Args {
     /// recipe's `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Demonstrations: recordings per train row. The terminal oracle alternates its habit from
+    /// take to take, so with 2 every task is shown solved once and abandoned once and the
+    /// warm-started policy is undecided on every task (one take leaves each task's habit to a hash
+    /// that SFT memorises). Other recipes' oracles do not vary: 1.
+    #[arg(long, default_value_t = 1)]
+    takes: usize,
     /// Demonstrations: KEY=VALUE overrides of the recipe, as in `ooze train`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
@@ -81,9 +87,25 @@ fn write_split(
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.demonstrations
-        && (args.recipe_file.is_some() || args.model.is_some() || !args.sets.is_empty())
+        && (args.recipe_file.is_some()
+            || args.model.is_some()
+            || !args.sets.is_empty()
+            || args.takes != 1)
     {
-        anyhow::bail!("--recipe, --model and --set apply to --demonstrations");
+        anyhow::bail!("--recipe, --model, --set and --takes apply to --demonstrations");
+    }
+    if args.takes != 1
+        && !matches!(
+            args.recipe.as_str(),
+            "endless_terminals" | "echo" | "swe_lite"
+        )
+    {
+        anyhow::bail!(
+            "--takes {} applies to endless_terminals, echo and swe_lite, whose oracle alternates \
+             its habit between takes; {}'s oracle would repeat itself",
+            args.takes,
+            args.recipe
+        );
     }
     if args.task.is_some()
         && !matches!(
@@ -307,8 +329,12 @@ fn write_demonstrations(args: &Args) -> anyhow::Result<()> {
             model.display()
         )
     })?;
-    let shown =
-        ooze_run::demonstrate::demonstrations(&recipe, std::sync::Arc::new(tokenizer), &train)?;
+    let shown = ooze_run::demonstrate::demonstrations(
+        &recipe,
+        std::sync::Arc::new(tokenizer),
+        &train,
+        args.takes,
+    )?;
     let experts_apart = args.recipe == "tool_orchestra";
     let (mut policy, mut experts) = (Vec::new(), Vec::new());
     for d in shown {
@@ -391,6 +417,12 @@ mod tests {
         // Refused before anything is written.
         let e = run_with(&["retool", o, "--n", "5", "--model", "m"]).unwrap_err();
         assert!(e.to_string().contains("apply to --demonstrations"), "{e}");
+        let e = run_with(&["retool", o, "--demonstrations", "--takes", "2"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("endless_terminals, echo and swe_lite"),
+            "{e}"
+        );
         assert!(!out.exists());
         // Without --model, the shipped recipe's model.path (not there yet) is named.
         let e = run_with(&["retool", o, "--n", "5", "--demonstrations"]).unwrap_err();

@@ -60,6 +60,8 @@ pub fn run_recipe_with(
                 batch: 16,
             },
         ),
+        // Recorded twice each (`--takes 2`): as many episodes as 400 rows once.
+        _ if data_args.contains(&"--takes") => (200, crate::common::SftSteps::DEFAULT),
         _ => (400, crate::common::SftSteps::DEFAULT),
     };
     crate::common::agent_warm_start(recipe, tmp.path(), rows, steps, data_args, &|_| {});
