@@ -67,7 +67,8 @@ pub struct Args {
     /// take to take, so with 2 every task is shown solved once and abandoned once and the
     /// warm-started policy is undecided on every task (one take leaves each task's habit to a hash
     /// that SFT memorises). Other recipes' oracles do not vary: 1.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     takes: usize,
     /// Demonstrations: KEY=VALUE overrides of the recipe, as in `ooze train`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -423,6 +424,8 @@ mod tests {
                 .contains("endless_terminals, echo and swe_lite"),
             "{e}"
         );
+        let e = run_with(&["swe_lite", o, "--demonstrations", "--takes", "0"]).unwrap_err();
+        assert!(e.to_string().contains("--takes"), "{e}");
         assert!(!out.exists());
         // Without --model, the shipped recipe's model.path (not there yet) is named.
         let e = run_with(&["retool", o, "--n", "5", "--demonstrations"]).unwrap_err();
