@@ -241,13 +241,15 @@ impl AgentSpec for TerminalSection {
         let concurrent = limits.concurrent;
         let sandbox = ooze_env::Sandbox::new(ooze_env::IsolationMode::from_env()?, limits)?;
         eprintln!(
-            "agent: terminal episodes: {}; tools: {}; {concurrent} commands at once",
+            "agent: terminal episodes: {}; tools: {}; {concurrent} commands at once, each stopped \
+             after {} s",
             sandbox.isolation(),
             if self.file_tools {
                 "bash, view, edit"
             } else {
                 "bash"
-            }
+            },
+            self.command_timeout_secs
         );
         Ok(Arc::new(TerminalAgent::new(
             sandbox,

@@ -158,10 +158,13 @@ fn terminal_cases() -> Vec<Case> {
             terminal("command_timeout_secs = 1e-3, max_observation_tokens = 2"),
             Turns,
         ),
+        // Whether a fast command (chmod, ls) outlives 1 ms depends on the machine's load, so the
+        // run shows the timeout it applies; the hostile suite and the episode tests stop real
+        // commands at their timeout.
         one(
             "command_timeout_secs",
             "1e-3",
-            Metric("agent/command_timeouts"),
+            Stderr("each stopped after 0.001 s"),
         ),
         one("file_tools", "true", Stderr("tools: bash, view, edit")),
         one("tool_concurrency", "3", Stderr("3 commands at once")),
