@@ -1,7 +1,7 @@
 //! Drawing a scenario from a database: a customer, one request of six kinds that applies to
 //! them, its solution and the customer's instruction.
 
-use super::db::{dollars, Address, Database, Order, User};
+use super::db::{dollars, Address, Database, Order, OrderItem, User};
 use super::scenario::{action, describe, Action, Identity, Request, Scenario};
 use super::tools::CANCEL_REASONS;
 use ooze_core::SplitMix64;
@@ -72,6 +72,16 @@ pub(super) fn scenario(db: &Database, seed: u64, rng: &mut SplitMix64) -> Option
         actions: drawn.actions,
         outputs: drawn.outputs,
     })
+}
+
+/// An item of one of the customer's orders as the customer names it.
+fn ordered(item: &OrderItem, order: &Order) -> String {
+    format!(
+        "the {} ({}) of your order {}",
+        item.name,
+        describe(&item.options),
+        order.order_id
+    )
 }
 
 impl Draw<'_> {
@@ -167,12 +177,7 @@ impl Draw<'_> {
             ),
         };
         Some(Drawn {
-            goal: format!(
-                "return the {} ({}) of your order {}, refunded to {to}",
-                item.name,
-                describe(&item.options),
-                o.order_id
-            ),
+            goal: format!("return {}, refunded to {to}", ordered(item, o)),
             actions: vec![action(
                 "return_delivered_order_items",
                 json!({"order_id": o.order_id, "item_ids": [item.item_id],
@@ -209,11 +214,9 @@ impl Draw<'_> {
         let method = o.payments[0].payment_method_id.clone();
         Some(Drawn {
             goal: format!(
-                "exchange the {} ({}) of your order {} for the same item with {option} {value}, \
-                 paying any difference with the original payment method",
-                item.name,
-                describe(&item.options),
-                o.order_id
+                "exchange {} for the same item with {option} {value}, paying any difference with \
+                 the original payment method",
+                ordered(item, o)
             ),
             actions: vec![action(
                 "exchange_delivered_order_items",

@@ -31,6 +31,14 @@ pub struct Run {
     pub _tmp: tempfile::TempDir,
 }
 
+/// The `--takes` of `recipe-data` arguments (1 without it).
+fn takes(data_args: &[&str]) -> usize {
+    data_args
+        .iter()
+        .position(|a| *a == "--takes")
+        .map_or(1, |i| data_args[i + 1].parse().unwrap())
+}
+
 /// Generates `recipe`'s data, warm-starts a tiny model on its demonstrations, and trains two
 /// rollouts of 4 prompts × 4 executions with `extra` settings, reading the `.jsonl` or the
 /// `.parquet` splits (`ext`).
@@ -60,9 +68,8 @@ pub fn run_recipe_with(
                 batch: 16,
             },
         ),
-        // Recorded twice each (`--takes 2`): as many episodes as 400 rows once.
-        _ if data_args.contains(&"--takes") => (200, crate::common::SftSteps::DEFAULT),
-        _ => (400, crate::common::SftSteps::DEFAULT),
+        // As many recorded episodes as 400 rows once, whatever `--takes`.
+        _ => (400 / takes(data_args), crate::common::SftSteps::DEFAULT),
     };
     crate::common::agent_warm_start(recipe, tmp.path(), rows, steps, data_args, &|_| {});
     let file =
