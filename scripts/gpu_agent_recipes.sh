@@ -30,11 +30,14 @@
 #                held-out problem (4 for the others)
 #   memagent: medium model (25M), 3500 SFT steps at 5e-4, 20000 training documents of 300 words,
 #             chunks of 256 tokens
-#   tau_retail: small model, 1500 SFT steps at 2e-3, 2000 scenarios
+#   tau_retail: medium model (25M), 3000 SFT steps at 5e-4, 5000 scenarios, EVAL_ROWS held-out
+#               stores
 # Usage: scripts/gpu_agent_recipes.sh OUT_DIR RECIPE...
 #        (env, overriding every recipe's setting: OOZE, SEEDS="0 1 2", ROLLOUTS=20, LR=1e-4,
+#         EVAL_INTERVAL=ROLLOUTS (rollouts between held-out evaluations),
 #         SFT_STEPS, SFT_LR, SIZE (the policy's `init-model --size`), N (problems; memagent:
-#         documents), EVAL_ROWS=100 held-out rows per memagent length, SETS="K=V …" more
+#         documents), EVAL_ROWS=100 held-out rows per memagent length and tau_retail's held-out
+#         stores, SETS="K=V …" more
 #         settings for the recording and the run, DEVICE=cuda; a seed sets the models'
 #         initialisation, the SFT order and the RL sampling; the data is the same for every seed)
 set -euo pipefail
@@ -47,6 +50,7 @@ rollouts=${ROLLOUTS:-20}
 lr=${LR:-1e-4}
 device=${DEVICE:-cuda}
 eval_rows=${EVAL_ROWS:-100}
+eval_interval=${EVAL_INTERVAL:-$rollouts}
 
 # The recipe's settings (above), then the environment's: sets size, sft_steps, sft_lr, n, extra.
 settings() { # RECIPE
@@ -54,7 +58,7 @@ settings() { # RECIPE
   case $1 in
     multi_agent) size=medium sft_steps=3000 sft_lr=5e-4 eval_n=2 extra=(--set agent.solvers=2) ;;
     memagent) size=medium sft_steps=3500 sft_lr=5e-4 n=20000 extra=(--set agent.chunk_tokens=256) ;;
-    tau_retail) n=2000 ;;
+    tau_retail) size=medium sft_steps=3000 sft_lr=5e-4 ;;
   esac
   size=${SIZE:-$size} sft_steps=${SFT_STEPS:-$sft_steps} sft_lr=${SFT_LR:-$sft_lr} n=${N:-$n}
   local kv
@@ -90,7 +94,7 @@ run_one() { # RECIPE SEED DIR DATA
       sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]"
         --set "agent.corpus=\"$data/corpus.jsonl\"")
       ;;
-    tau_retail) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.jsonl" "$eval_n")]") ;;
+    tau_retail) sets+=(--set "eval.datasets=[$(eval_set test "$data/eval.jsonl" "$eval_n")]") ;;
     *) sets+=(--set "eval.datasets=[$(eval_set test "$data/test.parquet" "$eval_n")]") ;;
   esac
   $ooze init-model --seed "$seed" --family qwen2 --size "$size" "$dir/model" >/dev/null
@@ -131,21 +135,21 @@ run_one() { # RECIPE SEED DIR DATA
   $ooze train "recipes/$recipe/recipe.toml" \
     --set "model.path=\"$dir/sft/final-model\"" --set "data.path=\"$data/train.$ext\"" \
     --set "logging.run_dir=\"$dir/grpo\"" --set "rollout.num_rollouts=$rollouts" \
-    --set "eval.interval=$rollouts" --set "trainer.lr=$lr" --set trainer.save_interval=1000 \
+    --set "eval.interval=$eval_interval" --set "trainer.lr=$lr" --set trainer.save_interval=1000 \
     --set logging.progress=false --set "model.device=\"$device\"" \
     --set "rollout.seed=$((1234 + seed))" --set "data.seed=$((42 + seed))" "${sets[@]}"
   end=$(date +%s)
   echo "gpu $recipe seed $seed: data and sft $((sft_done - start)) s, grpo $((end - sft_done)) s"
 }
 
-# Held-out pass@1 per eval set at the first and the last evaluation of a run.
+# Held-out pass@1 per eval set at every evaluation of a run.
 summary() { # RECIPE SEED METRICS
   python3 - "$@" <<'EOF'
 import json, sys
 recipe, seed, path = sys.argv[1:]
 evals = [m for m in map(json.loads, open(path)) if any(k.startswith("eval/") for k in m)]
 keys = sorted(k for k in evals[0] if k.startswith("eval/") and k.endswith("/pass@1"))
-cells = [f"{k[5:-7]} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys]
+cells = [f"{k[5:-7]} " + " -> ".join(f"{m[k]:.3f}" for m in evals) for k in keys]
 print(f"result {recipe} seed {seed}: " + ", ".join(cells))
 steps = [m for m in map(json.loads, open(path)) if "concurrency/alive_max" in m]
 if steps:
@@ -176,7 +180,11 @@ for recipe in "$@"; do
       $ooze recipe-data memagent "$data" --n "$n" --words 300
       for w in 300 600 1200 2400; do head -n "$eval_rows" "$data/test_$w.jsonl" >"$data/eval_$w.jsonl"; done
       ;;
-    search_r1 | tau_retail) $ooze recipe-data "$recipe" "$data" --n "$n" ;;
+    search_r1) $ooze recipe-data "$recipe" "$data" --n "$n" ;;
+    tau_retail)
+      $ooze recipe-data tau_retail "$data" --n "$n"
+      head -n "$eval_rows" "$data/test.jsonl" >"$data/eval.jsonl"
+      ;;
     retool) $ooze recipe-data retool "$data" --n "$n" --task "${TASK:-arithmetic}" ;;
     *) $ooze recipe-data "$recipe" "$data" --n "$n" --task "${TASK:-addition}" ;;
   esac
