@@ -139,8 +139,49 @@ fn compile_optim(lib: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// c10d's process groups and store (`shim/dist.cpp`): Gloo always (with the Gloo declarations in
+/// `shim/gloo/`, which the wheel does not ship), NCCL when this PyTorch has CUDA (the headers of
+/// the wheel's nvidia-nccl package).
+fn compile_dist(lib: &Path, cuda: bool) -> Result<bool, String> {
+    let torch = lib.parent().ok_or("torch/lib has no parent")?;
+    println!("cargo:rerun-if-changed=shim/dist.cpp");
+    println!("cargo:rerun-if-changed=shim/gloo");
+    let nccl = torch.join("../nvidia/nccl/include");
+    let cuda_include = torch.join("../nvidia/cu13/include");
+    let with_nccl = cuda && nccl.join("nccl.h").exists() && cuda_include.is_dir();
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .file("shim/dist.cpp")
+        .include(torch.join("include"))
+        .include(torch.join("include/torch/csrc/api/include"))
+        .include("shim")
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .warnings(false);
+    if with_nccl {
+        build
+            .define("OOZE_NCCL", None)
+            .include(&nccl)
+            .include(&cuda_include);
+    }
+    build.try_compile("ooze_dist").map_err(|e| e.to_string())?;
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    let libs: &[&str] = if with_nccl {
+        &["torch_cuda", "torch_cpu", "c10"]
+    } else {
+        &["torch_cpu", "c10"]
+    };
+    for name in libs {
+        println!("cargo:rustc-link-lib=dylib={name}");
+    }
+    Ok(with_nccl)
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rustc-check-cfg=cfg(ooze_dist)");
+    println!("cargo:rustc-check-cfg=cfg(ooze_nccl)");
     println!("cargo:rustc-check-cfg=cfg(ooze_fused_adamw)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_graphs)");
     println!("cargo:rustc-check-cfg=cfg(ooze_cuda_kernels)");
@@ -159,6 +200,15 @@ fn main() {
     }
     let cuda = lib.join("libtorch_cuda.so").exists();
     println!("cargo:cuda={cuda}");
+    match compile_dist(&lib, cuda) {
+        Ok(nccl) => {
+            println!("cargo:rustc-cfg=ooze_dist");
+            if nccl {
+                println!("cargo:rustc-cfg=ooze_nccl");
+            }
+        }
+        Err(e) => println!("cargo:warning=ooze-torch: collectives not built ({e})"),
+    }
     if cuda {
         // The CUDA runtime of the wheel: the shim links it, so the binary records it as a run path.
         if let Ok(cudart) = lib.join("../../nvidia/cu13/lib").canonicalize() {

@@ -4,12 +4,14 @@
 //! - [`runtime_info`]: PyTorch version, CUDA availability, GPU names and memory (`ooze info`).
 //! - [`cuda_graph`] and [`kernels`]: CUDA graphs and ooze's own CUDA kernels, through the C++/CUDA
 //!   shim in `shim/` (built when PyTorch has CUDA); [`optim`]: libtorch's fused AdamW.
+//! - [`dist`]: ranks (torchrun's environment contract) and c10d's Gloo and NCCL collectives.
 //!
 //! Tensors themselves are `tch::Tensor`; this crate re-exports `tch` so downstream crates use the
 //! same version.
 
 pub mod cuda_driver;
 pub mod cuda_graph;
+pub mod dist;
 pub mod kernels;
 pub mod optim;
 pub mod spec;

@@ -7,6 +7,7 @@
 //! - [`schedule`]: learning-rate schedules (warmup; constant, linear or cosine decay).
 //! - [`trainer`]: RL and SFT steps, with step metrics.
 //! - [`critic`]: the PPO critic (decoder body + value head) and its settings.
+//! - [`data_parallel`]: ranks sharing a step (each its span of the samples, gradients summed).
 //! - [`teacher`]: the on-policy distillation teacher (a model in process or a remote scorer).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
@@ -16,6 +17,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod critic;
+pub mod data_parallel;
 pub mod forward;
 pub mod optimizer;
 pub mod schedule;
@@ -46,6 +48,9 @@ pub enum TrainError {
     Optimizer(String),
     #[error("teacher: {0}")]
     Teacher(String),
+    /// A collective between ranks failed (a peer died, timed out, or the build has none).
+    #[error("data parallel: {0}")]
+    Dist(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     /// A file or directory that could not be read, created or removed (`action` says which).

@@ -5,9 +5,11 @@
 //!
 //! Weight decay applies to matrices (≥ 2 dimensions); biases and norm weights are not decayed.
 
+use crate::data_parallel::{dist_error, sum_gradients};
 use crate::TrainError;
+use ooze_torch::dist::ProcessGroup;
 use ooze_torch::optim::{foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, AdamW};
-use ooze_torch::tch::{self, Kind, Tensor};
+use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +34,9 @@ impl Default for OptimizerConfig {
         }
     }
 }
+
+/// Elements per all-reduce of the gradients (256 MiB of fp32).
+const GRADIENT_BUCKET: i64 = 64 << 20;
 
 /// One trainable tensor and its optimizer state.
 struct Slot {
@@ -89,9 +94,10 @@ impl Optimizer {
 
     /// Clips, steps with learning rate `lr` and writes the weights back; returns the gradient norm
     /// before clipping. Parameters without a gradient (unused in this step) keep their values.
-    pub fn step(&mut self, lr: f64) -> Result<f64, TrainError> {
+    /// With `group`, the ranks' gradients are summed first, so every rank takes the same step.
+    pub fn step(&mut self, lr: f64, group: Option<&ProcessGroup>) -> Result<f64, TrainError> {
         let _guard = tch::no_grad_guard();
-        let grads: Vec<Option<Tensor>> = self
+        let mut grads: Vec<Option<Tensor>> = self
             .slots
             .iter()
             .map(|s| {
@@ -99,6 +105,11 @@ impl Optimizer {
                 g.defined().then(|| g.to_kind(Kind::Float))
             })
             .collect();
+        if let Some(group) = group {
+            let shapes: Vec<Vec<i64>> = self.slots.iter().map(|s| s.model.size()).collect();
+            let device = self.slots.first().map_or(Device::Cpu, |s| s.model.device());
+            sum_gradients(group, &mut grads, &shapes, device, GRADIENT_BUCKET)?;
+        }
         let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
         if present.is_empty() {
             return Ok(0.0);
@@ -172,6 +183,22 @@ impl Optimizer {
                 .map_err(|e| TrainError::Optimizer(e.to_string()))?;
         }
         Ok(norm)
+    }
+
+    /// Makes every rank's weights, masters and moments rank `root`'s (ranks that loaded the same
+    /// checkpoint agree already; this makes sure of it).
+    pub fn broadcast(&mut self, group: &ProcessGroup, root: usize) -> Result<(), TrainError> {
+        let _guard = tch::no_grad_guard();
+        for s in &mut self.slots {
+            let mut tensors = vec![s.model.shallow_clone(), s.exp_avg.shallow_clone()];
+            tensors.push(s.exp_avg_sq.shallow_clone());
+            tensors.push(s.step.shallow_clone());
+            tensors.extend(s.master.as_ref().map(|m| m.shallow_clone()));
+            for t in &mut tensors {
+                group.broadcast(t, root).map_err(dist_error)?;
+            }
+        }
+        Ok(())
     }
 
     /// The optimizer state as named fp32 tensors (for checkpoints).

@@ -16,9 +16,11 @@ use crate::{Decay, OptimizerConfig, Schedule, TrainError, Trainer, TrainerConfig
 use ooze_core::order::{Position, PromptOrder};
 use ooze_core::Sample;
 use ooze_model::{Decoder, Tokenizer};
+use ooze_torch::dist::ProcessGroup;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One fine-tuning run.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -159,11 +161,16 @@ fn load_data(
 /// Runs (or resumes) the fine-tuning `config` describes. The caller loads the model's tokenizer
 /// and decoder (on its device, in its dtype) when the run needs them; their errors, and the
 /// run's own as `E::from`, come back as `E`.
+///
+/// With `group`, every rank of it calls this with the same settings (and sees the same files):
+/// each runs its share of every step, and rank 0 alone writes the run directory and prints.
 pub fn run_sft<E: From<TrainError>>(
     config: &SftConfig,
+    group: Option<Arc<ProcessGroup>>,
     load_tokenizer: impl FnOnce(&Path) -> Result<Tokenizer, E>,
     load_decoder: impl FnOnce(&Path) -> Result<Decoder, E>,
 ) -> Result<SftSummary, E> {
+    let first = group.as_ref().is_none_or(|g| g.rank() == 0);
     if config.batch_size == 0 {
         return Err(TrainError::Config("--batch-size must be at least 1".into()).into());
     }
@@ -182,20 +189,24 @@ pub fn run_sft<E: From<TrainError>>(
         ))
         .into());
     }
-    std::fs::create_dir_all(&config.out).map_err(io(&config.out))?;
+    if first {
+        std::fs::create_dir_all(&config.out).map_err(io(&config.out))?;
+    }
     let tokenizer = load_tokenizer(&config.model)?;
     let (train, held_out, too_long) = load_data(config, &tokenizer)?;
     let steps_per_epoch = train.len().div_ceil(config.batch_size) as u64;
     let total = config
         .max_steps
         .unwrap_or(steps_per_epoch * config.epochs as u64);
-    eprintln!(
-        "sft: {} training and {} held-out conversations ({too_long} longer than {} tokens left out), {total} steps of {}",
-        train.len(),
-        held_out.len(),
-        config.max_len,
-        config.batch_size
-    );
+    if first {
+        eprintln!(
+            "sft: {} training and {} held-out conversations ({too_long} longer than {} tokens left out), {total} steps of {}",
+            train.len(),
+            held_out.len(),
+            config.max_len,
+            config.batch_size
+        );
+    }
     let trainer_config = TrainerConfig {
         optimizer: OptimizerConfig {
             weight_decay: config.weight_decay,
@@ -212,14 +223,17 @@ pub fn run_sft<E: From<TrainError>>(
         max_tokens_per_micro_batch: config.micro_batch_tokens,
         ..Default::default()
     };
-    let resolved = json!({"args": config, "trainer": &trainer_config});
-    checkpoint::write_atomic(
-        &config.out.join("sft_config.json"),
-        serde_json::to_string_pretty(&resolved)
-            .expect("invariant: the settings serialise")
-            .as_bytes(),
-    )
-    .map_err(TrainError::from)?;
+    let ranks = group.as_ref().map_or(1, |g| g.world_size());
+    if first {
+        let resolved = json!({"args": config, "trainer": &trainer_config, "ranks": ranks});
+        checkpoint::write_atomic(
+            &config.out.join("sft_config.json"),
+            serde_json::to_string_pretty(&resolved)
+                .expect("invariant: the settings serialise")
+                .as_bytes(),
+        )
+        .map_err(TrainError::from)?;
+    }
     let decoder = load_decoder(&config.model)?;
     let mut trainer = Trainer::new(decoder, None, trainer_config)?;
     // The newest checkpoint that loads (a corrupt one is reported and the one before tried).
@@ -228,16 +242,26 @@ pub fn run_sft<E: From<TrainError>>(
     } else {
         None
     };
-    if let Some(checkpoint::Restored { dir, .. }) = &restored {
+    if let Some(group) = group {
+        trainer.set_process_group(group)?;
+    }
+    if let (true, Some(checkpoint::Restored { dir, .. })) = (first, &restored) {
         eprintln!(
             "sft: resumed from {} at step {}",
             dir.display(),
             trainer.step()
         );
     }
-    let final_eval_loss = train_steps(config, &mut trainer, &train, &held_out, total)?;
-    let final_model = checkpoint::save_final_model(&config.out, &config.model, &trainer)?;
-    eprintln!("sft: done; model in {}", final_model.display());
+    let final_eval_loss = train_steps(config, &mut trainer, &train, &held_out, total, first)?;
+    let final_model = if first {
+        let dir = checkpoint::save_final_model(&config.out, &config.model, &trainer)?;
+        eprintln!("sft: done; model in {}", dir.display());
+        dir
+    } else {
+        config.out.join("final-model")
+    };
+    // Every rank returns once the final model is written.
+    trainer.barrier()?;
     Ok(SftSummary {
         steps: trainer.step(),
         train_conversations: train.len(),
@@ -249,21 +273,28 @@ pub fn run_sft<E: From<TrainError>>(
 
 /// The step loop, from the trainer's step to `total`: a metrics line per step, the held-out loss
 /// every `eval_every` steps (and before the first and after the last), a checkpoint every
-/// `save_every` steps and after the last. Returns the last held-out loss.
+/// `save_every` steps and after the last. Returns the last held-out loss. Only the `first` rank
+/// writes and prints; every rank computes.
 fn train_steps(
     config: &SftConfig,
     trainer: &mut Trainer,
     train: &[Sample],
     held_out: &[Sample],
     total: u64,
+    first: bool,
 ) -> Result<Option<f64>, TrainError> {
     let metrics_path = config.out.join("metrics.jsonl");
-    truncate_metrics(&metrics_path, trainer.step())?;
-    let mut metrics_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .map_err(io(&metrics_path))?;
+    let mut metrics_file = if first {
+        truncate_metrics(&metrics_path, trainer.step())?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .map_err(io(&metrics_path))?;
+        Some(file)
+    } else {
+        None
+    };
     let evaluate = |trainer: &Trainer| -> Result<Option<f64>, TrainError> {
         if held_out.is_empty() {
             return Ok(None);
@@ -273,13 +304,11 @@ fn train_steps(
     let mut last_eval = None;
     if trainer.step() == 0 {
         if let Some(loss) = evaluate(trainer)? {
-            eprintln!("sft: held-out loss {loss:.4} before training");
-            writeln!(
-                metrics_file,
-                "{}",
-                json!({"step": 0, "eval_loss_before": loss})
-            )
-            .map_err(io(&metrics_path))?;
+            if let Some(file) = &mut metrics_file {
+                eprintln!("sft: held-out loss {loss:.4} before training");
+                writeln!(file, "{}", json!({"step": 0, "eval_loss_before": loss}))
+                    .map_err(io(&metrics_path))?;
+            }
             last_eval = Some(loss);
         }
     }
@@ -298,8 +327,11 @@ fn train_steps(
             line["eval_loss"] = json!(loss);
             last_eval = Some(loss);
         }
-        writeln!(metrics_file, "{line}").map_err(io(&metrics_path))?;
-        metrics_file.flush().map_err(io(&metrics_path))?;
+        let Some(file) = &mut metrics_file else {
+            continue;
+        };
+        writeln!(file, "{line}").map_err(io(&metrics_path))?;
+        file.flush().map_err(io(&metrics_path))?;
         eprintln!(
             "sft: step {done}/{total} loss {:.4} lr {:.2e} grad {:.3} {:.0} tok/s{}",
             m.loss,

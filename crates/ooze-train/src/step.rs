@@ -3,13 +3,14 @@
 //! gradients accumulating), then the optimizer steps of the policy and the critic. The step's
 //! loss is the sum of its micro-batches' (`ooze_algo::aggregate`), however the step is split.
 
-use crate::batch::pack;
+use crate::data_parallel::{micro_batches, sum_over_ranks};
 use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
 use crate::trainer::{float_kind, CriticTargets, Phases, StepMetrics, Trainer};
 use crate::TrainError;
 use ooze_algo::loss::loss;
 use ooze_algo::{token_weights, Aggregation, LossConfig, LossInputs, PolicyLoss, StepSample};
 use ooze_core::Sample;
+use ooze_torch::dist::ReduceOp;
 use ooze_torch::tch::{Device, Tensor};
 use std::ops::Range;
 use std::time::Instant;
@@ -73,7 +74,11 @@ impl Trainer {
             samples: samples.len(),
             ..Default::default()
         };
-        let ranges = pack(samples, self.config.max_tokens_per_micro_batch);
+        let ranges = micro_batches(
+            samples,
+            self.config.max_tokens_per_micro_batch,
+            self.group.as_deref(),
+        );
         metrics.micro_batches = ranges.len();
         self.optimizer.zero_grad();
         if let Some((_, o)) = self.critic.as_mut() {
@@ -90,7 +95,59 @@ impl Trainer {
                 &mut sums,
             );
         }
+        if self.group.is_some() {
+            self.sum_over_ranks(&mut metrics, &mut sums)?;
+        }
         self.finish_step(samples, &inputs, metrics, sums, started)
+    }
+
+    /// The step's sums over the ranks' micro-batches (each rank has its own part of them).
+    fn sum_over_ranks(
+        &self,
+        metrics: &mut StepMetrics,
+        sums: &mut OptionalSums,
+    ) -> Result<(), TrainError> {
+        let group = self.group.as_deref().expect("invariant: called with ranks");
+        let device = self.policy.device();
+        let mut optional = [
+            &mut sums.kl,
+            &mut sums.observation,
+            &mut sums.importance_weight,
+            &mut sums.value,
+            &mut sums.value_clipped,
+            &mut metrics.rollout_logp_diff_mean,
+        ];
+        // The five sums, then a count of the ranks that had each optional sum, then those sums.
+        let mut values = vec![
+            metrics.loss,
+            metrics.policy_loss,
+            metrics.clipfrac,
+            metrics.approx_kl,
+            metrics.entropy,
+            metrics.micro_batches as f64,
+        ];
+        values.extend(optional.iter().map(|o| o.is_some() as u8 as f64));
+        values.extend(optional.iter().map(|o| o.unwrap_or(0.0)));
+        let total = sum_over_ranks(group, &values, ReduceOp::Sum, device)?;
+        [
+            metrics.loss,
+            metrics.policy_loss,
+            metrics.clipfrac,
+            metrics.approx_kl,
+            metrics.entropy,
+        ] = [total[0], total[1], total[2], total[3], total[4]];
+        metrics.micro_batches = total[5] as usize;
+        let n = optional.len();
+        for (k, o) in optional.iter_mut().enumerate() {
+            **o = (total[6 + k] > 0.0).then_some(total[6 + n + k]);
+        }
+        // Every rank joins the maximum when any rank compared with the rollout's log-probs.
+        if total[6 + n - 1] > 0.0 {
+            let local = metrics.rollout_logp_diff_max.unwrap_or(0.0);
+            metrics.rollout_logp_diff_max =
+                Some(sum_over_ranks(group, &[local], ReduceOp::Max, device)?[0]);
+        }
+        Ok(())
     }
 
     /// The forward, loss and backward of `samples[range]`; adds its numbers to the step's.
@@ -260,7 +317,7 @@ impl Trainer {
             && self.critic.is_some()
             && self.step < self.critic_config.warmup_steps;
         if !metrics.policy_frozen {
-            metrics.grad_norm = self.optimizer.step(metrics.lr)?;
+            metrics.grad_norm = self.optimizer.step(metrics.lr, self.group.as_deref())?;
         }
         let optimizer_done = phase.mark();
         phase.report(optimizer_done, "optimizer", "-");
@@ -268,7 +325,7 @@ impl Trainer {
         if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), inputs.critic_targets) {
             let lr = self.critic_config.schedule.lr_at(self.step);
             metrics.critic_lr = Some(lr);
-            metrics.critic_grad_norm = Some(optimizer.step(lr)?);
+            metrics.critic_grad_norm = Some(optimizer.step(lr, self.group.as_deref())?);
             optimizer.zero_grad();
         }
         self.step += 1;

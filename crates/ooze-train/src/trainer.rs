@@ -8,8 +8,9 @@
 //! Every term's micro-batch value is already weighted for the whole step, so the step's numbers do
 //! not depend on the micro-batch split.
 
-use crate::batch::{check_trainable, pack};
+use crate::batch::check_trainable;
 use crate::critic::{explained_variance, Critic, CriticConfig};
+use crate::data_parallel::{complete_per_sample, dist_error, micro_batches};
 use crate::forward::{response_log_probs, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
@@ -22,8 +23,10 @@ use ooze_algo::{
 };
 use ooze_core::Sample;
 use ooze_model::Decoder;
+use ooze_torch::dist::ProcessGroup;
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -127,6 +130,8 @@ pub struct Trainer {
     pub(crate) peak_flops: Option<f64>,
     pub config: TrainerConfig,
     pub(crate) step: u64,
+    /// The ranks sharing each step (plain data parallelism), when there are several.
+    pub(crate) group: Option<Arc<ProcessGroup>>,
 }
 
 /// fp32 or, for an fp64 model, fp64 (gradient checks).
@@ -178,7 +183,37 @@ impl Trainer {
             peak_flops,
             config,
             step: 0,
+            group: None,
         })
+    }
+
+    /// Shares every later step with the ranks of `group` (plain data parallelism: each rank
+    /// holds the whole model; each runs its span of a step's samples; gradients are summed). Makes
+    /// the policy's and the critic's weights and optimizer state rank 0's first. Every rank must
+    /// then call the same steps with the same samples.
+    pub fn set_process_group(&mut self, group: Arc<ProcessGroup>) -> Result<(), TrainError> {
+        self.optimizer.broadcast(&group, 0)?;
+        if let Some((_, optimizer)) = &mut self.critic {
+            optimizer.broadcast(&group, 0)?;
+        }
+        group.barrier().map_err(dist_error)?;
+        self.group = (group.world_size() > 1).then_some(group);
+        Ok(())
+    }
+
+    /// Returns once every rank has called it (at once without ranks).
+    pub fn barrier(&self) -> Result<(), TrainError> {
+        match &self.group {
+            Some(g) => g.barrier().map_err(dist_error),
+            None => Ok(()),
+        }
+    }
+
+    /// This process's rank and the number of ranks (0 and 1 without a group).
+    pub fn rank(&self) -> (usize, usize) {
+        self.group
+            .as_ref()
+            .map_or((0, 1), |g| (g.rank(), g.world_size()))
     }
 
     /// Adds a critic (needed by ppo); it trains on the value loss with its own AdamW state, its
@@ -188,8 +223,11 @@ impl Trainer {
             .schedule
             .check()
             .map_err(|e| TrainError::Config(format!("critic {e}")))?;
-        let optimizer =
+        let mut optimizer =
             Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
+        if let Some(group) = &self.group {
+            optimizer.broadcast(group, 0)?;
+        }
         self.critic = Some((critic, optimizer));
         self.critic_config = config;
         Ok(())
@@ -207,7 +245,7 @@ impl Trainer {
             return Ok(None);
         };
         let scores = match teacher {
-            Teacher::Model(decoder) => self.score(decoder, samples),
+            Teacher::Model(decoder) => self.score(decoder, samples)?,
             Teacher::Remote(scorer) => {
                 let scores = scorer.response_log_probs(samples, self.config.temperature)?;
                 check_shape(samples, &scores, "the remote teacher")?;
@@ -267,7 +305,7 @@ impl Trainer {
     }
 
     /// Log-probs of every sample's response under `decoder`, without gradients.
-    fn score(&self, decoder: &Decoder, samples: &[Sample]) -> Vec<Vec<f64>> {
+    fn score(&self, decoder: &Decoder, samples: &[Sample]) -> Result<Vec<Vec<f64>>, TrainError> {
         self.per_sample(samples, |chosen| {
             response_log_probs(decoder, chosen, self.config.temperature, self.head_mode()).log_probs
         })
@@ -284,25 +322,37 @@ impl Trainer {
     }
 
     /// `f` over each micro-batch without gradients, split back into per-sample host vectors.
-    fn per_sample(&self, samples: &[Sample], f: impl Fn(&[Sample]) -> Tensor) -> Vec<Vec<f64>> {
+    /// With ranks, each runs its own micro-batches and the ranks exchange the results.
+    fn per_sample(
+        &self,
+        samples: &[Sample],
+        f: impl Fn(&[Sample]) -> Tensor,
+    ) -> Result<Vec<Vec<f64>>, TrainError> {
         let _guard = tch::no_grad_guard();
-        let mut out = Vec::with_capacity(samples.len());
-        for range in pack(samples, self.config.max_tokens_per_micro_batch) {
-            let chosen = &samples[range];
-            let flat = to_host(&f(chosen));
+        let group = self.group.as_deref();
+        let mut out: Vec<Option<Vec<f64>>> = vec![None; samples.len()];
+        for range in micro_batches(samples, self.config.max_tokens_per_micro_batch, group) {
+            let flat = to_host(&f(&samples[range.clone()]));
             let mut offset = 0;
-            for s in chosen {
-                out.push(flat[offset..offset + s.response_length].to_vec());
-                offset += s.response_length;
+            for i in range {
+                let n = samples[i].response_length;
+                out[i] = Some(flat[offset..offset + n].to_vec());
+                offset += n;
             }
         }
-        out
+        match group {
+            Some(g) => complete_per_sample(g, samples, out, self.policy.device()),
+            None => Ok(out
+                .into_iter()
+                .map(|v| v.expect("invariant: one process scores every sample"))
+                .collect()),
+        }
     }
 
     /// Mean negative log-likelihood per trained token (held-out loss of SFT), without gradients.
     pub fn eval_loss(&self, samples: &[Sample]) -> Result<f64, TrainError> {
         self.check(samples, false)?;
-        let scores = self.score(&self.policy, samples);
+        let scores = self.score(&self.policy, samples)?;
         let (mut sum, mut count) = (0.0, 0.0);
         for (s, lp) in samples.iter().zip(&scores) {
             for (l, &m) in lp.iter().zip(&s.loss_mask) {
@@ -370,13 +420,16 @@ impl Trainer {
                 "the ppo estimator needs a critic (Trainer::set_critic)".into(),
             ));
         }
-        let old = self.score(&self.policy, samples);
-        let reference = self.reference.as_ref().map(|r| self.score(r, samples));
+        let old = self.score(&self.policy, samples)?;
+        let reference = match &self.reference {
+            Some(r) => Some(self.score(r, samples)?),
+            None => None,
+        };
         let teacher = self.teacher_log_probs(samples)?;
-        let old_values = self
-            .critic
-            .as_ref()
-            .map(|(c, _)| self.per_sample(samples, |chosen| c.values(chosen)));
+        let old_values = match &self.critic {
+            Some((c, _)) => Some(self.per_sample(samples, |chosen| c.values(chosen))?),
+            None => None,
+        };
         let inputs: Vec<SampleInput<'_>> = samples
             .iter()
             .enumerate()

@@ -5,6 +5,7 @@ pub mod env;
 pub mod generate;
 pub mod info;
 pub mod init_model;
+pub mod ranks;
 pub mod recipe_data;
 pub mod render;
 pub mod report;
@@ -33,7 +34,15 @@ pub struct ComputeArgs {
 
 /// Loads the decoder of a model directory onto the requested device.
 pub fn load_decoder(dir: &Path, compute: &ComputeArgs) -> anyhow::Result<Decoder> {
-    let device = compute.device.resolve()?;
+    load_decoder_on(dir, compute.device.resolve()?, compute)
+}
+
+/// Loads the decoder of a model directory onto `device` (a rank's), in the requested dtype.
+pub fn load_decoder_on(
+    dir: &Path,
+    device: ooze_torch::tch::Device,
+    compute: &ComputeArgs,
+) -> anyhow::Result<Decoder> {
     let started = std::time::Instant::now();
     let decoder = Decoder::load(dir, device, compute.dtype.kind())
         .with_context(|| format!("loading the model in {}", dir.display()))?;

@@ -2,7 +2,8 @@
 //! of RL runs). The flags become an [`SftConfig`]; the run itself (data, steps, held-out loss,
 //! checkpoints, resume) is [`ooze_train::sft::run_sft`].
 
-use super::{load_decoder, load_tokenizer, ComputeArgs};
+use super::ranks::{join, launch, RankArgs};
+use super::{load_decoder_on, load_tokenizer, ComputeArgs};
 use ooze_train::sft::{run_sft, SftConfig};
 use ooze_train::Decay;
 use std::path::PathBuf;
@@ -63,6 +64,8 @@ pub struct Args {
     resume: bool,
     #[command(flatten)]
     compute: ComputeArgs,
+    #[command(flatten)]
+    ranks: RankArgs,
 }
 
 fn parse_decay(s: &str) -> Result<Decay, String> {
@@ -104,8 +107,16 @@ impl Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    run_sft(&args.config(), load_tokenizer, |model: &std::path::Path| {
-        load_decoder(model, &args.compute)
-    })?;
+    if let Some(job) = launch(&args.ranks) {
+        return job;
+    }
+    let ranks = join(args.compute.device, &args.ranks)?;
+    let device = ranks.device;
+    run_sft(
+        &args.config(),
+        ranks.group,
+        load_tokenizer,
+        |model: &std::path::Path| load_decoder_on(model, device, &args.compute),
+    )?;
     Ok(())
 }

@@ -1,0 +1,559 @@
+//! Ranks and PyTorch's collectives: a [`ProcessGroup`] is c10d's `ProcessGroupGloo` (CPU tensors)
+//! or `ProcessGroupNCCL` (CUDA tensors) behind a c10d `TCPStore`, through the shim
+//! (`shim/dist.cpp`). [`Rendezvous::from_env`] reads torchrun's environment contract (`RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, and `TORCHELASTIC_USE_AGENT_STORE`
+//! when torchrun's agent already serves the store), so `torchrun … ooze …`, Slurm scripts that
+//! export the same variables and `ooze … --nproc-per-node N` all start the same ranks.
+
+use crate::tch::Tensor;
+use std::time::Duration;
+
+/// A rank's place in the job, as the launcher gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendezvous {
+    pub rank: usize,
+    pub world_size: usize,
+    /// The rank among those on this machine: its GPU.
+    pub local_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// The launcher (torchrun's agent) serves the store: every rank connects as a client.
+    pub agent_store: bool,
+}
+
+/// Which c10d backend carries the collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CPU tensors (`ProcessGroupGloo`).
+    Gloo,
+    /// CUDA tensors (`ProcessGroupNCCL`).
+    Nccl,
+}
+
+/// How the ranks combine their tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("environment variable {name}={value:?}: {expected}")]
+    Env {
+        name: &'static str,
+        value: String,
+        expected: String,
+    },
+    #[error(
+        "collectives are not in this build (the PyTorch headers were not found when it was built)"
+    )]
+    Unavailable,
+    #[error("rank {rank} of {world}: {message}")]
+    Failed {
+        rank: usize,
+        world: usize,
+        message: String,
+    },
+}
+
+fn var(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn number(name: &'static str, value: String, expected: &str) -> Result<usize, DistError> {
+    value.trim().parse().map_err(|_| DistError::Env {
+        name,
+        value,
+        expected: expected.to_string(),
+    })
+}
+
+impl Rendezvous {
+    /// The launcher's variables, or `None` when `WORLD_SIZE` is not set (a single process).
+    /// `MASTER_ADDR` defaults to 127.0.0.1 and `MASTER_PORT` to 29500 (torchrun's defaults);
+    /// `LOCAL_RANK` to `RANK`.
+    pub fn from_env() -> Result<Option<Rendezvous>, DistError> {
+        let Some(world) = var("WORLD_SIZE") else {
+            return Ok(None);
+        };
+        let world_size = number("WORLD_SIZE", world.clone(), "a positive number of ranks")?;
+        if world_size == 0 {
+            return Err(DistError::Env {
+                name: "WORLD_SIZE",
+                value: world,
+                expected: "a positive number of ranks".into(),
+            });
+        }
+        let within = format!("a rank from 0 to {}", world_size - 1);
+        let rank = match var("RANK") {
+            Some(v) => number("RANK", v, &within)?,
+            None => {
+                return Err(DistError::Env {
+                    name: "RANK",
+                    value: String::new(),
+                    expected: format!("set beside WORLD_SIZE={world_size}: {within}"),
+                })
+            }
+        };
+        if rank >= world_size {
+            return Err(DistError::Env {
+                name: "RANK",
+                value: rank.to_string(),
+                expected: within,
+            });
+        }
+        let local_rank = match var("LOCAL_RANK") {
+            Some(v) => number("LOCAL_RANK", v, "a non-negative rank on this machine")?,
+            None => rank,
+        };
+        let master_port = match var("MASTER_PORT") {
+            Some(v) => {
+                let port = number("MASTER_PORT", v.clone(), "a TCP port from 1 to 65535")?;
+                u16::try_from(port)
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or(DistError::Env {
+                        name: "MASTER_PORT",
+                        value: v,
+                        expected: "a TCP port from 1 to 65535".into(),
+                    })?
+            }
+            None => 29500,
+        };
+        Ok(Some(Rendezvous {
+            rank,
+            world_size,
+            local_rank,
+            master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port,
+            agent_store: var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Some("True"),
+        }))
+    }
+}
+
+#[cfg(ooze_dist)]
+mod ffi {
+    use std::ffi::{c_char, c_void};
+    extern "C" {
+        pub fn ooze_dist_last_error() -> *const c_char;
+        pub fn ooze_dist_new(
+            backend: i32,
+            host: *const c_char,
+            port: i32,
+            rank: i32,
+            world: i32,
+            agent_store: i32,
+            timeout_ms: i64,
+        ) -> *mut c_void;
+        pub fn ooze_dist_free(group: *mut c_void);
+        pub fn ooze_dist_all_reduce(group: *mut c_void, t: *mut c_void, op: i32) -> i32;
+        pub fn ooze_dist_broadcast(group: *mut c_void, t: *mut c_void, root: i32) -> i32;
+        pub fn ooze_dist_all_gather(
+            group: *mut c_void,
+            out: *mut c_void,
+            input: *mut c_void,
+        ) -> i32;
+        pub fn ooze_dist_reduce_scatter(
+            group: *mut c_void,
+            out: *mut c_void,
+            input: *mut c_void,
+            op: i32,
+        ) -> i32;
+        pub fn ooze_dist_barrier(group: *mut c_void) -> i32;
+    }
+}
+
+/// The ranks of one job, joined. Collectives block until every rank has called them (or the
+/// timeout passes: then they fail, naming this rank).
+pub struct ProcessGroup {
+    #[cfg_attr(not(ooze_dist), allow(dead_code))]
+    raw: *mut std::ffi::c_void,
+    rank: usize,
+    world_size: usize,
+    backend: Backend,
+}
+
+// SAFETY: c10d process groups may be used from any thread; ooze issues one collective at a time
+// (`&mut self` is not needed because every call blocks until it completes).
+unsafe impl Send for ProcessGroup {}
+unsafe impl Sync for ProcessGroup {}
+
+impl std::fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ProcessGroup({:?}, rank {} of {})",
+            self.backend, self.rank, self.world_size
+        )
+    }
+}
+
+impl ProcessGroup {
+    /// Joins the job's ranks: rank 0 serves the store unless the launcher does; the others
+    /// connect to it, retrying until `timeout`.
+    pub fn connect(
+        rendezvous: &Rendezvous,
+        backend: Backend,
+        timeout: Duration,
+    ) -> Result<ProcessGroup, DistError> {
+        #[cfg(ooze_dist)]
+        {
+            let host = std::ffi::CString::new(rendezvous.master_addr.clone()).map_err(|_| {
+                DistError::Env {
+                    name: "MASTER_ADDR",
+                    value: rendezvous.master_addr.clone(),
+                    expected: "a host name without NUL bytes".into(),
+                }
+            })?;
+            // SAFETY: plain values and a NUL-terminated string; a null result sets the error.
+            let raw = unsafe {
+                ffi::ooze_dist_new(
+                    match backend {
+                        Backend::Gloo => 0,
+                        Backend::Nccl => 1,
+                    },
+                    host.as_ptr(),
+                    rendezvous.master_port as i32,
+                    rendezvous.rank as i32,
+                    rendezvous.world_size as i32,
+                    rendezvous.agent_store as i32,
+                    timeout.as_millis().min(i64::MAX as u128) as i64,
+                )
+            };
+            let group = ProcessGroup {
+                raw,
+                rank: rendezvous.rank,
+                world_size: rendezvous.world_size,
+                backend,
+            };
+            if raw.is_null() {
+                return Err(group.error(&format!(
+                    "joining the group at {}:{}",
+                    rendezvous.master_addr, rendezvous.master_port
+                )));
+            }
+            Ok(group)
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (rendezvous, backend, timeout);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    #[cfg(ooze_dist)]
+    fn error(&self, doing: &str) -> DistError {
+        // SAFETY: a thread-local NUL-terminated string set by the failing call.
+        let message = unsafe { std::ffi::CStr::from_ptr(ffi::ooze_dist_last_error()) }
+            .to_string_lossy()
+            .into_owned();
+        DistError::Failed {
+            rank: self.rank,
+            world: self.world_size,
+            message: format!("{doing}: {message}"),
+        }
+    }
+
+    #[cfg(ooze_dist)]
+    fn check(&self, code: i32, doing: &str) -> Result<(), DistError> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(self.error(doing))
+        }
+    }
+
+    /// In place on every rank: `op` over the ranks' tensors (same shape and dtype everywhere;
+    /// contiguous).
+    pub fn all_reduce(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: a live tensor; c10d writes its storage in place.
+            let code = unsafe {
+                ffi::ooze_dist_all_reduce(self.raw, tensor.as_mut_ptr().cast(), op as i32)
+            };
+            self.check(code, "all-reduce")
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (tensor, op);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    /// In place: every rank's tensor becomes rank `root`'s.
+    pub fn broadcast(&self, tensor: &mut Tensor, root: usize) -> Result<(), DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: as in all_reduce.
+            let code = unsafe {
+                ffi::ooze_dist_broadcast(self.raw, tensor.as_mut_ptr().cast(), root as i32)
+            };
+            self.check(code, "broadcast")
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (tensor, root);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    /// `out` (world size × `input`'s elements, contiguous) ← every rank's `input`, in rank order.
+    pub fn all_gather_into(&self, out: &mut Tensor, input: &Tensor) -> Result<(), DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: live tensors; c10d only reads `input`.
+            let code = unsafe {
+                ffi::ooze_dist_all_gather(
+                    self.raw,
+                    out.as_mut_ptr().cast(),
+                    input.as_ptr() as *mut _,
+                )
+            };
+            self.check(code, "all-gather")
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (out, input);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    /// `out` ← this rank's slice (in rank order) of `op` over the ranks' `input` (world size ×
+    /// `out`'s elements).
+    pub fn reduce_scatter_into(
+        &self,
+        out: &mut Tensor,
+        input: &Tensor,
+        op: ReduceOp,
+    ) -> Result<(), DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: as in all_gather_into (c10d may use `input` as scratch space).
+            let code = unsafe {
+                ffi::ooze_dist_reduce_scatter(
+                    self.raw,
+                    out.as_mut_ptr().cast(),
+                    input.as_ptr() as *mut _,
+                    op as i32,
+                )
+            };
+            self.check(code, "reduce-scatter")
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (out, input, op);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&self) -> Result<(), DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: a live group.
+            let code = unsafe { ffi::ooze_dist_barrier(self.raw) };
+            self.check(code, "barrier")
+        }
+        #[cfg(not(ooze_dist))]
+        Err(DistError::Unavailable)
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        #[cfg(ooze_dist)]
+        if !self.raw.is_null() {
+            // SAFETY: created by ooze_dist_new and freed once.
+            unsafe { ffi::ooze_dist_free(self.raw) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The environment is process-wide: one test sets and checks every case in turn.
+    #[test]
+    fn reads_the_launcher_contract_and_names_a_bad_variable() {
+        let set = |pairs: &[(&str, &str)]| {
+            for name in [
+                "WORLD_SIZE",
+                "RANK",
+                "LOCAL_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "TORCHELASTIC_USE_AGENT_STORE",
+            ] {
+                std::env::remove_var(name);
+            }
+            for (k, v) in pairs {
+                std::env::set_var(k, v);
+            }
+        };
+        set(&[]);
+        assert_eq!(Rendezvous::from_env().unwrap(), None);
+        set(&[("WORLD_SIZE", "2"), ("RANK", "1")]);
+        let r = Rendezvous::from_env().unwrap().unwrap();
+        assert_eq!(
+            (
+                r.rank,
+                r.world_size,
+                r.local_rank,
+                r.master_port,
+                r.agent_store
+            ),
+            (1, 2, 1, 29500, false)
+        );
+        assert_eq!(r.master_addr, "127.0.0.1");
+        set(&[
+            ("WORLD_SIZE", "4"),
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "1234"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]);
+        let r = Rendezvous::from_env().unwrap().unwrap();
+        assert_eq!(
+            (r.local_rank, r.master_port, r.agent_store),
+            (1, 1234, true)
+        );
+        assert_eq!(r.master_addr, "node0");
+        for (pairs, named) in [
+            (
+                &[("WORLD_SIZE", "two"), ("RANK", "0")][..],
+                "WORLD_SIZE=\"two\"",
+            ),
+            (
+                &[("WORLD_SIZE", "0"), ("RANK", "0")][..],
+                "WORLD_SIZE=\"0\"",
+            ),
+            (
+                &[("WORLD_SIZE", "2")][..],
+                "RANK=\"\": set beside WORLD_SIZE=2",
+            ),
+            (
+                &[("WORLD_SIZE", "2"), ("RANK", "2")][..],
+                "RANK=\"2\": a rank from 0 to 1",
+            ),
+            (
+                &[("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_PORT", "70000")][..],
+                "MASTER_PORT=\"70000\"",
+            ),
+        ] {
+            set(pairs);
+            let e = Rendezvous::from_env().unwrap_err().to_string();
+            assert!(e.contains(named), "{e:?} names {named:?}");
+        }
+        set(&[]);
+    }
+}
+
+#[cfg(all(test, ooze_dist))]
+mod collective_tests {
+    use super::*;
+    use crate::tch::{Device, Kind};
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Two ranks as two threads of this process, on Gloo.
+    #[test]
+    fn two_gloo_ranks_reduce_broadcast_gather_and_scatter() {
+        let port = free_port();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let rendezvous = Rendezvous {
+                        rank,
+                        world_size: 2,
+                        local_rank: rank,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        agent_store: false,
+                    };
+                    let g =
+                        ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(60))
+                            .unwrap();
+                    let opts = (Kind::Double, Device::Cpu);
+                    let r = rank as f64;
+                    let mut t = Tensor::from_slice(&[1.0 + r, 10.0 * r]).to_kind(Kind::Double);
+                    g.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+                    let sum = Vec::<f64>::try_from(&t).unwrap();
+                    let mut m = Tensor::from_slice(&[r, -r]);
+                    g.all_reduce(&mut m, ReduceOp::Max).unwrap();
+                    let max = Vec::<f64>::try_from(&m).unwrap();
+                    let mut b = Tensor::full([3], 7.0 + r, opts);
+                    g.broadcast(&mut b, 1).unwrap();
+                    let broadcast = Vec::<f64>::try_from(&b).unwrap();
+                    let mut all = Tensor::zeros([4], opts);
+                    g.all_gather_into(&mut all, &Tensor::full([2], r, opts))
+                        .unwrap();
+                    let gathered = Vec::<f64>::try_from(&all).unwrap();
+                    let mut mine = Tensor::zeros([2], opts);
+                    let input =
+                        Tensor::from_slice(&[1.0, 2.0, 3.0, 4.0]).to_kind(Kind::Double) * (1.0 + r);
+                    g.reduce_scatter_into(&mut mine, &input, ReduceOp::Sum)
+                        .unwrap();
+                    let scattered = Vec::<f64>::try_from(&mine).unwrap();
+                    g.barrier().unwrap();
+                    (sum, max, broadcast, gathered, scattered)
+                })
+            })
+            .collect();
+        let results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        for (rank, (sum, max, broadcast, gathered, scattered)) in results.into_iter().enumerate() {
+            assert_eq!(sum, vec![3.0, 10.0]);
+            assert_eq!(max, vec![1.0, 0.0]);
+            assert_eq!(broadcast, vec![8.0; 3]);
+            assert_eq!(gathered, vec![0.0, 0.0, 1.0, 1.0]);
+            let expected = if rank == 0 {
+                vec![3.0, 6.0]
+            } else {
+                vec![9.0, 12.0]
+            };
+            assert_eq!(scattered, expected);
+        }
+    }
+
+    /// A rank whose peer never comes stops with an error naming it, not a hang or an abort.
+    #[test]
+    fn a_missing_peer_is_an_error_after_the_timeout() {
+        let rendezvous = Rendezvous {
+            rank: 0,
+            world_size: 2,
+            local_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: free_port(),
+            agent_store: false,
+        };
+        let e = ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("rank 0 of 2: joining the group at 127.0.0.1:"),
+            "{e}"
+        );
+    }
+}
