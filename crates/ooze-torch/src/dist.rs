@@ -58,10 +58,6 @@ pub enum DistError {
     },
 }
 
-fn var(name: &'static str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
 fn number(name: &'static str, value: String, expected: &str) -> Result<usize, DistError> {
     value.trim().parse().map_err(|_| DistError::Env {
         name,
@@ -75,6 +71,14 @@ impl Rendezvous {
     /// `MASTER_ADDR` defaults to 127.0.0.1 and `MASTER_PORT` to 29500 (torchrun's defaults);
     /// `LOCAL_RANK` to `RANK`.
     pub fn from_env() -> Result<Option<Rendezvous>, DistError> {
+        Rendezvous::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Rendezvous::from_env`] over `lookup` (a variable's value, if set; empty counts as unset).
+    pub fn from_vars(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Rendezvous>, DistError> {
+        let var = |name: &str| lookup(name).filter(|v| !v.is_empty());
         let Some(world) = var("WORLD_SIZE") else {
             return Ok(None);
         };
@@ -388,28 +392,21 @@ impl Drop for ProcessGroup {
 mod tests {
     use super::*;
 
-    // The environment is process-wide: one test sets and checks every case in turn.
+    fn from(pairs: &[(&str, &str)]) -> Result<Option<Rendezvous>, DistError> {
+        let vars: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Rendezvous::from_vars(|name| vars.get(name).cloned())
+    }
+
     #[test]
     fn reads_the_launcher_contract_and_names_a_bad_variable() {
-        let set = |pairs: &[(&str, &str)]| {
-            for name in [
-                "WORLD_SIZE",
-                "RANK",
-                "LOCAL_RANK",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-                "TORCHELASTIC_USE_AGENT_STORE",
-            ] {
-                std::env::remove_var(name);
-            }
-            for (k, v) in pairs {
-                std::env::set_var(k, v);
-            }
-        };
-        set(&[]);
-        assert_eq!(Rendezvous::from_env().unwrap(), None);
-        set(&[("WORLD_SIZE", "2"), ("RANK", "1")]);
-        let r = Rendezvous::from_env().unwrap().unwrap();
+        assert_eq!(from(&[]).unwrap(), None);
+        assert_eq!(from(&[("WORLD_SIZE", "")]).unwrap(), None);
+        let r = from(&[("WORLD_SIZE", "2"), ("RANK", "1")])
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (
                 r.rank,
@@ -421,15 +418,16 @@ mod tests {
             (1, 2, 1, 29500, false)
         );
         assert_eq!(r.master_addr, "127.0.0.1");
-        set(&[
+        let r = from(&[
             ("WORLD_SIZE", "4"),
             ("RANK", "3"),
             ("LOCAL_RANK", "1"),
             ("MASTER_ADDR", "node0"),
             ("MASTER_PORT", "1234"),
             ("TORCHELASTIC_USE_AGENT_STORE", "True"),
-        ]);
-        let r = Rendezvous::from_env().unwrap().unwrap();
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(
             (r.local_rank, r.master_port, r.agent_store),
             (1, 1234, true)
@@ -457,11 +455,9 @@ mod tests {
                 "MASTER_PORT=\"70000\"",
             ),
         ] {
-            set(pairs);
-            let e = Rendezvous::from_env().unwrap_err().to_string();
+            let e = from(pairs).unwrap_err().to_string();
             assert!(e.contains(named), "{e:?} names {named:?}");
         }
-        set(&[]);
     }
 }
 
