@@ -80,6 +80,9 @@ impl Run {
     /// Saves after rollout `index` when due: a checkpoint every `trainer.save_interval` rollouts
     /// and after the last; a rollout-only run's counters after every rollout.
     pub(crate) fn checkpoint(&self, index: u64) -> anyhow::Result<()> {
+        if !self.is_first() {
+            return Ok(());
+        }
         let total = self.recipe.rollout.num_rollouts;
         let save = index == total || index.is_multiple_of(self.recipe.trainer.save_interval.max(1));
         match self.trainer.as_ref() {

@@ -11,7 +11,11 @@ use std::time::Instant;
 impl Run {
     /// Stage *evaluate*: every eval set through the engine (or the agent) under the current
     /// weights, with seeds that do not change between evaluations.
+    /// On several ranks, rank 0 evaluates alone (the others have no results).
     pub(crate) fn evaluate(&self) -> anyhow::Result<Vec<EvalResult>> {
+        if !self.is_first() {
+            return Ok(Vec::new());
+        }
         let r = &self.recipe.rollout;
         let seed = r.seed ^ 0xe7a1;
         let mut out = Vec::new();
@@ -52,7 +56,9 @@ impl Run {
         let mut line = Map::new();
         line.insert("rollout".into(), json!(0));
         eval_line(&self.first_eval, &mut line);
-        self.log.write(&line)?;
+        if let Some(log) = self.log.as_mut() {
+            log.write(&line)?;
+        }
         self.last_eval = self.first_eval.clone();
         Ok(())
     }

@@ -9,6 +9,8 @@
 //! - [`demonstrate`]: SFT demonstrations recorded from the recipe's agent, an oracle writing its
 //!   turns.
 //! - [`eval`]: eval sets and held-out pass@k.
+//! - [`ranks`]: a run on several ranks (each its engine and a trainer replica; prompts dealt, groups
+//!   exchanged).
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
 //!   console.
 //! - [`report`], [`plot`]: the HTML report with PNG plots.
@@ -22,6 +24,7 @@ pub mod metrics_log;
 pub mod plot;
 pub mod prepare;
 pub mod progress;
+pub mod ranks;
 pub mod recipe;
 pub mod report;
 pub mod reward;

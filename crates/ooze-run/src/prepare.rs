@@ -8,6 +8,7 @@
 use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
 use crate::eval::EvalSet;
 use crate::metrics_log::MetricsLog;
+use crate::ranks::RunRanks;
 use crate::recipe::{Mode, Recipe};
 use crate::run::Run;
 use anyhow::{bail, Context};
@@ -33,17 +34,33 @@ impl Run {
         run_dir: &Path,
         resume: bool,
         registry: &Registry,
+        ranks: Option<RunRanks>,
     ) -> anyhow::Result<Run> {
         let started = Instant::now();
+        let first = ranks.as_ref().is_none_or(|r| r.rank() == 0);
+        if let Some(r) = &ranks {
+            let world = r.world_size();
+            if !recipe.rollout.batch_size.is_multiple_of(world) {
+                anyhow::bail!(
+                    "rollout.batch_size = {} does not divide among {world} ranks: each generates \
+                     an equal share of a rollout's prompts",
+                    recipe.rollout.batch_size
+                );
+            }
+        }
         crate::checkpoint::refuse_to_overwrite(run_dir, resume)?;
-        std::fs::create_dir_all(run_dir)
-            .with_context(|| format!("creating {}", run_dir.display()))?;
-        ooze_train::checkpoint::write_atomic(
-            &run_dir.join("recipe.toml"),
-            recipe.to_toml().as_bytes(),
-        )?;
+        if first {
+            std::fs::create_dir_all(run_dir)
+                .with_context(|| format!("creating {}", run_dir.display()))?;
+            ooze_train::checkpoint::write_atomic(
+                &run_dir.join("recipe.toml"),
+                recipe.to_toml().as_bytes(),
+            )?;
+        }
 
         let (device, kind) = device_and_kind(&recipe)?;
+        // A rank computes on its own device (its GPU under NCCL, the CPU under Gloo).
+        let device = ranks.as_ref().map_or(device, |r| r.device);
         let model_path = &recipe.model.path;
         let tokenizer = Arc::new(Tokenizer::load(model_path).with_context(|| {
             format!(
@@ -60,6 +77,9 @@ impl Run {
         let engine_decoder = policy.share();
         let mut trainer = build_trainer(&recipe, policy, device, kind)?;
         let state = crate::checkpoint::restore(&recipe, run_dir, resume, trainer.as_mut())?;
+        if let (Some(r), Some(t)) = (&ranks, trainer.as_mut()) {
+            t.set_process_group(r.group.clone())?;
+        }
         let order = PromptOrder::new(
             prompts.len(),
             recipe.data.seed,
@@ -108,11 +128,15 @@ impl Run {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let log = MetricsLog::open(
-            run_dir,
-            crate::checkpoint::metrics_kept_through(&state),
-            recipe.logging.tensorboard,
-        )?;
+        let log = if first {
+            Some(MetricsLog::open(
+                run_dir,
+                crate::checkpoint::metrics_kept_through(&state),
+                recipe.logging.tensorboard,
+            )?)
+        } else {
+            None
+        };
         Ok(Run {
             recipe,
             run_dir: run_dir.to_owned(),
@@ -127,6 +151,7 @@ impl Run {
             engine,
             runtime,
             log,
+            ranks,
             state,
             first_eval: Vec::new(),
             last_eval: Vec::new(),

@@ -29,6 +29,9 @@ impl Run {
             self.generate(index)?
         };
         let seconds = t.elapsed().as_secs_f64();
+        if !self.is_first() {
+            return Ok((batch, seconds));
+        }
         if self.recipe.logging.save_rollouts && self.mode() != Mode::Replay {
             write_rollout(&self.run_dir.join("rollouts"), index, &batch)?;
         }
@@ -38,38 +41,57 @@ impl Run {
         Ok((batch, seconds))
     }
 
+    /// On several ranks, each generates its dealt share of the prompts (rank `r` of `N` takes
+    /// draws `r, r + N, …` of the prompt order, with their global group numbers) and the ranks
+    /// exchange their groups; afterwards every rank's order stands past the most any rank drew.
     fn generate(&mut self, index: u64) -> anyhow::Result<Batch> {
         let r = &self.recipe.rollout;
+        let (rank, world) = self
+            .ranks
+            .as_ref()
+            .map_or((0, 1), |x| (x.rank(), x.world_size()));
+        let share = r.batch_size / world;
         let progress = Progress::new(
             format!("rollout {index}/{}", r.num_rollouts),
-            r.batch_size * r.n_samples_per_prompt,
-            self.recipe.logging.progress,
+            share * r.n_samples_per_prompt,
+            self.recipe.logging.progress && rank == 0,
         );
-        let mut next_group = self.state.next_group;
+        let first_group = self.state.next_group;
+        // Draws taken from the order so far (every rank's, this rank's included).
+        let mut drawn = 0u64;
         let (order, prompts) = (&mut self.order, &self.prompts);
         let mut next = |k: usize| -> Vec<(u64, PromptItem)> {
-            order
-                .take(k)
+            let base = first_group + drawn;
+            let dealt = order
+                .take(k * world)
                 .into_iter()
-                .map(|i| {
-                    next_group += 1;
-                    (next_group - 1, prompts[i].clone())
-                })
-                .collect()
+                .enumerate()
+                .filter(|(j, _)| j % world == rank)
+                .map(|(j, i)| (base + j as u64, prompts[i].clone()))
+                .collect();
+            drawn += (k * world) as u64;
+            dealt
         };
         let batch = self.runtime.block_on(fill_batch(
             &self.engine,
             &self.tokenizer,
             self.scorer.as_ref().expect("invariant: not a replay"),
-            r.batch_size,
+            share,
             &self.settings,
             &mut next,
             &|| progress.tick(),
         ))?;
         progress.finish();
-        self.state.next_group = next_group;
+        let Some(ranks) = &self.ranks else {
+            self.state.next_group = first_group + drawn;
+            self.state.position = self.order.position();
+            return Ok(batch);
+        };
+        let most = ranks.max(drawn)?;
+        self.order.take((most - drawn) as usize);
+        self.state.next_group = first_group + most;
         self.state.position = self.order.position();
-        Ok(batch)
+        ranks.exchange(batch)
     }
 }
 

@@ -17,6 +17,7 @@
 
 use crate::eval::{EvalResult, EvalSet};
 use crate::metrics_log::MetricsLog;
+use crate::ranks::RunRanks;
 use crate::recipe::{Mode, Recipe};
 use ooze_engine::EngineHandle;
 use ooze_model::Tokenizer;
@@ -81,20 +82,25 @@ pub struct Run {
     pub(crate) trainer: Option<Trainer>,
     pub(crate) engine: EngineHandle,
     pub(crate) runtime: tokio::runtime::Runtime,
-    pub(crate) log: MetricsLog,
+    /// Rank 0's (the one that writes); none on the other ranks.
+    pub(crate) log: Option<MetricsLog>,
+    /// The run's ranks, when it has several.
+    pub(crate) ranks: Option<RunRanks>,
     pub(crate) state: RunState,
     pub(crate) first_eval: Vec<EvalResult>,
     pub(crate) last_eval: Vec<EvalResult>,
 }
 
-/// Runs (or, with `resume`, continues) the recipe in `run_dir`.
+/// Runs (or, with `resume`, continues) the recipe in `run_dir`; with `ranks`, as one of the run's
+/// ranks (every rank calls this with the same recipe; see [`crate::ranks`]).
 pub fn run(
     recipe: Recipe,
     run_dir: &Path,
     resume: bool,
     registry: &Registry,
+    ranks: Option<RunRanks>,
 ) -> anyhow::Result<RunSummary> {
-    let mut run = Run::prepare(recipe, run_dir, resume, registry)?;
+    let mut run = Run::prepare(recipe, run_dir, resume, registry, ranks)?;
     run.evaluate_at_start()?;
     while run.state.rollout < run.recipe.rollout.num_rollouts {
         let index = run.state.rollout + 1;
@@ -115,20 +121,41 @@ impl Run {
         self.recipe.trainer.mode
     }
 
+    /// Rank 0, or the only process: the one that evaluates, writes and prints.
+    pub(crate) fn is_first(&self) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
+    }
+
     /// Writes one rollout's metrics (and its console line).
     fn log_line(&mut self, line: &Map<String, Value>) -> anyhow::Result<()> {
+        let Some(log) = self.log.as_mut() else {
+            return Ok(());
+        };
         if self.recipe.logging.progress {
             eprintln!(
                 "{}",
                 crate::reward::summary_text(line, self.recipe.rollout.num_rollouts)
             );
         }
-        self.log.write(line)
+        log.write(line)
     }
 
     /// Stops the engine, saves the final model and writes the report.
     fn finish(self) -> anyhow::Result<RunSummary> {
         self.runtime.block_on(self.engine.shutdown());
+        if !self.is_first() {
+            // Rank 0 writes the final model and the report; the others return once it has.
+            if let Some(trainer) = self.trainer.as_ref() {
+                trainer.barrier()?;
+            }
+            return Ok(RunSummary {
+                run_dir: self.run_dir,
+                state: self.state,
+                first_eval: Vec::new(),
+                last_eval: Vec::new(),
+                report: None,
+            });
+        }
         if let Some(trainer) = self.trainer.as_ref() {
             ooze_train::checkpoint::save_final_model(
                 &self.run_dir,
@@ -148,6 +175,9 @@ impl Run {
             self.state.rollout,
             self.started.elapsed().as_secs_f64()
         );
+        if let Some(trainer) = self.trainer.as_ref() {
+            trainer.barrier()?;
+        }
         Ok(RunSummary {
             run_dir: self.run_dir,
             state: self.state,

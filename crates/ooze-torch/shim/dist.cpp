@@ -98,7 +98,17 @@ void* ooze_dist_new(int backend, const char* host, int port, int rank, int world
   return out;
 }
 
-void ooze_dist_free(void* group) { delete static_cast<Group*>(group); }
+// Ends the group's communicators (NCCL's are torn down before its destructor runs, as
+// `destroy_process_group` does) and frees it.
+void ooze_dist_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  try {
+    g->backend->shutdown();
+  } catch (const std::exception&) {
+    // A communicator that fails to shut down is freed all the same.
+  }
+  delete g;
+}
 
 // In place on every rank: `op` (0 sum, 1 max, 2 min) of every rank's tensor.
 int ooze_dist_all_reduce(void* group, at::Tensor* tensor, int op) {

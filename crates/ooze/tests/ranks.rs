@@ -251,3 +251,136 @@ fn a_failing_rank_ends_the_job_and_a_launched_rank_refuses_to_launch() {
         "{log}"
     );
 }
+
+/// `ooze train` of the CPU demo's recipe for 2 rollouts of 8 prompts × 8, in `run`.
+fn train(d: &Path, run: &str, extra: &[&str]) -> Output {
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/addition-cpu.toml");
+    let mut cmd = ooze();
+    cmd.arg("train").arg(recipe);
+    for kv in [
+        format!("model.path=\"{}\"", d.join("sft/final-model").display()),
+        format!("logging.run_dir=\"{}\"", d.join(run).display()),
+        "rollout.num_rollouts=2".into(),
+        "rollout.batch_size=8".into(),
+        "eval.interval=2".into(),
+        "logging.progress=false".into(),
+    ] {
+        cmd.args(["--set", &kv]);
+    }
+    ok(cmd.args(extra).output().unwrap(), run)
+}
+
+/// One saved group: its number, its prompt's line, its first sample's seed, its responses.
+type SavedGroup = (u64, u64, u64, Vec<Value>);
+
+/// Each rollout's groups, as saved.
+fn rollouts(run: &Path) -> Vec<Vec<SavedGroup>> {
+    (1..=2)
+        .map(|k| {
+            std::fs::read_to_string(run.join(format!("rollouts/rollout-{k:06}.jsonl")))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    let g: Value = serde_json::from_str(l).unwrap();
+                    let samples = g["samples"].as_array().unwrap();
+                    (
+                        g["group"].as_u64().unwrap(),
+                        g["prompt"]["source_line"].as_u64().unwrap(),
+                        samples[0]["seed"].as_u64().unwrap(),
+                        samples.iter().map(|s| s["response_ids"].clone()).collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn train_on_two_ranks_deals_the_prompts_and_trains_on_the_whole_rollout() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    // A warm start that sometimes answers right, so the steps have advantages.
+    ok(
+        ooze()
+            .args(["task", "addition"])
+            .arg(d.join("add.jsonl"))
+            .args(["--n", "2000", "--demonstrations"])
+            .output()
+            .unwrap(),
+        "task",
+    );
+    let mut sft = ooze();
+    sft.args([
+        "sft",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "64",
+        "--lr",
+        "5e-3",
+    ])
+    .args([
+        "--max-steps",
+        "60",
+        "--eval-every",
+        "1000",
+        "--save-every",
+        "1000",
+    ])
+    .arg("--model")
+    .arg(d.join("model"))
+    .arg("--data")
+    .arg(d.join("add.jsonl"))
+    .arg("--out")
+    .arg(d.join("sft"));
+    ok(sft.output().unwrap(), "sft");
+    train(d, "one", &[]);
+    let two = train(d, "two", &["--nproc-per-node", "2"]);
+    let log = String::from_utf8_lossy(&two.stderr);
+    assert!(log.contains("ranks: 2 joined over Gloo"), "{log}");
+    // Rank 0 alone evaluates and writes.
+    assert_eq!(log.matches("eval heldout: pass@1").count(), 2, "{log}");
+    let (one, many) = (rollouts(&d.join("one")), rollouts(&d.join("two")));
+    // The same prompts with the same group numbers and seeds, in the same order (dealt to the
+    // two ranks, gathered back).
+    let deal = |r: &[Vec<SavedGroup>]| -> Vec<Vec<(u64, u64, u64)>> {
+        r.iter()
+            .map(|g| g.iter().map(|(a, b, c, _)| (*a, *b, *c)).collect())
+            .collect()
+    };
+    assert_eq!(deal(&one), deal(&many));
+    assert_eq!(
+        deal(&many)[1][0].0,
+        8,
+        "the second rollout continues the draws"
+    );
+    let lines = |run: &str| -> Vec<Value> {
+        metrics(&d.join(run))
+            .into_iter()
+            .filter(|m| m["rollout"].as_u64() > Some(0))
+            .collect()
+    };
+    let (m1, m2) = (lines("one"), lines("two"));
+    assert_eq!(m2.len(), 2);
+    for (a, b) in m1.iter().zip(&m2) {
+        for key in ["rollout/samples", "train/steps", "step"] {
+            assert_eq!(a[key], b[key], "{key}");
+        }
+    }
+    // With the same responses (the engines' arithmetic agrees on these shapes), the steps are
+    // the one process's.
+    let same_responses = one
+        .iter()
+        .zip(&many)
+        .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.3 == y.3));
+    if same_responses {
+        for (a, b) in m1.iter().zip(&m2) {
+            for key in ["reward/mean", "train/loss", "train/grad_norm"] {
+                let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+                assert!((x - y).abs() < 1e-5, "{key}: {x} against {y}");
+            }
+        }
+    }
+    assert!(d.join("two/final-model/model.safetensors").exists());
+}

@@ -2,6 +2,7 @@
 //! RUN_DIR [--set ...]` continues a run from its last checkpoint (with the recipe saved in the run
 //! directory). See `docs/recipes/README.md` for every recipe key.
 
+use super::ranks::{join, launch, RankArgs};
 use anyhow::{bail, Context};
 use ooze_rollout::scorer::Registry;
 use ooze_run::{run_dir_for, Recipe};
@@ -17,9 +18,14 @@ pub struct Args {
     /// Continue the run in this directory from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR")]
     resume: Option<PathBuf>,
+    #[command(flatten)]
+    ranks: RankArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(job) = launch(&args.ranks) {
+        return job;
+    }
     let (recipe, run_dir, resume) = match (&args.recipe, &args.resume) {
         (Some(path), None) => {
             let recipe = Recipe::load(path, &args.sets)?;
@@ -38,8 +44,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(_), Some(_)) => bail!("give a recipe or --resume RUN_DIR, not both (a resumed run uses the recipe saved in its directory; change keys with --set)"),
         (None, None) => bail!("give a recipe (`ooze train RECIPE.toml`) or `--resume RUN_DIR`"),
     };
-    eprintln!("run directory: {}", run_dir.display());
-    ooze_run::run(recipe, &run_dir, resume, &Registry::default())
+    let device: ooze_torch::DeviceSpec = recipe
+        .model
+        .device
+        .parse()
+        .map_err(|e| anyhow::anyhow!("model.device: {e}"))?;
+    let ranks = join(device, &args.ranks)?;
+    let first = ranks.group.as_ref().is_none_or(|g| g.rank() == 0);
+    if first {
+        eprintln!("run directory: {}", run_dir.display());
+    }
+    let ranks = ranks.group.map(|group| ooze_run::ranks::RunRanks {
+        group,
+        device: ranks.device,
+    });
+    ooze_run::run(recipe, &run_dir, resume, &Registry::default(), ranks)
         .with_context(|| format!("run in {}", run_dir.display()))?;
     Ok(())
 }
