@@ -49,6 +49,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .device
         .parse()
         .map_err(|e| anyhow::anyhow!("model.device: {e}"))?;
+    // A device this machine lacks is the recipe's key at fault, not the ranks'.
+    device
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("model.device: {e}"))?;
     let ranks = join(device, &args.ranks)?;
     let first = ranks.group.as_ref().is_none_or(|g| g.rank() == 0);
     if first {
