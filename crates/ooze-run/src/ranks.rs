@@ -16,7 +16,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct RunRanks {
     pub group: Arc<ProcessGroup>,
-    /// Where this rank computes (its GPU, or the CPU).
+    /// Where this rank computes (its GPU, or the CPU); the collectives' tensors live there too.
     pub device: Device,
 }
 
@@ -29,14 +29,9 @@ impl RunRanks {
         self.group.world_size()
     }
 
-    /// Tensors the collectives take live here (Gloo: CPU, NCCL: this rank's GPU).
-    fn comm_device(&self) -> Device {
-        self.device
-    }
-
     /// The largest of every rank's `value`.
     pub(crate) fn max(&self, value: u64) -> anyhow::Result<u64> {
-        let mut t = Tensor::from_slice(&[value as i64]).to_device(self.comm_device());
+        let mut t = Tensor::from_slice(&[value as i64]).to_device(self.device);
         self.group
             .all_reduce(&mut t, ReduceOp::Max)
             .context("the ranks' prompt draws")?;
@@ -46,7 +41,7 @@ impl RunRanks {
     /// Every rank's `bytes`, in rank order.
     fn all_gather_bytes(&self, bytes: &[u8]) -> anyhow::Result<Vec<Vec<u8>>> {
         let (rank, world) = (self.rank(), self.world_size());
-        let device = self.comm_device();
+        let device = self.device;
         let mut lengths = vec![0i64; world];
         lengths[rank] = bytes.len() as i64;
         let mut lengths_t = Tensor::from_slice(&lengths).to_device(device);
