@@ -36,9 +36,8 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
 /// A linear layer's weight and optional bias.
 type Projection = (Tensor, Option<Tensor>);
 
-/// Concatenates projections along their output rows and returns the fused projection with the
-/// parts as views into it (so loading, saving and in-place updates still see the parts).
-fn fuse<const N: usize>(parts: [Projection; N]) -> (Projection, [Projection; N]) {
+/// Concatenates projections along their output rows (one matmul instead of several).
+fn fuse(parts: &[Projection]) -> Projection {
     let weight = Tensor::cat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>(), 0);
     let bias = parts.iter().all(|p| p.1.is_some()).then(|| {
         Tensor::cat(
@@ -49,17 +48,23 @@ fn fuse<const N: usize>(parts: [Projection; N]) -> (Projection, [Projection; N])
             0,
         )
     });
+    (weight, bias)
+}
+
+/// The parts of a fused projection with `rows` output rows each, as views into it (so saving and
+/// in-place updates of a part see the fused tensor).
+fn split(fused: &Projection, rows: &[i64]) -> Vec<Projection> {
     let mut start = 0;
-    let views = parts.map(|(w, _)| {
-        let rows = w.size()[0];
-        let view = (
-            weight.narrow(0, start, rows),
-            bias.as_ref().map(|b| b.narrow(0, start, rows)),
-        );
-        start += rows;
-        view
-    });
-    ((weight, bias), views)
+    rows.iter()
+        .map(|&n| {
+            let part = (
+                fused.0.narrow(0, start, n),
+                fused.1.as_ref().map(|b| b.narrow(0, start, n)),
+            );
+            start += n;
+            part
+        })
+        .collect()
 }
 
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
@@ -107,19 +112,14 @@ fn silu_mul(gate_up: &Tensor, width: i64) -> Tensor {
 struct Layer {
     input_norm: Tensor,
     /// q, k and v projections in one matrix (rows q, then k, then v): one matmul per layer.
-    /// `q`, `k`, `v` below are views into it, kept for checkpoint names.
+    /// Checkpoints name the parts ([`split`]).
     qkv: Projection,
-    /// gate and up projections in one matrix; `gate` and `up` are views into it.
+    /// gate and up projections in one matrix.
     gate_up: Projection,
-    q: Projection,
-    k: Projection,
-    v: Projection,
     o: Projection,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     post_norm: Tensor,
-    gate: Projection,
-    up: Projection,
     down: Projection,
 }
 
@@ -194,16 +194,9 @@ impl Decoder {
                 h,
                 c.mlp_bias,
             )?;
-            let (qkv, [q, k, v]) = fuse([q, k, v]);
-            let (gate_up, [gate, up]) = fuse([gate, up]);
             layers.push(Layer {
-                qkv,
-                gate_up,
-                q,
-                k,
-                v,
-                gate,
-                up,
+                qkv: fuse(&[q, k, v]),
+                gate_up: fuse(&[gate, up]),
                 input_norm: w.take(&format!("{p}.input_layernorm.weight"), &[h])?,
                 o: proj(&mut w, format!("{attn}.o_proj"), h, q_dim, c.o_bias)?,
                 q_norm: if c.qk_norm {
@@ -263,15 +256,10 @@ impl Decoder {
                     input_norm: l.input_norm.shallow_clone(),
                     qkv: p(&l.qkv),
                     gate_up: p(&l.gate_up),
-                    q: p(&l.q),
-                    k: p(&l.k),
-                    v: p(&l.v),
                     o: p(&l.o),
                     q_norm: o(&l.q_norm),
                     k_norm: o(&l.k_norm),
                     post_norm: l.post_norm.shallow_clone(),
-                    gate: p(&l.gate),
-                    up: p(&l.up),
                     down: p(&l.down),
                 })
                 .collect(),
@@ -310,36 +298,81 @@ impl Decoder {
     /// The parameters in checkpoint order, with the projections as the fused matrices or as the
     /// per-projection views.
     fn parameters(&self, fused: bool) -> Vec<(String, Tensor)> {
-        let mut out = vec![(
-            "model.embed_tokens.weight".to_owned(),
-            self.embed_tokens.shallow_clone(),
-        )];
+        (0..self.num_units())
+            .flat_map(|u| self.unit(u, fused))
+            .collect()
+    }
+
+    /// Units of parameters, the parts sharded training gathers one at a time: the embeddings,
+    /// then every block, then the final norm with an untied LM head.
+    pub fn num_units(&self) -> usize {
+        self.layers.len() + 2
+    }
+
+    /// Unit `u`'s trainable tensors ([`Decoder::trainable_parameters`] order). With a tied head
+    /// the head is the embeddings, unit 0.
+    pub fn unit_parameters(&self, u: usize) -> Vec<(String, Tensor)> {
+        self.unit(u, true)
+    }
+
+    fn unit(&self, u: usize, fused: bool) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
         let mut push = |name: String, t: &Tensor| out.push((name, t.shallow_clone()));
-        for (i, l) in self.layers.iter().enumerate() {
+        if u == 0 {
+            push("model.embed_tokens.weight".into(), &self.embed_tokens);
+        } else if u == self.layers.len() + 1 {
+            push("model.norm.weight".into(), &self.norm);
+            if let Some(head) = &self.lm_head {
+                push("lm_head.weight".into(), head);
+            }
+        } else {
+            let (i, l) = (u - 1, &self.layers[u - 1]);
+            let c = &self.config;
             let p = format!("model.layers.{i}");
             push(format!("{p}.input_layernorm.weight"), &l.input_norm);
-            let projections: Vec<(&str, &Projection)> = if fused {
+            let projections: Vec<(&str, Projection)> = if fused {
+                let p = |(w, b): &Projection| {
+                    (w.shallow_clone(), b.as_ref().map(|b| b.shallow_clone()))
+                };
                 vec![
-                    ("self_attn.qkv_proj", &l.qkv),
-                    ("self_attn.o_proj", &l.o),
-                    ("mlp.gate_up_proj", &l.gate_up),
-                    ("mlp.down_proj", &l.down),
+                    ("self_attn.qkv_proj", p(&l.qkv)),
+                    ("self_attn.o_proj", p(&l.o)),
+                    ("mlp.gate_up_proj", p(&l.gate_up)),
+                    ("mlp.down_proj", p(&l.down)),
                 ]
             } else {
+                let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+                let mut qkv = split(&l.qkv, &[q, kv, kv]).into_iter();
+                let mut gate_up = split(&l.gate_up, &[c.intermediate_size; 2]).into_iter();
+                let next = |parts: &mut std::vec::IntoIter<Projection>| {
+                    parts.next().expect("invariant: split gives every part")
+                };
                 vec![
-                    ("self_attn.q_proj", &l.q),
-                    ("self_attn.k_proj", &l.k),
-                    ("self_attn.v_proj", &l.v),
-                    ("self_attn.o_proj", &l.o),
-                    ("mlp.gate_proj", &l.gate),
-                    ("mlp.up_proj", &l.up),
-                    ("mlp.down_proj", &l.down),
+                    ("self_attn.q_proj", next(&mut qkv)),
+                    ("self_attn.k_proj", next(&mut qkv)),
+                    ("self_attn.v_proj", next(&mut qkv)),
+                    (
+                        "self_attn.o_proj",
+                        (
+                            l.o.0.shallow_clone(),
+                            l.o.1.as_ref().map(|b| b.shallow_clone()),
+                        ),
+                    ),
+                    ("mlp.gate_proj", next(&mut gate_up)),
+                    ("mlp.up_proj", next(&mut gate_up)),
+                    (
+                        "mlp.down_proj",
+                        (
+                            l.down.0.shallow_clone(),
+                            l.down.1.as_ref().map(|b| b.shallow_clone()),
+                        ),
+                    ),
                 ]
             };
             for (name, (weight, bias)) in projections {
-                push(format!("{p}.{name}.weight"), weight);
+                push(format!("{p}.{name}.weight"), &weight);
                 if let Some(b) = bias {
-                    push(format!("{p}.{name}.bias"), b);
+                    push(format!("{p}.{name}.bias"), &b);
                 }
             }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
@@ -347,10 +380,6 @@ impl Decoder {
                 push(format!("{p}.self_attn.k_norm.weight"), kn);
             }
             push(format!("{p}.post_attention_layernorm.weight"), &l.post_norm);
-        }
-        push("model.norm.weight".into(), &self.norm);
-        if let Some(head) = &self.lm_head {
-            push("lm_head.weight".into(), head);
         }
         out
     }

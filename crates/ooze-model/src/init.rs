@@ -43,6 +43,9 @@ pub enum Size {
     Medium,
     /// The Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, vocab 151,936): GPU benchmarks.
     Qwen05b,
+    /// The Qwen2.5-7B shape (28 layers, hidden 3584, 28/4 heads, vocab 152,064, untied head):
+    /// multi-GPU benchmarks.
+    Qwen7b,
 }
 
 impl std::str::FromStr for Size {
@@ -53,6 +56,7 @@ impl std::str::FromStr for Size {
             "small" => Ok(Size::Small),
             "medium" => Ok(Size::Medium),
             "0.5b" | "0.5B" => Ok(Size::Qwen05b),
+            "7b" | "7B" => Ok(Size::Qwen7b),
             _ => Err(format!(
                 "unknown size `{s}`; expected tiny, small, medium or 0.5b"
             )),
@@ -81,12 +85,25 @@ impl InitOptions {
             family,
             size,
             tokenizer_vocab: 1024,
-            vocab_size: (size == Size::Qwen05b).then_some(151_936),
-            tie_word_embeddings: true,
+            vocab_size: match size {
+                Size::Qwen05b => Some(151_936),
+                Size::Qwen7b => Some(152_064),
+                _ => None,
+            },
+            tie_word_embeddings: size != Size::Qwen7b,
             seed: 0,
             dtype: Kind::Float,
             max_shard_bytes: 2 << 30,
         }
+    }
+}
+
+impl InitOptions {
+    /// The config of the model these options build (the vocabulary: `vocab_size`, or the
+    /// tokenizer's size asked for), without building it: for plans and estimates.
+    pub fn model_config(&self) -> Result<ModelConfig> {
+        let vocab = self.vocab_size.unwrap_or(self.tokenizer_vocab as i64);
+        ModelConfig::from_json(Path::new("<init options>"), shape(self, vocab))
     }
 }
 
@@ -301,6 +318,7 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
         Size::Small => (256, 768, 4, 8, 2),
         Size::Medium => (512, 1536, 8, 8, 2),
         Size::Qwen05b => (896, 4864, 24, 14, 2),
+        Size::Qwen7b => (3584, 18944, 28, 28, 4),
     };
     let family = options.family;
     let mut c = json!({

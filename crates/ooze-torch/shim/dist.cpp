@@ -150,6 +150,45 @@ int ooze_dist_reduce_scatter(void* group, at::Tensor* out, at::Tensor* in, int o
   });
 }
 
+// Started collectives (prefetch): the handle of one in flight, for ooze_dist_wait; null on error.
+void* ooze_dist_all_gather_start(void* group, at::Tensor* out, at::Tensor* in) {
+  c10::intrusive_ptr<c10d::Work>* work = nullptr;
+  guarded([&] {
+    auto& g = *static_cast<Group*>(group);
+    work = new c10::intrusive_ptr<c10d::Work>(
+        g.backend->_allgather_base(*out, *in, c10d::AllgatherOptions()));
+  });
+  return work;
+}
+
+void* ooze_dist_reduce_scatter_start(void* group, at::Tensor* out, at::Tensor* in, int op) {
+  c10::intrusive_ptr<c10d::Work>* work = nullptr;
+  guarded([&] {
+    auto& g = *static_cast<Group*>(group);
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = reduce_op(op);
+    work = new c10::intrusive_ptr<c10d::Work>(g.backend->_reduce_scatter_base(*out, *in, opts));
+  });
+  return work;
+}
+
+// Waits for a started collective and frees its handle. On GPUs (NCCL) the current stream waits
+// for it and the host goes on, so compute queued before the wait overlaps the transfer; on CPUs
+// (Gloo) the host waits, within the group's timeout.
+int ooze_dist_wait(void* group, void* handle) {
+  auto* work = static_cast<c10::intrusive_ptr<c10d::Work>*>(handle);
+  int code = guarded([&] {
+    auto& g = *static_cast<Group*>(group);
+    if (g.backend->getBackendName() == "nccl") {
+      (*work)->wait();
+    } else {
+      finish(g, *work, "collective");
+    }
+  });
+  delete work;
+  return code;
+}
+
 int ooze_dist_barrier(void* group) {
   return guarded([&] {
     auto& g = *static_cast<Group*>(group);

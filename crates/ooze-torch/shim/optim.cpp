@@ -70,4 +70,7 @@ int ooze_foreach_copy(at::Tensor** dst, at::Tensor** src, int64_t n) {
   }
 }
 
+// Drops a tensor's gradient (Python's `p.grad = None`): its memory goes back to the allocator.
+void ooze_clear_grad(at::Tensor* t) { t->mutable_grad().reset(); }
+
 }  // extern "C"

@@ -166,6 +166,18 @@ mod ffi {
             op: i32,
         ) -> i32;
         pub fn ooze_dist_barrier(group: *mut c_void) -> i32;
+        pub fn ooze_dist_all_gather_start(
+            group: *mut c_void,
+            out: *mut c_void,
+            input: *mut c_void,
+        ) -> *mut c_void;
+        pub fn ooze_dist_reduce_scatter_start(
+            group: *mut c_void,
+            out: *mut c_void,
+            input: *mut c_void,
+            op: i32,
+        ) -> *mut c_void;
+        pub fn ooze_dist_wait(group: *mut c_void, work: *mut c_void) -> i32;
     }
 }
 
@@ -365,6 +377,74 @@ impl ProcessGroup {
         }
     }
 
+    /// Starts `out` ← every rank's `input` (as [`ProcessGroup::all_gather_into`]) and returns at
+    /// once; [`Pending::wait`] finishes it. The tensors stay alive in the handle until then.
+    pub fn start_all_gather(&self, out: Tensor, input: Tensor) -> Result<Pending<'_>, DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: live tensors, kept alive by the handle until the wait.
+            let work = unsafe {
+                ffi::ooze_dist_all_gather_start(
+                    self.raw,
+                    out.as_ptr() as *mut _,
+                    input.as_ptr() as *mut _,
+                )
+            };
+            self.started(work, "all-gather", [out, input])
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (out, input);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    /// Starts `out` ← this rank's slice of the sum over ranks of `input` (as
+    /// [`ProcessGroup::reduce_scatter_into`]) and returns at once.
+    pub fn start_reduce_scatter(
+        &self,
+        out: Tensor,
+        input: Tensor,
+    ) -> Result<Pending<'_>, DistError> {
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: as in start_all_gather.
+            let work = unsafe {
+                ffi::ooze_dist_reduce_scatter_start(
+                    self.raw,
+                    out.as_ptr() as *mut _,
+                    input.as_ptr() as *mut _,
+                    ReduceOp::Sum as i32,
+                )
+            };
+            self.started(work, "reduce-scatter", [out, input])
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (out, input);
+            Err(DistError::Unavailable)
+        }
+    }
+
+    #[cfg(ooze_dist)]
+    fn started(
+        &self,
+        work: *mut std::ffi::c_void,
+        doing: &'static str,
+        [out, input]: [Tensor; 2],
+    ) -> Result<Pending<'_>, DistError> {
+        if work.is_null() {
+            return Err(self.error(doing));
+        }
+        Ok(Pending {
+            group: self,
+            work,
+            doing,
+            out: Some(out),
+            _input: input,
+        })
+    }
+
     /// Returns once every rank has called it.
     pub fn barrier(&self) -> Result<(), DistError> {
         #[cfg(ooze_dist)]
@@ -533,6 +613,65 @@ mod collective_tests {
         }
     }
 
+    /// Three ranks with several started collectives in flight at once (prefetched gathers and
+    /// background reduce-scatters, as sharded training keeps them), finished out of order.
+    #[test]
+    fn three_gloo_ranks_finish_started_collectives() {
+        let port = free_port();
+        let ranks: Vec<_> = (0..3)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let rendezvous = Rendezvous {
+                        rank,
+                        world_size: 3,
+                        local_rank: rank,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        agent_store: false,
+                    };
+                    let g =
+                        ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(60))
+                            .unwrap();
+                    let opts = (Kind::Double, Device::Cpu);
+                    let r = rank as f64;
+                    let mut out = Vec::new();
+                    for round in 0..4 {
+                        let k = round as f64;
+                        let gather = g
+                            .start_all_gather(
+                                Tensor::zeros([6], opts),
+                                Tensor::from_slice(&[r + 10.0 * k, -r]),
+                            )
+                            .unwrap();
+                        let input = Tensor::arange(9, opts) * (1.0 + r) + k;
+                        let scatter = g
+                            .start_reduce_scatter(Tensor::zeros([3], opts), input)
+                            .unwrap();
+                        let scattered = Vec::<f64>::try_from(&scatter.wait().unwrap()).unwrap();
+                        let gathered = Vec::<f64>::try_from(&gather.wait().unwrap()).unwrap();
+                        out.push((gathered, scattered));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let results: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        for (rank, rounds) in results.into_iter().enumerate() {
+            for (round, (gathered, scattered)) in rounds.into_iter().enumerate() {
+                let k = round as f64;
+                assert_eq!(
+                    gathered,
+                    vec![10.0 * k, 0.0, 1.0 + 10.0 * k, -1.0, 2.0 + 10.0 * k, -2.0]
+                );
+                // Sum over ranks r of (i·(1 + r) + k) = 6i + 3k at i = 3·rank + j.
+                let expected: Vec<f64> = (0..3)
+                    .map(|j| 6.0 * (3 * rank + j) as f64 + 3.0 * k)
+                    .collect();
+                assert_eq!(scattered, expected, "rank {rank} round {round}");
+            }
+        }
+    }
+
     /// A rank whose peer never comes stops with an error naming it, not a hang or an abort.
     #[test]
     fn a_missing_peer_is_an_error_after_the_timeout() {
@@ -551,5 +690,52 @@ mod collective_tests {
             e.starts_with("rank 0 of 2: joining the group at 127.0.0.1:"),
             "{e}"
         );
+    }
+}
+
+/// A collective in flight ([`ProcessGroup::start_all_gather`], [`ProcessGroup::start_reduce_scatter`]).
+/// Dropping it without [`Pending::wait`] waits for it all the same (its tensors must outlive it).
+pub struct Pending<'g> {
+    group: &'g ProcessGroup,
+    #[cfg_attr(not(ooze_dist), allow(dead_code))]
+    work: *mut std::ffi::c_void,
+    #[cfg_attr(not(ooze_dist), allow(dead_code))]
+    doing: &'static str,
+    out: Option<Tensor>,
+    _input: Tensor,
+}
+
+impl Pending<'_> {
+    /// Finishes the collective and returns its output. On GPUs the current stream waits for it
+    /// (the host does not); on CPUs the host waits.
+    pub fn wait(mut self) -> Result<Tensor, DistError> {
+        let out = self.out.take().expect("invariant: waited once");
+        self.finish()?;
+        Ok(out)
+    }
+
+    fn finish(&mut self) -> Result<(), DistError> {
+        if self.work.is_null() {
+            return Ok(());
+        }
+        let work = std::mem::replace(&mut self.work, std::ptr::null_mut());
+        #[cfg(ooze_dist)]
+        {
+            // SAFETY: a handle from a start call, waited for and freed exactly once.
+            let code = unsafe { ffi::ooze_dist_wait(self.group.raw, work) };
+            self.group.check(code, self.doing)
+        }
+        #[cfg(not(ooze_dist))]
+        {
+            let _ = (work, self.group);
+            Ok(())
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        // The tensors are freed right after; the collective must be done with them first.
+        let _ = self.finish();
     }
 }

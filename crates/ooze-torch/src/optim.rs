@@ -51,6 +51,7 @@ mod ffi {
         ) -> i32;
         pub fn ooze_foreach_norm(tensors: *const *mut c_void, n: i64) -> *mut c_void;
         pub fn ooze_foreach_copy(dst: *const *mut c_void, src: *const *mut c_void, n: i64) -> i32;
+        pub fn ooze_clear_grad(t: *mut c_void);
     }
 }
 
@@ -89,6 +90,17 @@ pub fn foreach_norm(tensors: &[Tensor]) -> Result<Tensor, OptimError> {
             .collect::<Vec<_>>(),
         0,
     ))
+}
+
+/// Drops `t`'s gradient, freeing its memory (without the shim: zeroes it, which keeps the memory).
+pub fn clear_grad(t: &mut Tensor) {
+    #[cfg(ooze_fused_adamw)]
+    // SAFETY: a live tensor; only its gradient slot changes.
+    unsafe {
+        ffi::ooze_clear_grad(t.as_mut_ptr().cast())
+    };
+    #[cfg(not(ooze_fused_adamw))]
+    t.zero_grad();
 }
 
 /// `dst[i] ← src[i]` (with dtype conversion), one multi-tensor kernel on a GPU.

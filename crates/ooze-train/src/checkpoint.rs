@@ -8,10 +8,16 @@
 //! renamed into place (the rename flushed too); `RUN/latest` (written atomically) names the newest
 //! complete one. Every file goes through the one atomic writer, [`ooze_core::atomic_file`].
 //!
+//! With ranks every rank calls [`save`], [`save_final_model`] and [`finish_pending`]; rank 0
+//! writes, except that a sharded trainer's ranks each write their own optimizer shard, in the
+//! background (see `sharded_checkpoint`): its checkpoint is complete, renamed into place, only at
+//! the next save or at [`finish_pending`].
+//!
 //! Resuming takes the newest checkpoint that loads ([`load_newest`]): `latest`, or when that one is
 //! damaged (a truncated safetensors file, missing files, bad JSON) the ones before it, newest
 //! first, each failure reported on stderr.
 
+use crate::sharded_checkpoint;
 use crate::trainer::{Trainer, TrainerConfig};
 use crate::TrainError;
 use ooze_core::atomic_file;
@@ -28,7 +34,10 @@ struct TrainerState {
     extra: serde_json::Value,
 }
 
-fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TrainError + 'a {
+pub(crate) fn io<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> TrainError + 'a {
     move |source| TrainError::Io {
         action,
         path: path.to_owned(),
@@ -41,7 +50,8 @@ fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 pub use ooze_core::atomic_file::write as write_atomic;
 
 /// Saves the trainer after its current step into `run_dir`; `source_model` is the model directory
-/// the policy was loaded from (its config and tokenizer files are copied). Returns the checkpoint.
+/// the policy was loaded from (its config and tokenizer files are copied). Returns the checkpoint
+/// (a sharded trainer's is still being written: see [`finish_pending`]). Every rank calls it.
 pub fn save(
     run_dir: &Path,
     source_model: &Path,
@@ -50,15 +60,27 @@ pub fn save(
 ) -> Result<PathBuf, TrainError> {
     let name = format!("checkpoint-{:06}", trainer.step());
     let done = run_dir.join(&name);
+    let model_kind = match trainer.policy.kind() {
+        Kind::BFloat16 | Kind::Half => trainer.policy.kind(),
+        _ => Kind::Float,
+    };
+    let state = TrainerState {
+        step: trainer.step(),
+        config: trainer.config.clone(),
+        extra,
+    };
+    let json = serde_json::to_vec_pretty(&state).expect("invariant: the state serialises");
+    if trainer.is_sharded() {
+        return sharded_checkpoint::save(run_dir, source_model, trainer, json, model_kind);
+    }
+    if trainer.rank().0 != 0 {
+        return Ok(done);
+    }
     let tmp = run_dir.join(format!(".{name}.partial"));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
     }
     std::fs::create_dir_all(&tmp).map_err(io("create directory", &tmp))?;
-    let model_kind = match trainer.policy.kind() {
-        Kind::BFloat16 | Kind::Half => trainer.policy.kind(),
-        _ => Kind::Float,
-    };
     trainer.policy.save(
         source_model,
         &tmp.join("model"),
@@ -95,12 +117,6 @@ pub fn save(
             },
         )?;
     }
-    let state = TrainerState {
-        step: trainer.step(),
-        config: trainer.config.clone(),
-        extra,
-    };
-    let json = serde_json::to_vec_pretty(&state).expect("invariant: the state serialises");
     write_atomic(&tmp.join("trainer_state.json"), &json)?;
     // The entries of the hidden directory (model/, optimizer/, …) reach the disk before its rename.
     atomic_file::sync_dir(&tmp)?;
@@ -112,27 +128,55 @@ pub fn save(
     Ok(done)
 }
 
+/// Finishes a sharded trainer's checkpoint still being written (every rank calls it; nothing to
+/// do otherwise) and returns it. Call it before the end of a run.
+pub fn finish_pending(trainer: &Trainer) -> Result<Option<PathBuf>, TrainError> {
+    sharded_checkpoint::finish_pending(trainer)
+}
+
 /// Writes the policy as a complete HF model directory `run_dir/final-model` (built under a hidden
-/// name and renamed into place, replacing an older one); returns its path.
+/// name and renamed into place, replacing an older one); returns its path. Every rank calls it
+/// (a sharded policy is gathered); rank 0 writes.
 pub fn save_final_model(
     run_dir: &Path,
     source_model: &Path,
     trainer: &Trainer,
 ) -> Result<PathBuf, TrainError> {
+    finish_pending(trainer)?;
     let done = run_dir.join("final-model");
     let tmp = run_dir.join(".final-model.partial");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
+    let sharded = trainer.shards.as_ref();
+    if let Some(model) = sharded {
+        model.gather_all()?;
     }
-    trainer
-        .policy
-        .save(source_model, &tmp, SaveOptions::default())?;
+    let written = if trainer.rank().0 == 0 {
+        write_final_model(&tmp, source_model, trainer)
+    } else {
+        Ok(())
+    };
+    if let Some(model) = sharded {
+        model.release_all();
+    }
+    written?;
+    if trainer.rank().0 != 0 {
+        return Ok(done);
+    }
     atomic_file::sync_dir(&tmp)?;
     if done.exists() {
         std::fs::remove_dir_all(&done).map_err(io("remove", &done))?;
     }
     atomic_file::rename(&tmp, &done)?;
     Ok(done)
+}
+
+fn write_final_model(tmp: &Path, source_model: &Path, trainer: &Trainer) -> Result<(), TrainError> {
+    if tmp.exists() {
+        std::fs::remove_dir_all(tmp).map_err(io("remove", tmp))?;
+    }
+    trainer
+        .policy
+        .save(source_model, tmp, SaveOptions::default())?;
+    Ok(())
 }
 
 /// The newest complete checkpoint of `run_dir`, if any.
@@ -162,14 +206,18 @@ pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, Trai
         TrainError::Checkpoint(format!("{}: not a trainer state: {e}", path.display()))
     })?;
     let (device, kind) = (trainer.policy.device(), trainer.policy.kind());
-    trainer
-        .policy
-        .update_weights(WeightSet::load(&dir.join("model"), device, kind)?)?;
-    trainer.optimizer_mut().load_state(WeightSet::load(
-        &dir.join("optimizer"),
-        device,
-        Kind::Float,
-    )?)?;
+    if trainer.is_sharded() {
+        sharded_checkpoint::load(dir, trainer)?;
+    } else {
+        trainer
+            .policy
+            .update_weights(WeightSet::load(&dir.join("model"), device, kind)?)?;
+        trainer.optimizer_mut().load_state(WeightSet::load(
+            &dir.join("optimizer"),
+            device,
+            Kind::Float,
+        )?)?;
+    }
     if let Some((critic, optimizer)) = trainer.critic_parts_mut() {
         let critic_dir = dir.join("critic");
         if !critic_dir.exists() {

@@ -52,6 +52,15 @@ pub(crate) fn micro_batches(
         .collect()
 }
 
+/// The most micro-batches any rank has (sharded passes need every rank in each one).
+pub(crate) fn most_micro_batches(
+    group: &ProcessGroup,
+    own: usize,
+    device: Device,
+) -> Result<usize, TrainError> {
+    Ok(sum_over_ranks(group, &[own as f64], ReduceOp::Max, device)?[0] as usize)
+}
+
 /// Sums `values` over the ranks (f64, on `device`: Gloo takes CPU tensors, NCCL CUDA ones).
 pub(crate) fn sum_over_ranks(
     group: &ProcessGroup,

@@ -17,7 +17,11 @@ pub enum EntropyUse {
     Gradient,
 }
 
-fn head_options(temperature: f64, entropy: EntropyUse, recompute_logits: bool) -> ScoreOptions {
+pub(crate) fn head_options(
+    temperature: f64,
+    entropy: EntropyUse,
+    recompute_logits: bool,
+) -> ScoreOptions {
     ScoreOptions {
         temperature,
         entropy: entropy != EntropyUse::None,
@@ -35,15 +39,15 @@ pub struct ResponseScores {
 
 /// A micro-batch packed into one row: token ids and positions `[1, total]`, sequence lengths, the
 /// flat positions that predict response tokens and those tokens.
-struct Packed {
-    ids: Tensor,
-    positions: Tensor,
-    lengths: Vec<i64>,
-    select: Tensor,
-    targets: Tensor,
+pub(crate) struct Packed {
+    pub(crate) ids: Tensor,
+    pub(crate) positions: Tensor,
+    pub(crate) lengths: Vec<i64>,
+    pub(crate) select: Tensor,
+    pub(crate) targets: Tensor,
 }
 
-fn pack_tokens(decoder: &Decoder, samples: &[Sample]) -> Packed {
+pub(crate) fn pack_tokens(decoder: &Decoder, samples: &[Sample]) -> Packed {
     let device = decoder.device();
     let total: usize = samples.iter().map(|s| s.tokens.len()).sum();
     let (mut ids, mut positions) = (Vec::with_capacity(total), Vec::with_capacity(total));
@@ -93,11 +97,11 @@ pub fn response_hidden(decoder: &Decoder, samples: &[Sample]) -> (Tensor, Tensor
 /// [`Recomputed::backward`] replays them one at a time with gradients, after the loss's backward
 /// pass has reached the last block's output. Memory: one block's activations instead of all.
 pub struct Recomputed {
-    packed: Packed,
+    pub(crate) packed: Packed,
     /// Input of every block (detached).
-    inputs: Vec<Tensor>,
+    pub(crate) inputs: Vec<Tensor>,
     /// The last block's output: a leaf whose gradient the loss's backward pass fills.
-    last: Tensor,
+    pub(crate) last: Tensor,
 }
 
 impl Recomputed {

@@ -4,10 +4,13 @@
 //! - [`forward`]: the policy's log-probs and entropies of response tokens, packed.
 //! - [`optimizer`]: AdamW with fp32 master weights (libtorch's fused kernel), weight-decay groups,
 //!   global-norm clipping.
+//! - [`memory`]: the memory plan (what training takes per GPU, checked before loading).
 //! - [`schedule`]: learning-rate schedules (warmup; constant, linear or cosine decay).
 //! - [`trainer`]: RL and SFT steps, with step metrics.
 //! - [`critic`]: the PPO critic (decoder body + value head) and its settings.
 //! - [`data_parallel`]: ranks sharing a step (each its span of the samples, gradients summed).
+//! - `sharding`, `sharded_forward`: sharded training (ZeRO-3): parameters, gradients, masters and
+//!   moments split over the ranks, each unit gathered only while it runs.
 //! - [`teacher`]: the on-policy distillation teacher (a model in process or a remote scorer).
 //! - [`checkpoint`]: atomic checkpoints and exact resume.
 //! - [`sft_data`]: chat JSONL → training samples with assistant-only masks.
@@ -19,10 +22,14 @@ pub mod checkpoint;
 pub mod critic;
 pub mod data_parallel;
 pub mod forward;
+pub mod memory;
 pub mod optimizer;
 pub mod schedule;
 pub mod sft;
 pub mod sft_data;
+mod sharded_checkpoint;
+mod sharded_forward;
+mod sharding;
 mod step;
 pub mod teacher;
 pub mod trainer;
@@ -32,7 +39,7 @@ pub use ooze_core::Sample;
 pub use optimizer::OptimizerConfig;
 pub use schedule::{Decay, Schedule};
 pub use teacher::{Teacher, TeacherScorer};
-pub use trainer::{StepMetrics, Trainer, TrainerConfig};
+pub use trainer::{Sharding, StepMetrics, Trainer, TrainerConfig};
 
 use std::path::PathBuf;
 
@@ -49,7 +56,7 @@ pub enum TrainError {
     #[error("teacher: {0}")]
     Teacher(String),
     /// A collective between ranks failed (a peer died, timed out, or the build has none).
-    #[error("data parallel: {0}")]
+    #[error("ranks: {0}")]
     Dist(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),

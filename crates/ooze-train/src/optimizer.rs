@@ -60,10 +60,24 @@ impl Optimizer {
     /// Takes the model's trainable tensors (`Decoder::trainable_parameters`) and turns their
     /// gradients on.
     pub fn new(params: Vec<(String, Tensor)>, config: OptimizerConfig) -> Optimizer {
+        Self::build(params, config, true)
+    }
+
+    /// Over this rank's shards of the parameters (sharded training): the gradients come to
+    /// [`Optimizer::apply`] from the reduce-scatter, not from the tensors.
+    pub(crate) fn for_shards(params: Vec<(String, Tensor)>, config: OptimizerConfig) -> Optimizer {
+        Self::build(params, config, false)
+    }
+
+    fn build(params: Vec<(String, Tensor)>, config: OptimizerConfig, grads: bool) -> Optimizer {
         let slots = params
             .into_iter()
             .map(|(name, model)| {
-                let model = model.set_requires_grad(true);
+                let model = if grads {
+                    model.set_requires_grad(true)
+                } else {
+                    model
+                };
                 let master = (model.kind() != Kind::Float)
                     .then(|| model.detach().to_kind(Kind::Float).copy());
                 let fp32 = (Kind::Float, model.device());
@@ -110,12 +124,30 @@ impl Optimizer {
             let device = self.slots.first().map_or(Device::Cpu, |s| s.model.device());
             sum_gradients(group, &mut grads, &shapes, device, GRADIENT_BUCKET)?;
         }
+        self.apply(&grads, lr, None)
+    }
+
+    /// Clips `grads` (one per slot; `None` leaves that tensor as it is) by their global norm and
+    /// steps. `norm_over`: the gradients are this rank's shards, so the norm sums over its ranks.
+    pub(crate) fn apply(
+        &mut self,
+        grads: &[Option<Tensor>],
+        lr: f64,
+        norm_over: Option<&ProcessGroup>,
+    ) -> Result<f64, TrainError> {
+        let _guard = tch::no_grad_guard();
         let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
         if present.is_empty() {
             return Ok(0.0);
         }
         let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
-        let total = norms.square().sum(Kind::Float).sqrt();
+        let mut squares = norms.square().sum(Kind::Float);
+        if let Some(group) = norm_over {
+            group
+                .all_reduce(&mut squares, ooze_torch::dist::ReduceOp::Sum)
+                .map_err(dist_error)?;
+        }
+        let total = squares.sqrt();
         // Clipping divides the gradients inside the AdamW kernel: max(norm / clip, 1).
         let clip = self.config.clip_grad;
         let divisor = if clip > 0.0 {
@@ -132,7 +164,7 @@ impl Optimizer {
         for decay in [true, false] {
             let mut params = Vec::new();
             let (mut g, mut m, mut v, mut st) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (s, grad) in self.slots.iter().zip(&grads) {
+            for (s, grad) in self.slots.iter().zip(grads) {
                 let Some(grad) = grad else { continue };
                 if s.decay != decay {
                     continue;
@@ -214,6 +246,23 @@ impl Optimizer {
             if let Some(master) = &s.master {
                 out.push((format!("master.{}", s.name), master.shallow_clone()));
             }
+        }
+        out
+    }
+
+    /// The keys of [`Optimizer::state`], each with the name of its tensor.
+    pub(crate) fn state_names(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for s in &self.slots {
+            let mut prefixes = vec!["exp_avg", "exp_avg_sq", "step"];
+            if s.master.is_some() {
+                prefixes.push("master");
+            }
+            out.extend(
+                prefixes
+                    .into_iter()
+                    .map(|p| (format!("{p}.{}", s.name), s.name.clone())),
+            );
         }
         out
     }

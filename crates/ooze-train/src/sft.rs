@@ -12,7 +12,7 @@
 
 use crate::checkpoint;
 use crate::sft_data::load_chat_jsonl;
-use crate::{Decay, OptimizerConfig, Schedule, TrainError, Trainer, TrainerConfig};
+use crate::{Decay, OptimizerConfig, Schedule, Sharding, TrainError, Trainer, TrainerConfig};
 use ooze_core::order::{Position, PromptOrder};
 use ooze_core::Sample;
 use ooze_model::{Decoder, Tokenizer};
@@ -56,6 +56,8 @@ pub struct SftConfig {
     pub eval_every: u64,
     /// Continue the run in `out` from its latest checkpoint.
     pub resume: bool,
+    /// How ranks hold the model (with one rank: whole).
+    pub sharding: Sharding,
 }
 
 /// What a finished run did.
@@ -235,14 +237,33 @@ pub fn run_sft<E: From<TrainError>>(
         .map_err(TrainError::from)?;
     }
     let decoder = load_decoder(&config.model)?;
-    let mut trainer = Trainer::new(decoder, None, trainer_config)?;
+    let gpu = crate::memory::gpu_of(decoder.device());
+    let sharded = crate::memory::choose(
+        config.sharding,
+        &crate::memory::MemoryInputs {
+            config: &decoder.config,
+            value_bytes: crate::memory::value_bytes(decoder.kind()),
+            ranks: ranks as u64,
+            sharded: false,
+            tokens_per_micro_batch: config.micro_batch_tokens as u64,
+            recompute: false,
+            reference: false,
+            critic: false,
+            engine_sequence_bytes: None,
+        },
+        gpu.as_ref().map(|(c, n)| (*c, n.as_str())),
+    )? && group.is_some();
+    let mut trainer = match &group {
+        Some(g) if sharded => Trainer::sharded(decoder, None, trainer_config, g.clone())?,
+        _ => Trainer::new(decoder, None, trainer_config)?,
+    };
     // The newest checkpoint that loads (a corrupt one is reported and the one before tried).
     let restored = if config.resume {
         checkpoint::load_newest(&config.out, &mut trainer)?
     } else {
         None
     };
-    if let Some(group) = group {
+    if let (Some(group), false) = (group, sharded) {
         trainer.set_process_group(group)?;
     }
     if let (true, Some(checkpoint::Restored { dir, .. })) = (first, &restored) {
@@ -253,13 +274,10 @@ pub fn run_sft<E: From<TrainError>>(
         );
     }
     let final_eval_loss = train_steps(config, &mut trainer, &train, &held_out, total, first)?;
-    let final_model = if first {
-        let dir = checkpoint::save_final_model(&config.out, &config.model, &trainer)?;
-        eprintln!("sft: done; model in {}", dir.display());
-        dir
-    } else {
-        config.out.join("final-model")
-    };
+    let final_model = checkpoint::save_final_model(&config.out, &config.model, &trainer)?;
+    if first {
+        eprintln!("sft: done; model in {}", final_model.display());
+    }
     // Every rank returns once the final model is written.
     trainer.barrier()?;
     Ok(SftSummary {
@@ -327,20 +345,20 @@ fn train_steps(
             line["eval_loss"] = json!(loss);
             last_eval = Some(loss);
         }
-        let Some(file) = &mut metrics_file else {
-            continue;
-        };
-        writeln!(file, "{line}").map_err(io(&metrics_path))?;
-        file.flush().map_err(io(&metrics_path))?;
-        eprintln!(
-            "sft: step {done}/{total} loss {:.4} lr {:.2e} grad {:.3} {:.0} tok/s{}",
-            m.loss,
-            m.lr,
-            m.grad_norm,
-            m.tokens_per_second,
-            eval.map(|l| format!(" held-out {l:.4}"))
-                .unwrap_or_default()
-        );
+        if let Some(file) = &mut metrics_file {
+            writeln!(file, "{line}").map_err(io(&metrics_path))?;
+            file.flush().map_err(io(&metrics_path))?;
+            eprintln!(
+                "sft: step {done}/{total} loss {:.4} lr {:.2e} grad {:.3} {:.0} tok/s{}",
+                m.loss,
+                m.lr,
+                m.grad_norm,
+                m.tokens_per_second,
+                eval.map(|l| format!(" held-out {l:.4}"))
+                    .unwrap_or_default()
+            );
+        }
+        // Every rank: a sharded trainer's ranks each write their part.
         if done.is_multiple_of(config.save_every.max(1)) || done == total {
             checkpoint::save(
                 &config.out,

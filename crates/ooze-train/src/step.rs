@@ -3,8 +3,9 @@
 //! gradients accumulating), then the optimizer steps of the policy and the critic. The step's
 //! loss is the sum of its micro-batches' (`ooze_algo::aggregate`), however the step is split.
 
-use crate::data_parallel::{micro_batches, sum_over_ranks};
+use crate::data_parallel::{micro_batches, most_micro_batches, sum_over_ranks};
 use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
+use crate::sharded_forward;
 use crate::trainer::{float_kind, CriticTargets, Phases, StepMetrics, Trainer};
 use crate::TrainError;
 use ooze_algo::loss::loss;
@@ -80,6 +81,17 @@ impl Trainer {
             self.group.as_deref(),
         );
         metrics.micro_batches = ranges.len();
+        if let Some(model) = &mut self.shards {
+            model.zero_grad();
+        }
+        if let Some(model) = &self.shards {
+            // Every rank joins every sharded pass: one short of micro-batches runs empty ones
+            // (the others' gradients still reach its shards).
+            let most = most_micro_batches(model.group(), ranges.len(), self.policy.device())?;
+            for _ in ranges.len()..most {
+                sharded_forward::idle_training(model)?;
+            }
+        }
         self.optimizer.zero_grad();
         if let Some((_, o)) = self.critic.as_mut() {
             o.zero_grad();
@@ -93,7 +105,7 @@ impl Trainer {
                 (&weights, observation_weights.as_deref()),
                 &mut metrics,
                 &mut sums,
-            );
+            )?;
         }
         if self.group.is_some() {
             self.sum_over_ranks(&mut metrics, &mut sums)?;
@@ -159,7 +171,7 @@ impl Trainer {
         (weights, observation_weights): (&[Vec<f32>], Option<&[Vec<f32>]>),
         metrics: &mut StepMetrics,
         sums: &mut OptionalSums,
-    ) {
+    ) -> Result<(), TrainError> {
         let kind = float_kind(&self.policy);
         let device = self.policy.device();
         let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
@@ -181,7 +193,18 @@ impl Trainer {
             EntropyUse::Value
         };
         let phase = Phases::start(device);
-        let (scores, recomputed) = if self.config.recompute_activations {
+        let mut pass = self.shards.as_ref().map(|m| m.pass(m.training_order()));
+        let (scores, recomputed) = if let (Some(model), Some(pass)) = (&self.shards, &mut pass) {
+            let (scores, r) = sharded_forward::forward(
+                &self.policy,
+                model,
+                pass,
+                chosen,
+                self.config.temperature,
+                want_entropy,
+            )?;
+            (scores, Some(r))
+        } else if self.config.recompute_activations {
             let (scores, r) = response_log_probs_recomputed(
                 &self.policy,
                 chosen,
@@ -247,8 +270,15 @@ impl Trainer {
         );
         let forward_done = phase.mark();
         terms.total.backward();
-        if let Some(r) = recomputed {
-            r.backward(&self.policy);
+        match (recomputed, &self.shards, pass.as_mut()) {
+            (Some(r), Some(model), Some(pass)) => {
+                sharded_forward::backward(r, &self.policy, model, pass)?
+            }
+            (Some(r), _, _) => r.backward(&self.policy),
+            (None, _, _) => {}
+        }
+        if let Some(pass) = pass {
+            pass.finish()?;
         }
         phase.report(forward_done, "micro-batch forward", "backward");
         let v = |t: &Tensor| t.double_value(&[]);
@@ -286,6 +316,7 @@ impl Trainer {
             metrics.rollout_logp_diff_max =
                 Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
         }
+        Ok(())
     }
 
     /// The step's numbers from its sums, then the optimizer steps (the policy's skipped during the
@@ -317,7 +348,13 @@ impl Trainer {
             && self.critic.is_some()
             && self.step < self.critic_config.warmup_steps;
         if !metrics.policy_frozen {
-            metrics.grad_norm = self.optimizer.step(metrics.lr, self.group.as_deref())?;
+            metrics.grad_norm = match &self.shards {
+                Some(model) => {
+                    self.optimizer
+                        .apply(&model.gradients(), metrics.lr, Some(model.group()))?
+                }
+                None => self.optimizer.step(metrics.lr, self.group.as_deref())?,
+            };
         }
         let optimizer_done = phase.mark();
         phase.report(optimizer_done, "optimizer", "-");

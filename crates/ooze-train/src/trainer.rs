@@ -10,10 +10,13 @@
 
 use crate::batch::check_trainable;
 use crate::critic::{explained_variance, Critic, CriticConfig};
-use crate::data_parallel::{complete_per_sample, dist_error, micro_batches};
+use crate::data_parallel::{complete_per_sample, dist_error, micro_batches, most_micro_batches};
 use crate::forward::{response_log_probs, EntropyUse};
 use crate::optimizer::{Optimizer, OptimizerConfig};
 use crate::schedule::Schedule;
+use crate::sharded_checkpoint::PendingWrite;
+use crate::sharded_forward;
+use crate::sharding::ShardedModel;
 use crate::step::StepInputs;
 use crate::teacher::{check_shape, distillation_gap, Teacher};
 use crate::TrainError;
@@ -57,6 +60,36 @@ impl Default for TrainerConfig {
             loss: LossConfig::default(),
             aggregation: Aggregation::default(),
             recompute_activations: false,
+        }
+    }
+}
+
+/// How the ranks of a run hold the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Sharded when a whole copy per GPU would not fit (the memory plan decides); replicated
+    /// on CPUs and with one rank.
+    #[default]
+    Auto,
+    /// Every rank holds the whole model and optimizer state (plain data parallelism: fastest
+    /// for models that fit).
+    Replicated,
+    /// ZeRO-3: parameters, gradients, fp32 masters and moments split over the ranks.
+    Sharded,
+}
+
+impl std::str::FromStr for Sharding {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Sharding, String> {
+        match s {
+            "auto" => Ok(Sharding::Auto),
+            "replicated" => Ok(Sharding::Replicated),
+            "sharded" => Ok(Sharding::Sharded),
+            _ => Err(format!(
+                "unknown sharding `{s}`; expected auto, replicated or sharded"
+            )),
         }
     }
 }
@@ -130,8 +163,12 @@ pub struct Trainer {
     pub(crate) peak_flops: Option<f64>,
     pub config: TrainerConfig,
     pub(crate) step: u64,
-    /// The ranks sharing each step (plain data parallelism), when there are several.
+    /// The ranks sharing each step, when there are several (or the policy is sharded).
     pub(crate) group: Option<Arc<ProcessGroup>>,
+    /// The policy's parameters sharded over `group` (ZeRO-3); `None`: every rank holds them whole.
+    pub(crate) shards: Option<ShardedModel>,
+    /// A sharded checkpoint still being written.
+    pending_write: std::sync::Mutex<Option<PendingWrite>>,
 }
 
 /// fp32 or, for an fp64 model, fp64 (gradient checks).
@@ -154,6 +191,32 @@ impl Trainer {
         reference: Option<Decoder>,
         config: TrainerConfig,
     ) -> Result<Trainer, TrainError> {
+        Self::check_config(&config)?;
+        let optimizer = Optimizer::new(policy.trainable_parameters(), config.optimizer.clone());
+        Ok(Self::assemble(policy, reference, config, optimizer, None))
+    }
+
+    /// A trainer whose policy is sharded over the ranks of `group` (ZeRO-3; see
+    /// [`crate::sharding`]): each rank keeps `1/world` of every parameter, gradient, fp32 master
+    /// and AdamW moment, and gathers one unit of the policy at a time while it runs. The full
+    /// copies `policy` was loaded with are freed (rank 0's values are taken). Activations are
+    /// always recomputed. Every rank must call the same steps with the same samples.
+    pub fn sharded(
+        policy: Decoder,
+        reference: Option<Decoder>,
+        config: TrainerConfig,
+        group: Arc<ProcessGroup>,
+    ) -> Result<Trainer, TrainError> {
+        Self::check_config(&config)?;
+        let (model, slots) = ShardedModel::new(&policy, group.clone(), float_kind(&policy))?;
+        let optimizer = Optimizer::for_shards(slots, config.optimizer.clone());
+        let mut trainer = Self::assemble(policy, reference, config, optimizer, Some(model));
+        group.barrier().map_err(dist_error)?;
+        trainer.group = Some(group);
+        Ok(trainer)
+    }
+
+    fn check_config(config: &TrainerConfig) -> Result<(), TrainError> {
         config.schedule.check().map_err(TrainError::Config)?;
         if config.max_tokens_per_micro_batch == 0 {
             return Err(TrainError::Config(
@@ -167,12 +230,21 @@ impl Trainer {
                     .into(),
             ));
         }
-        let optimizer = Optimizer::new(policy.trainable_parameters(), config.optimizer.clone());
+        Ok(())
+    }
+
+    fn assemble(
+        policy: Decoder,
+        reference: Option<Decoder>,
+        config: TrainerConfig,
+        optimizer: Optimizer,
+        shards: Option<ShardedModel>,
+    ) -> Trainer {
         let peak_flops = match policy.device() {
             Device::Cuda(i) => ooze_torch::cuda_driver::device_bf16_peak(i),
             _ => None,
         };
-        Ok(Trainer {
+        Trainer {
             policy,
             reference,
             optimizer,
@@ -184,7 +256,31 @@ impl Trainer {
             config,
             step: 0,
             group: None,
-        })
+            shards,
+            pending_write: std::sync::Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn pending_write(&self) -> std::sync::MutexGuard<'_, Option<PendingWrite>> {
+        self.pending_write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the policy is sharded over ranks ([`Trainer::sharded`]).
+    pub fn is_sharded(&self) -> bool {
+        self.shards.is_some()
+    }
+
+    /// Copies the policy's current weights into `engine`, a decoder of the same shape with its
+    /// own storage (a colocated rollout engine beside a sharded trainer): one all-gather per unit.
+    /// Every rank must call it. Without sharding the engine shares the policy's storage already
+    /// and this does nothing.
+    pub fn sync_weights_into(&self, engine: &Decoder) -> Result<(), TrainError> {
+        match &self.shards {
+            Some(model) => model.copy_into(engine),
+            None => Ok(()),
+        }
     }
 
     /// Shares every later step with the ranks of `group` (plain data parallelism: each rank
@@ -192,6 +288,11 @@ impl Trainer {
     /// the policy's and the critic's weights and optimizer state rank 0's first. Every rank must
     /// then call the same steps with the same samples.
     pub fn set_process_group(&mut self, group: Arc<ProcessGroup>) -> Result<(), TrainError> {
+        if self.shards.is_some() {
+            return Err(TrainError::Config(
+                "this trainer is sharded over its ranks already (Trainer::sharded)".into(),
+            ));
+        }
         self.optimizer.broadcast(&group, 0)?;
         if let Some((_, optimizer)) = &mut self.critic {
             optimizer.broadcast(&group, 0)?;
@@ -306,9 +407,36 @@ impl Trainer {
 
     /// Log-probs of every sample's response under `decoder`, without gradients.
     fn score(&self, decoder: &Decoder, samples: &[Sample]) -> Result<Vec<Vec<f64>>, TrainError> {
-        self.per_sample(samples, |chosen| {
-            response_log_probs(decoder, chosen, self.config.temperature, self.head_mode()).log_probs
-        })
+        self.per_sample(
+            samples,
+            |chosen| {
+                Ok(
+                    response_log_probs(decoder, chosen, self.config.temperature, self.head_mode())
+                        .log_probs,
+                )
+            },
+            None,
+        )
+    }
+
+    /// [`Trainer::score`] under the policy, sharded or not.
+    fn score_policy(&self, samples: &[Sample]) -> Result<Vec<Vec<f64>>, TrainError> {
+        let Some(model) = &self.shards else {
+            return self.score(&self.policy, samples);
+        };
+        self.per_sample(
+            samples,
+            |chosen| {
+                sharded_forward::score(
+                    &self.policy,
+                    model,
+                    chosen,
+                    self.config.temperature,
+                    self.head_mode(),
+                )
+            },
+            Some(&|| sharded_forward::idle_scoring(model)),
+        )
     }
 
     /// How scoring passes run the head: the same arithmetic as the training forward (an entropy
@@ -322,17 +450,26 @@ impl Trainer {
     }
 
     /// `f` over each micro-batch without gradients, split back into per-sample host vectors.
-    /// With ranks, each runs its own micro-batches and the ranks exchange the results.
+    /// With ranks, each runs its own micro-batches and the ranks exchange the results. `idle`:
+    /// `f`'s collectives without samples, run as often as this rank has fewer micro-batches than
+    /// the rank with the most (sharded passes).
     fn per_sample(
         &self,
         samples: &[Sample],
-        f: impl Fn(&[Sample]) -> Tensor,
+        f: impl Fn(&[Sample]) -> Result<Tensor, TrainError>,
+        idle: Option<&dyn Fn() -> Result<(), TrainError>>,
     ) -> Result<Vec<Vec<f64>>, TrainError> {
         let _guard = tch::no_grad_guard();
         let group = self.group.as_deref();
         let mut out: Vec<Option<Vec<f64>>> = vec![None; samples.len()];
-        for range in micro_batches(samples, self.config.max_tokens_per_micro_batch, group) {
-            let flat = to_host(&f(&samples[range.clone()]));
+        let ranges = micro_batches(samples, self.config.max_tokens_per_micro_batch, group);
+        if let (Some(idle), Some(g)) = (idle, group) {
+            for _ in ranges.len()..most_micro_batches(g, ranges.len(), self.policy.device())? {
+                idle()?;
+            }
+        }
+        for range in ranges {
+            let flat = to_host(&f(&samples[range.clone()])?);
             let mut offset = 0;
             for i in range {
                 let n = samples[i].response_length;
@@ -352,7 +489,7 @@ impl Trainer {
     /// Mean negative log-likelihood per trained token (held-out loss of SFT), without gradients.
     pub fn eval_loss(&self, samples: &[Sample]) -> Result<f64, TrainError> {
         self.check(samples, false)?;
-        let scores = self.score(&self.policy, samples)?;
+        let scores = self.score_policy(samples)?;
         let (mut sum, mut count) = (0.0, 0.0);
         for (s, lp) in samples.iter().zip(&scores) {
             for (l, &m) in lp.iter().zip(&s.loss_mask) {
@@ -420,14 +557,14 @@ impl Trainer {
                 "the ppo estimator needs a critic (Trainer::set_critic)".into(),
             ));
         }
-        let old = self.score(&self.policy, samples)?;
+        let old = self.score_policy(samples)?;
         let reference = match &self.reference {
             Some(r) => Some(self.score(r, samples)?),
             None => None,
         };
         let teacher = self.teacher_log_probs(samples)?;
         let old_values = match &self.critic {
-            Some((c, _)) => Some(self.per_sample(samples, |chosen| c.values(chosen))?),
+            Some((c, _)) => Some(self.per_sample(samples, |chosen| Ok(c.values(chosen)), None)?),
             None => None,
         };
         let inputs: Vec<SampleInput<'_>> = samples
@@ -495,7 +632,10 @@ impl Trainer {
     /// backward, with causal attention `2·layers·(q heads·head_dim)·n²` per forward per sequence.
     pub(crate) fn flops(&self, samples: &[Sample], forwards: f64) -> f64 {
         let c = &self.policy.config;
-        let n = self.optimizer.num_parameters() as f64;
+        let n = match &self.shards {
+            Some(model) => model.num_parameters(),
+            None => self.optimizer.num_parameters(),
+        } as f64;
         let tokens: f64 = samples.iter().map(|s| s.tokens.len() as f64).sum();
         let attention: f64 = samples
             .iter()

@@ -1,7 +1,9 @@
-//! Plain data parallelism on Gloo: ranks (threads of this test, each with its own trainer, model
-//! and process group) take the one-process steps: the same losses within 1e-5 over 5 steps and
-//! the same final weights, for GRPO, PPO with a critic, and SFT, also with more ranks than a step
-//! has samples; every rank ends with identical weights.
+//! Ranks on Gloo (threads of this test, each with its own trainer, model and process group) take
+//! the one-process steps: the same losses within 1e-5 over 5 steps and the same final weights,
+//! for GRPO, PPO with a critic, and SFT, also with more ranks than a step has samples; every rank
+//! ends with identical weights. Both plain data parallelism (every rank holds the whole model) and
+//! sharded training (ZeRO-3: each rank a third or a half of every tensor, the blocks gathered one
+//! at a time), with tied and untied LM heads.
 
 use ooze_algo::Estimator;
 use ooze_model::init::{init_model, InitOptions, Size};
@@ -9,15 +11,16 @@ use ooze_model::{Decoder, Family};
 use ooze_torch::dist::{Backend, ProcessGroup, Rendezvous};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use ooze_train::critic::Critic;
-use ooze_train::{CriticConfig, Sample, Trainer, TrainerConfig};
+use ooze_train::{checkpoint, CriticConfig, Sample, Trainer, TrainerConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn tiny_model(dir: &Path) {
+fn tiny_model(dir: &Path, tied: bool) {
     let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
     options.tokenizer_vocab = 300;
     options.seed = 21;
+    options.tie_word_embeddings = tied;
     init_model(dir, &ooze_model::corpus::generate(1, 20_000), &options).unwrap();
 }
 
@@ -48,6 +51,13 @@ fn samples(n: usize) -> Vec<Sample> {
         .collect()
 }
 
+/// How the ranks hold the model.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Replicated,
+    Sharded,
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Kind2 {
     Grpo,
@@ -61,9 +71,18 @@ struct Run {
     weights: Vec<f64>,
 }
 
-fn flat_weights(t: &Trainer) -> Vec<f64> {
-    let parts: Vec<Tensor> = t
-        .policy
+/// The policy's whole weights (a sharded one's gathered into a copy, as a rollout engine's are).
+fn flat_weights(t: &Trainer, dir: &Path) -> Vec<f64> {
+    if t.is_sharded() {
+        let copy = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
+        t.sync_weights_into(&copy).unwrap();
+        return decoder_weights(&copy);
+    }
+    decoder_weights(&t.policy)
+}
+
+fn decoder_weights(d: &Decoder) -> Vec<f64> {
+    let parts: Vec<Tensor> = d
         .trainable_parameters()
         .into_iter()
         .map(|(_, p)| p.detach().to_kind(Kind::Double).reshape([-1]))
@@ -72,7 +91,7 @@ fn flat_weights(t: &Trainer) -> Vec<f64> {
 }
 
 /// One rank's 5 steps; `rendezvous` is None for the one-process run.
-fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<Rendezvous>) -> Run {
+fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<(Rendezvous, Mode)>) -> Run {
     let mut config = TrainerConfig::default();
     // Adam's update is about lr·sign(g) where a gradient is near zero, so the last-bit noise of
     // another summation order moves such weights by a good part of lr: one process with
@@ -86,11 +105,20 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<Rendezvous>)
         config.advantage.lambda = 0.95;
     }
     let policy = Decoder::load(&dir, Device::Cpu, Kind::Float).unwrap();
-    let mut t = Trainer::new(policy, None, config).unwrap();
-    if let Some(r) = rendezvous {
-        let group = ProcessGroup::connect(&r, Backend::Gloo, Duration::from_secs(60)).unwrap();
-        t.set_process_group(Arc::new(group)).unwrap();
-    }
+    let mut t = match rendezvous {
+        None => Trainer::new(policy, None, config).unwrap(),
+        Some((r, mode)) => {
+            let group = ProcessGroup::connect(&r, Backend::Gloo, Duration::from_secs(60)).unwrap();
+            let group = Arc::new(group);
+            if mode == Mode::Sharded {
+                Trainer::sharded(policy, None, config, group).unwrap()
+            } else {
+                let mut t = Trainer::new(policy, None, config).unwrap();
+                t.set_process_group(group).unwrap();
+                t
+            }
+        }
+    };
     if what == Kind2::Ppo {
         let critic = Critic::load(&dir, Device::Cpu, Kind::Float).unwrap();
         let schedule = t.config.schedule.clone();
@@ -116,10 +144,16 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<Rendezvous>)
         extra.push(m.entropy);
         extra.push(m.clipfrac);
     }
+    if t.is_sharded() {
+        // Between passes a sharded policy holds no full tensor.
+        for (name, p) in t.policy.trainable_parameters() {
+            assert_eq!(p.numel(), 0, "{name} is still whole after the steps");
+        }
+    }
     Run {
         losses,
         extra,
-        weights: flat_weights(&t),
+        weights: flat_weights(&t, &dir),
     }
 }
 
@@ -131,7 +165,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn ranks(dir: &Path, what: Kind2, n: usize, world: usize) -> Vec<Run> {
+fn ranks(dir: &Path, what: Kind2, n: usize, world: usize, mode: Mode) -> Vec<Run> {
     let port = free_port();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
@@ -144,7 +178,7 @@ fn ranks(dir: &Path, what: Kind2, n: usize, world: usize) -> Vec<Run> {
                 master_port: port,
                 agent_store: false,
             };
-            std::thread::spawn(move || rank_run(dir, what, n, Some(r)))
+            std::thread::spawn(move || rank_run(dir, what, n, Some((r, mode))))
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -158,11 +192,11 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn check(what: Kind2, n: usize, world: usize) {
+fn check(what: Kind2, n: usize, world: usize, mode: Mode, tied: bool) {
     let dir = tempfile::tempdir().unwrap();
-    tiny_model(dir.path());
+    tiny_model(dir.path(), tied);
     let one = rank_run(dir.path().to_path_buf(), what, n, None);
-    let many = ranks(dir.path(), what, n, world);
+    let many = ranks(dir.path(), what, n, world, mode);
     for (rank, run) in many.iter().enumerate() {
         let d = max_diff(&one.losses, &run.losses);
         assert!(
@@ -187,30 +221,198 @@ fn check(what: Kind2, n: usize, world: usize) {
         );
     }
     // The steps changed the model: equal weights are not both untouched.
-    let dir2 = tempfile::tempdir().unwrap();
-    tiny_model(dir2.path());
-    let start = flat_weights(
-        &Trainer::new(
-            Decoder::load(dir2.path(), Device::Cpu, Kind::Float).unwrap(),
-            None,
-            TrainerConfig::default(),
-        )
-        .unwrap(),
-    );
+    let start = decoder_weights(&Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap());
     assert!(max_diff(&start, &one.weights) > 1e-4);
 }
 
 #[test]
 fn grpo_on_two_ranks_takes_the_one_process_steps() {
-    check(Kind2::Grpo, 8, 2);
+    check(Kind2::Grpo, 8, 2, Mode::Replicated, true);
+}
+
+#[test]
+fn grpo_sharded_over_two_ranks_takes_the_one_process_steps() {
+    check(Kind2::Grpo, 8, 2, Mode::Sharded, true);
+}
+
+#[test]
+fn grpo_sharded_with_an_untied_head_takes_the_one_process_steps() {
+    check(Kind2::Grpo, 8, 2, Mode::Sharded, false);
+}
+
+#[test]
+fn ppo_with_a_replicated_critic_and_a_sharded_policy_takes_the_one_process_steps() {
+    check(Kind2::Ppo, 8, 2, Mode::Sharded, true);
+}
+
+#[test]
+fn sft_sharded_over_three_ranks_with_two_samples_takes_the_one_process_steps() {
+    check(Kind2::Sft, 2, 3, Mode::Sharded, false);
 }
 
 #[test]
 fn ppo_with_a_critic_on_two_ranks_takes_the_one_process_steps() {
-    check(Kind2::Ppo, 8, 2);
+    check(Kind2::Ppo, 8, 2, Mode::Replicated, true);
 }
 
 #[test]
 fn sft_on_three_ranks_with_two_samples_takes_the_one_process_steps() {
-    check(Kind2::Sft, 2, 3);
+    check(Kind2::Sft, 2, 3, Mode::Replicated, true);
+}
+
+#[test]
+fn sft_sharded_over_three_ranks_with_uneven_micro_batches_takes_the_one_process_steps() {
+    // Eight samples of varied lengths over three ranks: the ranks have different numbers of
+    // micro-batches, so some join passes without samples.
+    check(Kind2::Sft, 8, 3, Mode::Sharded, false);
+}
+
+/// A sharded run over `world` ranks (threads) from `model` in `run_dir`: resumes from its newest
+/// checkpoint when `resume`, takes GRPO steps up to `until`, checkpointing after each step in
+/// `save_after`; returns every rank's losses and its whole final weights.
+fn checkpointed(
+    model: &Path,
+    run_dir: &Path,
+    world: usize,
+    mode: Mode,
+    until: u64,
+    save_after: &'static [u64],
+    resume: bool,
+) -> Vec<Run> {
+    let port = free_port();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let (model, run_dir) = (model.to_path_buf(), run_dir.to_path_buf());
+            std::thread::spawn(move || {
+                let r = Rendezvous {
+                    rank,
+                    world_size: world,
+                    local_rank: rank,
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    agent_store: false,
+                };
+                let group = Arc::new(
+                    ProcessGroup::connect(&r, Backend::Gloo, Duration::from_secs(60)).unwrap(),
+                );
+                let mut config = TrainerConfig::default();
+                config.schedule.lr = 3e-4;
+                config.max_tokens_per_micro_batch = 24;
+                let policy = Decoder::load(&model, Device::Cpu, Kind::Float).unwrap();
+                let mut t = if mode == Mode::Sharded {
+                    Trainer::sharded(policy, None, config, group).unwrap()
+                } else {
+                    let mut t = Trainer::new(policy, None, config).unwrap();
+                    if resume {
+                        checkpoint::load_newest(&run_dir, &mut t).unwrap().unwrap();
+                    }
+                    t.set_process_group(group).unwrap();
+                    t
+                };
+                if resume && mode == Mode::Sharded {
+                    checkpoint::load_newest(&run_dir, &mut t).unwrap().unwrap();
+                }
+                let data = samples(8);
+                let mut losses = Vec::new();
+                while t.step() < until {
+                    losses.push(t.rl_step(&data).unwrap().loss);
+                    if save_after.contains(&t.step()) {
+                        checkpoint::save(&run_dir, &model, &t, serde_json::json!({})).unwrap();
+                    }
+                }
+                checkpoint::finish_pending(&t).unwrap();
+                Run {
+                    losses,
+                    extra: Vec::new(),
+                    weights: flat_weights(&t, &model),
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn a_sharded_run_resumes_exactly_and_its_checkpoint_holds_the_whole_model() {
+    let model = tempfile::tempdir().unwrap();
+    tiny_model(model.path(), false);
+    let (whole, cut) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let straight = checkpointed(model.path(), whole.path(), 2, Mode::Sharded, 5, &[], false);
+    // Stopped after step 2 (the checkpoint after step 3 was still being written: it is finished
+    // before the run returns), then resumed from the newest.
+    checkpointed(
+        model.path(),
+        cut.path(),
+        2,
+        Mode::Sharded,
+        3,
+        &[2, 3],
+        false,
+    );
+    assert_eq!(
+        checkpoint::latest(cut.path()).unwrap().unwrap(),
+        cut.path().join("checkpoint-000003")
+    );
+    let dir = cut.path().join("checkpoint-000003");
+    for part in [
+        "model/config.json",
+        "trainer_state.json",
+        "optimizer-rank-00000-of-00002",
+        "optimizer-rank-00001-of-00002",
+    ] {
+        assert!(dir.join(part).exists(), "{part} in the checkpoint");
+    }
+    // model/ is the whole model: it loads on its own.
+    let saved = Decoder::load(&dir.join("model"), Device::Cpu, Kind::Float).unwrap();
+    assert_eq!(
+        saved.trainable_parameters().len(),
+        Decoder::load(model.path(), Device::Cpu, Kind::Float)
+            .unwrap()
+            .trainable_parameters()
+            .len()
+    );
+    let resumed = checkpointed(model.path(), cut.path(), 2, Mode::Sharded, 5, &[], true);
+    for (rank, run) in resumed.iter().enumerate() {
+        assert_eq!(
+            run.losses,
+            straight[rank].losses[3..],
+            "rank {rank}'s resumed losses"
+        );
+        assert_eq!(
+            run.weights, straight[rank].weights,
+            "rank {rank}'s final weights"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_resumes_on_another_number_of_ranks_and_across_sharding() {
+    let model = tempfile::tempdir().unwrap();
+    tiny_model(model.path(), true);
+    let straight = checkpointed(
+        model.path(),
+        tempfile::tempdir().unwrap().path(),
+        2,
+        Mode::Sharded,
+        4,
+        &[],
+        false,
+    );
+    // Sharded over 2, resumed sharded over 3.
+    let a = tempfile::tempdir().unwrap();
+    checkpointed(model.path(), a.path(), 2, Mode::Sharded, 2, &[2], false);
+    let three = checkpointed(model.path(), a.path(), 3, Mode::Sharded, 4, &[], true);
+    // Replicated over 2, resumed sharded over 2.
+    let b = tempfile::tempdir().unwrap();
+    checkpointed(model.path(), b.path(), 2, Mode::Replicated, 2, &[2], false);
+    let across = checkpointed(model.path(), b.path(), 2, Mode::Sharded, 4, &[], true);
+    for run in three.iter().chain(&across) {
+        assert!(
+            max_diff(&run.losses, &straight[0].losses[2..]) < 1e-5,
+            "{:?} against {:?}",
+            run.losses,
+            &straight[0].losses[2..]
+        );
+        assert!(max_diff(&run.weights, &straight[0].weights) < 1e-5);
+    }
 }

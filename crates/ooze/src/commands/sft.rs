@@ -5,7 +5,7 @@
 use super::ranks::{join, launch, RankArgs};
 use super::{load_decoder_on, load_tokenizer, ComputeArgs};
 use ooze_train::sft::{run_sft, SftConfig};
-use ooze_train::Decay;
+use ooze_train::{Decay, Sharding};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -62,6 +62,10 @@ pub struct Args {
     /// Continue the run in `--out` from its latest checkpoint.
     #[arg(long)]
     resume: bool,
+    /// How ranks hold the model: auto (sharded when a whole copy per GPU does not fit),
+    /// replicated (each rank the whole model) or sharded (ZeRO-3).
+    #[arg(long, default_value = "auto")]
+    sharding: Sharding,
     #[command(flatten)]
     compute: ComputeArgs,
     #[command(flatten)]
@@ -102,6 +106,7 @@ impl Args {
             save_every: self.save_every,
             eval_every: self.eval_every,
             resume: self.resume,
+            sharding: self.sharding,
         }
     }
 }
