@@ -79,10 +79,9 @@ pub(crate) fn metrics_kept_through(state: &RunState) -> Option<u64> {
 impl Run {
     /// Saves after rollout `index` when due: a checkpoint every `trainer.save_interval` rollouts
     /// and after the last; a rollout-only run's counters after every rollout.
+    /// Every rank calls it (a sharded trainer's ranks each write their part); rank 0 writes the
+    /// rest.
     pub(crate) fn checkpoint(&self, index: u64) -> anyhow::Result<()> {
-        if !self.is_first() {
-            return Ok(());
-        }
         let total = self.recipe.rollout.num_rollouts;
         let save = index == total || index.is_multiple_of(self.recipe.trainer.save_interval.max(1));
         match self.trainer.as_ref() {
@@ -94,13 +93,21 @@ impl Run {
                     trainer,
                     serde_json::to_value(self.state)?,
                 )?;
-                eprintln!(
-                    "checkpoint: {} ({:.1}s)",
-                    dir.display(),
-                    t.elapsed().as_secs_f64()
-                );
+                if self.is_first() {
+                    let writing = if trainer.is_sharded() {
+                        ", written in the background"
+                    } else {
+                        ""
+                    };
+                    eprintln!(
+                        "checkpoint: {} ({:.1}s{writing})",
+                        dir.display(),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
             }
             Some(_) => {}
+            None if !self.is_first() => {}
             None => checkpoint::write_atomic(
                 &rollout_state_path(&self.run_dir),
                 serde_json::to_string(&self.state)?.as_bytes(),

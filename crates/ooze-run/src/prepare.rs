@@ -21,6 +21,7 @@ use ooze_rollout::prompts::{prepare, task_rows, PromptFormat, PromptItem};
 use ooze_rollout::scorer::Registry;
 use ooze_torch::tch::{Device, Kind};
 use ooze_torch::{DeviceSpec, DtypeSpec};
+use ooze_train::memory;
 use ooze_train::{Critic, CriticConfig, Schedule, Teacher, Trainer, TrainerConfig};
 use std::collections::HashSet;
 use std::path::Path;
@@ -73,12 +74,24 @@ impl Run {
         let evals = eval_sets(&recipe, &tokenizer, &prompts, registry)?;
         let mut settings = rollout_settings(&recipe)?;
 
+        // The engine: slots long enough for the longest prompt and response (an agent's
+        // conversations included), as many as fit.
+        let slot_len = slot_len(&recipe, &prompts, &evals);
+        let shard_over = sharding(&recipe, ranks.as_ref(), device, kind, slot_len)?;
         let policy = load_model(model_path, "model.path", device, kind)?;
-        let engine_decoder = policy.share();
-        let mut trainer = build_trainer(&recipe, policy, device, kind)?;
+        // Beside a sharded trainer the engine needs its own whole copy; otherwise it shares the
+        // trainer's tensors (an optimizer step is its weight update).
+        let engine_decoder = match shard_over {
+            Some(_) => load_model(model_path, "model.path", device, kind)?,
+            None => policy.share(),
+        };
+        let engine_weights = shard_over.is_some().then(|| engine_decoder.share());
+        let mut trainer = build_trainer(&recipe, policy, device, kind, shard_over)?;
         let state = crate::checkpoint::restore(&recipe, run_dir, resume, trainer.as_mut())?;
         if let (Some(r), Some(t)) = (&ranks, trainer.as_mut()) {
-            t.set_process_group(r.group.clone())?;
+            if !t.is_sharded() {
+                t.set_process_group(r.group.clone())?;
+            }
         }
         let order = PromptOrder::new(
             prompts.len(),
@@ -87,9 +100,6 @@ impl Run {
             state.position,
         );
 
-        // The engine: slots long enough for the longest prompt and response (an agent's
-        // conversations included), as many as fit.
-        let slot_len = slot_len(&recipe, &prompts, &evals);
         // Helpers with weights of their own are loaded first: their weights are then out of the
         // free memory measured below, and their caches are taken out of the policy's share.
         let helper_models = if recipe.agent.spec().is_none() {
@@ -149,6 +159,7 @@ impl Run {
             settings,
             trainer,
             engine,
+            engine_weights,
             runtime,
             log,
             ranks,
@@ -439,12 +450,61 @@ fn engine_slots(
     })
 }
 
-/// The recipe's trainer over `policy` (none in rollout-only mode).
+/// The process group to shard the policy over, when the run trains on ranks and
+/// `trainer.sharding` (or, `auto`, the memory plan) says so; the plan is checked against the GPU
+/// before anything is loaded, and a run that cannot fit stops here saying what would.
+fn sharding(
+    recipe: &Recipe,
+    ranks: Option<&RunRanks>,
+    device: Device,
+    kind: Kind,
+    slot_len: i64,
+) -> anyhow::Result<Option<Arc<ooze_torch::dist::ProcessGroup>>> {
+    if recipe.trainer.mode == Mode::RolloutOnly {
+        return Ok(None);
+    }
+    let config = ooze_model::ModelConfig::load(&recipe.model.path)
+        .with_context(|| format!("model.path: {}", recipe.model.path.display()))?;
+    let a = &recipe.algorithm;
+    let inputs = memory::MemoryInputs {
+        config: &config,
+        value_bytes: memory::value_bytes(kind),
+        ranks: ranks.map_or(1, |r| r.world_size() as u64),
+        sharded: false,
+        tokens_per_micro_batch: recipe.trainer.max_tokens_per_micro_batch as u64,
+        recompute: recipe.trainer.recompute_activations,
+        reference: a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0,
+        critic: a.advantage.estimator == Estimator::Ppo,
+        engine_sequence_bytes: Some((SlotCache::bytes_per_token(&config, kind) * slot_len) as u64),
+    };
+    let gpu = memory::gpu_of(device);
+    let sharded = memory::choose(
+        recipe.trainer.sharding,
+        &inputs,
+        gpu.as_ref().map(|(c, n)| (*c, n.as_str())),
+    )
+    .map_err(|e| anyhow::anyhow!("trainer: {e}"))?;
+    Ok(match ranks {
+        Some(r) if sharded => {
+            if r.rank() == 0 {
+                eprintln!(
+                    "trainer: sharded over {} ranks (parameters, gradients, masters and moments split)",
+                    r.world_size()
+                );
+            }
+            Some(r.group.clone())
+        }
+        _ => None,
+    })
+}
+
+/// The recipe's trainer over `policy` (none in rollout-only mode), sharded over `shard_over`.
 pub(crate) fn build_trainer(
     recipe: &Recipe,
     policy: ooze_model::Decoder,
     device: Device,
     kind: Kind,
+    shard_over: Option<Arc<ooze_torch::dist::ProcessGroup>>,
 ) -> anyhow::Result<Option<Trainer>> {
     if recipe.trainer.mode == Mode::RolloutOnly {
         return Ok(None);
@@ -482,8 +542,11 @@ pub(crate) fn build_trainer(
         aggregation: a.aggregation,
         recompute_activations: t.recompute_activations,
     };
-    let mut trainer =
-        Trainer::new(policy, reference, config).map_err(|e| anyhow::anyhow!("trainer: {e}"))?;
+    let mut trainer = match shard_over {
+        Some(group) => Trainer::sharded(policy, reference, config, group),
+        None => Trainer::new(policy, reference, config),
+    }
+    .map_err(|e| anyhow::anyhow!("trainer: {e}"))?;
     if a.advantage.estimator == Estimator::Ppo {
         let c = &critic_settings;
         let path = c.path.as_ref().unwrap_or(model_path);

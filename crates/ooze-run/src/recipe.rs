@@ -9,7 +9,7 @@
 use ooze_algo::{AdvantageConfig, Aggregation, LossConfig};
 use ooze_rollout::scorer::RewardConfig;
 use ooze_rollout::Task;
-use ooze_train::{Decay, OptimizerConfig};
+use ooze_train::{Decay, OptimizerConfig, Sharding};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -268,6 +268,9 @@ pub struct TrainerSection {
     /// Token budget of one micro-batch.
     pub max_tokens_per_micro_batch: usize,
     pub recompute_activations: bool,
+    /// How the ranks of a multi-GPU run hold the policy: `auto` (sharded when a whole copy per
+    /// GPU does not fit the memory plan), `replicated` or `sharded` (ZeRO-3).
+    pub sharding: Sharding,
     /// Checkpoint every N rollouts (and after the last).
     pub save_interval: u64,
 }
@@ -285,6 +288,7 @@ impl Default for TrainerSection {
             optimizer: OptimizerConfig::default(),
             max_tokens_per_micro_batch: 16_384,
             recompute_activations: false,
+            sharding: Sharding::Auto,
             save_interval: 10,
         }
     }

@@ -81,6 +81,9 @@ pub struct Run {
     /// None in rollout-only mode.
     pub(crate) trainer: Option<Trainer>,
     pub(crate) engine: EngineHandle,
+    /// The engine's own weights beside a sharded trainer (gathered into after every step); none
+    /// when the engine shares the trainer's tensors.
+    pub(crate) engine_weights: Option<ooze_model::Decoder>,
     pub(crate) runtime: tokio::runtime::Runtime,
     /// Rank 0's (the one that writes); none on the other ranks.
     pub(crate) log: Option<MetricsLog>,
@@ -143,6 +146,14 @@ impl Run {
     /// Stops the engine, saves the final model and writes the report.
     fn finish(self) -> anyhow::Result<RunSummary> {
         self.runtime.block_on(self.engine.shutdown());
+        // Every rank: a sharded policy is gathered for it, and its last checkpoint finished.
+        if let Some(trainer) = self.trainer.as_ref() {
+            ooze_train::checkpoint::save_final_model(
+                &self.run_dir,
+                &self.recipe.model.path,
+                trainer,
+            )?;
+        }
         if !self.is_first() {
             // Rank 0 writes the final model and the report; the others return once it has.
             if let Some(trainer) = self.trainer.as_ref() {
@@ -155,13 +166,6 @@ impl Run {
                 last_eval: Vec::new(),
                 report: None,
             });
-        }
-        if let Some(trainer) = self.trainer.as_ref() {
-            ooze_train::checkpoint::save_final_model(
-                &self.run_dir,
-                &self.recipe.model.path,
-                trainer,
-            )?;
         }
         let report = if self.recipe.logging.report {
             let path = crate::report::write_report(&self.run_dir)?;

@@ -2,7 +2,8 @@
 //! not copied), whole groups in each optimizer step (`trainer.global_batch_size` samples; an
 //! agent's sibling samples stay with their group). `logp_old`, the reference's and the teacher's log-probs, the critic's values and the
 //! advantages are computed once per rollout, under the weights that generated it. Then the engine
-//! is told its weights changed (they are the trainer's own tensors).
+//! is told its weights changed (they are the trainer's own tensors; beside a sharded trainer, its
+//! own copy, which every step's weights are all-gathered into first: `time/weight_sync`).
 //!
 //! The trainer itself — policy, reference, critic, teacher — is built by [`crate::prepare`].
 
@@ -48,6 +49,9 @@ impl Run {
                 train_seconds = t_train.elapsed().as_secs_f64();
                 train_line(&steps, line);
                 let t_sync = Instant::now();
+                if let Some(engine) = &self.engine_weights {
+                    trainer.sync_weights_into(engine)?;
+                }
                 self.runtime
                     .block_on(self.engine.weights_updated_in_place())?;
                 sync_seconds += t_sync.elapsed().as_secs_f64();

@@ -2,6 +2,7 @@
 //! `render`, `generate`, `serve`, `task`, `env`, `sft`, `train`, `report`, `bench`.
 
 mod commands;
+mod out_of_memory;
 
 use clap::{Parser, Subcommand};
 
@@ -49,6 +50,7 @@ enum Command {
 }
 
 fn main() {
+    out_of_memory::install();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),

@@ -200,24 +200,43 @@ fn a_two_rank_run_resumed_from_its_checkpoint_takes_the_same_steps() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
-    let two = |out: &str, steps: u32, resume: bool| {
+    let two = |out: &str, steps: u32, resume: bool, sharding: &str| {
         let mut cmd = ooze();
         cmd.args(sft_args(d, out, steps))
-            .args(["--nproc-per-node", "2"]);
+            .args(["--nproc-per-node", "2", "--sharding", sharding]);
         if resume {
             cmd.arg("--resume");
         }
         ok(cmd.output().unwrap(), out);
     };
-    two("whole", 6, false);
-    two("split", 3, false);
-    two("split", 6, true);
-    let (whole, split) = (metrics(&d.join("whole")), metrics(&d.join("split")));
     let step_losses =
         |m: &[Value]| -> Vec<f64> { m.iter().filter_map(|l| l["loss"].as_f64()).collect() };
-    assert_eq!(step_losses(&whole), step_losses(&split));
-    assert_eq!(step_losses(&whole).len(), 6);
-    assert_eq!(weight_diff(&d.join("whole"), &d.join("split")), 0.0);
+    // Whole on every rank, and sharded (each rank writing its optimizer shard in the background).
+    for sharding in ["replicated", "sharded"] {
+        let (whole, split) = (format!("whole-{sharding}"), format!("split-{sharding}"));
+        two(&whole, 6, false, sharding);
+        two(&split, 3, false, sharding);
+        two(&split, 6, true, sharding);
+        let (a, b) = (metrics(&d.join(&whole)), metrics(&d.join(&split)));
+        assert_eq!(step_losses(&a), step_losses(&b), "{sharding}");
+        assert_eq!(step_losses(&a).len(), 6);
+        assert_eq!(
+            weight_diff(&d.join(&whole), &d.join(&split)),
+            0.0,
+            "{sharding}"
+        );
+    }
+    assert!(d
+        .join("split-sharded/checkpoint-000006/optimizer-rank-00001-of-00002")
+        .exists());
+    let sharded = losses(&d.join("whole-sharded"));
+    let replicated = losses(&d.join("whole-replicated"));
+    for (a, b) in sharded.iter().zip(&replicated) {
+        assert!(
+            (a - b).abs() < 1e-5,
+            "sharded {sharded:?} against {replicated:?}"
+        );
+    }
 }
 
 #[test]
@@ -252,7 +271,8 @@ fn a_failing_rank_ends_the_job_and_a_launched_rank_refuses_to_launch() {
     );
 }
 
-/// `ooze train` of the CPU demo's recipe for 2 rollouts of 8 prompts × 8, in `run`.
+/// `ooze train` of the CPU demo's recipe for 2 rollouts of 8 prompts × 8, with an entropy bonus,
+/// in `run`.
 fn train(d: &Path, run: &str, extra: &[&str]) -> Output {
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/addition-cpu.toml");
     let mut cmd = ooze();
@@ -264,6 +284,8 @@ fn train(d: &Path, run: &str, extra: &[&str]) -> Output {
         "rollout.batch_size=8".into(),
         "eval.interval=2".into(),
         "logging.progress=false".into(),
+        // A gradient even where a group's rewards are all equal: every step moves the weights.
+        "algorithm.loss.entropy_coef=0.01".into(),
     ] {
         cmd.args(["--set", &kv]);
     }
@@ -383,4 +405,53 @@ fn train_on_two_ranks_deals_the_prompts_and_trains_on_the_whole_rollout() {
         }
     }
     assert!(d.join("two/final-model/model.safetensors").exists());
+
+    // Sharded (ZeRO-3) over the same two ranks: the same deal and, with the same responses, the
+    // same steps; each rank wrote its optimizer shard, and the engine's own copy of the weights
+    // was gathered into after each step (its log-probs match the trainer's in rollout 2 too).
+    let sharded = train(
+        d,
+        "sharded",
+        &[
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "trainer.sharding=\"sharded\"",
+        ],
+    );
+    let log = String::from_utf8_lossy(&sharded.stderr);
+    assert!(log.contains("trainer: sharded over 2 ranks"), "{log}");
+    let shards = rollouts(&d.join("sharded"));
+    assert_eq!(deal(&one), deal(&shards));
+    let m3 = lines("sharded");
+    assert_eq!(m3.len(), 2);
+    for m in &m3 {
+        let diff = m["train/mismatch_mean"].as_f64().unwrap();
+        assert!(
+            diff < 1e-4,
+            "engine and trainer log-probs differ by {diff}: {m}"
+        );
+        assert!(m["time/weight_sync"].as_f64().unwrap() > 0.0);
+    }
+    let same = one
+        .iter()
+        .zip(&shards)
+        .all(|(a, b)| a.iter().zip(b).all(|(x, y)| x.3 == y.3));
+    if same {
+        for (a, b) in m1.iter().zip(&m3) {
+            for key in ["reward/mean", "train/loss", "train/grad_norm"] {
+                let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+                assert!((x - y).abs() < 1e-5, "sharded {key}: {x} against {y}");
+            }
+        }
+    }
+    let checkpoint = d.join("sharded/checkpoint-000002");
+    for part in [
+        "optimizer-rank-00000-of-00002",
+        "optimizer-rank-00001-of-00002",
+        "model",
+    ] {
+        assert!(checkpoint.join(part).exists(), "{part}");
+    }
+    assert!(d.join("sharded/final-model/model.safetensors").exists());
 }

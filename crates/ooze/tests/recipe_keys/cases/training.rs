@@ -310,6 +310,14 @@ pub fn cases() -> Vec<Case> {
             Resource("activation memory (blocks recomputed in the backward pass)"),
         ),
         case(
+            &["trainer.sharding"],
+            &[],
+            &["trainer.sharding=\"sharded\""],
+            Resource(
+                "how ranks hold the model (one rank here: whole; tests/ranks.rs trains sharded)",
+            ),
+        ),
+        case(
             &["trainer.save_interval"],
             &["rollout.num_rollouts=2"],
             &["rollout.num_rollouts=2", "trainer.save_interval=1"],
