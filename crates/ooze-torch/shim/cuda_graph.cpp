@@ -3,6 +3,7 @@
 // has CUDA. Every entry point catches C++ exceptions and reports them through ooze_shim_last_error.
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -82,6 +83,20 @@ int ooze_stream_synchronize(int device) {
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;
+  }
+}
+
+// The most memory the caching allocator has had allocated on `device` since the last reset (-1 on
+// error); with `reset`, the peak starts again from what is allocated now.
+int64_t ooze_cuda_peak_allocated(int device, int reset) {
+  try {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    auto peak = stats.allocated_bytes[0].peak;
+    if (reset) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+    return peak;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
   }
 }
 

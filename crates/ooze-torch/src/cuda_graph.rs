@@ -36,6 +36,7 @@ mod ffi {
         pub fn ooze_graph_replay(g: *mut OozeGraph) -> c_int;
         pub fn ooze_graph_free(g: *mut OozeGraph);
         pub fn ooze_stream_synchronize(device: c_int) -> c_int;
+        pub fn ooze_cuda_peak_allocated(device: c_int, reset: c_int) -> i64;
     }
 }
 
@@ -57,6 +58,22 @@ static CAPTURE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
     // A panic during another capture leaves nothing to repair: the guard protects no data.
     CAPTURE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The most bytes the CUDA caching allocator has had allocated on `device` since the last call
+/// with `reset` (which starts the count again from now); `None` without CUDA.
+pub fn peak_allocated(device: usize, reset: bool) -> Option<u64> {
+    #[cfg(ooze_cuda_graphs)]
+    {
+        // SAFETY: a device index; failures come back as -1.
+        let peak = unsafe { ffi::ooze_cuda_peak_allocated(device as c_int, reset as c_int) };
+        u64::try_from(peak).ok()
+    }
+    #[cfg(not(ooze_cuda_graphs))]
+    {
+        let _ = (device, reset);
+        None
+    }
 }
 
 /// Waits until the work this thread queued on `device` (its current stream) is done. Use it

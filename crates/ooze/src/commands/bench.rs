@@ -1,7 +1,6 @@
 //! `ooze bench`: throughput measurements. `forward`: the full-sequence scoring pass the trainer
 //! runs (blocks + chunked LM-head log-probs) over a batch of random token ids. `generate`: the
-//! rollout engine. `train`: full training steps (forward, backward, clipping, fused AdamW on fp32
-//! masters) with tokens/s and MFU.
+//! rollout engine. `train` ([`super::bench_train`]): full training steps on one or more ranks.
 
 use super::{load_decoder, ComputeArgs};
 use ooze_model::scoring::head_log_probs;
@@ -24,28 +23,7 @@ enum What {
     Generate(GenerateArgs),
     /// Training steps on B sequences of L random tokens (every token trained, one optimizer step
     /// per batch).
-    Train(TrainArgs),
-}
-
-#[derive(clap::Args, Debug)]
-struct TrainArgs {
-    #[arg(long)]
-    model: PathBuf,
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    #[arg(long, default_value_t = 2048)]
-    seq_len: usize,
-    /// Token budget of one micro-batch (default: the whole batch in one).
-    #[arg(long)]
-    micro_batch_tokens: Option<usize>,
-    /// Timed steps (after 2 warm-up steps).
-    #[arg(long, default_value_t = 5)]
-    iters: usize,
-    /// Activation recomputation (blocks replayed in the backward pass).
-    #[arg(long)]
-    recompute: bool,
-    #[command(flatten)]
-    compute: ComputeArgs,
+    Train(super::bench_train::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -97,7 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.what {
         What::Forward(a) => forward(a),
         What::Generate(a) => generate(a),
-        What::Train(a) => train(a),
+        What::Train(a) => super::bench_train::run(a),
     }
 }
 
@@ -233,59 +211,6 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         let max = errors.iter().copied().fold(0.0, f64::max);
         println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
     }
-    Ok(())
-}
-
-fn train(a: TrainArgs) -> anyhow::Result<()> {
-    use ooze_train::{Sample, Trainer, TrainerConfig};
-    let decoder = load_decoder(&a.model, &a.compute)?;
-    let vocab = decoder.config.vocab_size as u64;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut token = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % vocab) as u32
-    };
-    let samples: Vec<Sample> = (0..a.batch)
-        .map(|_| {
-            let tokens: Vec<u32> = (0..a.seq_len).map(|_| token()).collect();
-            Sample::demonstration(tokens, vec![1; a.seq_len - 1])
-        })
-        .collect();
-    let config = TrainerConfig {
-        max_tokens_per_micro_batch: a.micro_batch_tokens.unwrap_or(a.batch * a.seq_len),
-        recompute_activations: a.recompute,
-        ..Default::default()
-    };
-    let mut trainer = Trainer::new(decoder, None, config)?;
-    for _ in 0..2 {
-        trainer.sft_step(&samples)?;
-    }
-    let mut steps = Vec::with_capacity(a.iters);
-    for _ in 0..a.iters {
-        steps.push(trainer.sft_step(&samples)?);
-    }
-    steps.sort_by(|x, y| x.seconds.partial_cmp(&y.seconds).expect("finite times"));
-    let m = &steps[steps.len() / 2];
-    let achieved = m.flops / m.seconds;
-    let mfu = m
-        .mfu
-        .map(|u| format!(", MFU {:.1}%", 100.0 * u))
-        .unwrap_or_default();
-    println!(
-        "train step {}x{} {} ({} micro-batches{}): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}; loss {:.4}, grad norm {:.3}",
-        a.batch,
-        a.seq_len,
-        a.compute.dtype,
-        m.micro_batches,
-        if a.recompute { ", recomputed" } else { "" },
-        m.seconds * 1e3,
-        m.tokens_per_second,
-        achieved / 1e12,
-        m.loss,
-        m.grad_norm
-    );
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand; each has clap `Args` and a `run`.
 
 pub mod bench;
+pub mod bench_train;
 pub mod env;
 pub mod generate;
 pub mod info;
