@@ -161,7 +161,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         (w, false) => format!(" on {w} ranks, replicated"),
     };
     let peak = if device.is_cuda() {
-        format!("; peak {:.1} GiB allocated per GPU", peak as f64 / f64::from(1 << 30))
+        format!(
+            "; peak {:.1} GiB allocated per GPU",
+            peak as f64 / f64::from(1 << 30)
+        )
     } else {
         String::new()
     };
