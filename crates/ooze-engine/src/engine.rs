@@ -323,6 +323,7 @@ impl EngineLoop {
                 request: Request {
                     input_ids: r.input_ids,
                     sampling: r.sampling,
+                    session: None,
                 },
                 prompt_log_probs_from: None,
                 events: r.events,

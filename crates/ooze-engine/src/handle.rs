@@ -73,6 +73,10 @@ pub struct RequestId(pub u64);
 pub struct Request {
     pub input_ids: Vec<u32>,
     pub sampling: Sampling,
+    /// The conversation this request continues (an agent's session), when it has one: a router
+    /// over several engines sends a session's requests to one engine, where its prefix is
+    /// cached. `None`: any engine (the least loaded).
+    pub session: Option<u64>,
 }
 
 /// A finished (or aborted) generation.
@@ -177,7 +181,9 @@ pub struct EngineStats {
     pub preempted: u64,
 }
 
-pub(crate) enum Command {
+/// The messages an engine worker serves: the embedded engine thread ([`crate::engine`]), or a
+/// router over external servers (the `ooze-router` crate), each behind an [`EngineHandle`].
+pub enum Command {
     Submit {
         id: RequestId,
         request: Request,
@@ -209,8 +215,9 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// A handle sending to `commands`; requests are checked against the slot length and vocabulary.
-    pub(crate) fn new(commands: mpsc::Sender<Command>, slot_len: i64, vocab: i64) -> EngineHandle {
+    /// A handle sending to `commands` (a worker serving [`Command`]s); requests are checked
+    /// against the slot length and vocabulary.
+    pub fn new(commands: mpsc::Sender<Command>, slot_len: i64, vocab: i64) -> EngineHandle {
         EngineHandle {
             commands,
             next_id: Arc::new(AtomicU64::new(0)),
@@ -389,7 +396,7 @@ impl EngineHandle {
 }
 
 /// Where new weights come from.
-pub(crate) enum WeightSource {
+pub enum WeightSource {
     Dir(PathBuf),
     Tensors(Vec<(String, Tensor)>),
     /// The engine's parameters were written in place by their other owner (a colocated trainer

@@ -22,8 +22,8 @@ mod waiting;
 
 pub use engine::start;
 pub use handle::{
-    EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, PauseMode, Request,
-    RequestId,
+    Command, EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, PauseMode,
+    Request, RequestId, WeightSource,
 };
 pub use params::{
     ParamError, Sampling, SamplingParams, StopStrings, MAX_NEW_TOKENS, MIN_TEMPERATURE,

@@ -24,6 +24,7 @@ pub struct SamplingParams {
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
+    #[serde(alias = "sampling_seed")]
     pub seed: Option<u64>,
     pub max_new_tokens: Option<usize>,
     pub min_new_tokens: Option<usize>,

@@ -63,6 +63,7 @@ fn request(prompt: &[u32], params: SamplingParams) -> Request {
     Request {
         input_ids: prompt.to_vec(),
         sampling: params.validate().unwrap(),
+        session: None,
     }
 }
 

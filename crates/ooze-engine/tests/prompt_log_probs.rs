@@ -58,6 +58,7 @@ fn request(ids: &[u32], temperature: f64, max_new_tokens: usize) -> Request {
         }
         .validate()
         .unwrap(),
+        session: None,
     }
 }
 
@@ -172,6 +173,7 @@ fn zero_new_tokens_draw_nothing_and_bad_lengths_are_refused() {
                 max_new_tokens,
                 ..Sampling::default()
             },
+            session: None,
         };
         let err = handle.submit(request).err().unwrap();
         assert!(matches!(err, EngineError::TooLong { .. }), "{err}");

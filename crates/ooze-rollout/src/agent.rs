@@ -538,6 +538,11 @@ impl AgentContext {
                 let request = Request {
                     input_ids: conv.sample.tokens.clone(),
                     sampling,
+                    // One conversation, one engine (its prefix stays cached there).
+                    session: Some(
+                        conv.sample.group.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                            ^ conv.sample.execution as u64,
+                    ),
                 };
                 let _generating = self.activity.enter(Phase::Generating);
                 wait_output(engine, request, self.deadline, &self.cancel, on_token).await?

@@ -192,6 +192,7 @@ impl Helper {
                     Request {
                         input_ids,
                         sampling,
+                        session: None,
                     },
                     deadline,
                     cancel,

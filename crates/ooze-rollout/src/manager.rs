@@ -335,6 +335,7 @@ async fn generate_plain_groups(
             let request = Request {
                 input_ids: prompt.input_ids.clone(),
                 sampling,
+                session: None,
             };
             let engine = engine.clone();
             let limit = limit.clone();

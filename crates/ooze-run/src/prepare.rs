@@ -77,15 +77,32 @@ impl Run {
         // The engine: slots long enough for the longest prompt and response (an agent's
         // conversations included), as many as fit.
         let slot_len = slot_len(&recipe, &prompts, &evals);
-        let shard_over = sharding(&recipe, ranks.as_ref(), device, kind, slot_len)?;
+        let external = !recipe.rollout.engines.is_empty() || recipe.rollout.engines_file.is_some();
+        if external && ranks.is_some() {
+            bail!(
+                "rollout.engines: external engines are driven by one trainer process; start \
+                 the run without --nproc-per-node (several trainer ranks beside external engines \
+                 are not supported yet)"
+            );
+        }
+        let shard_over = sharding(&recipe, ranks.as_ref(), device, kind, slot_len, external)?;
         let policy = load_model(model_path, "model.path", device, kind)?;
-        // Beside a sharded trainer the engine needs its own whole copy; otherwise it shares the
-        // trainer's tensors (an optimizer step is its weight update).
-        let engine_decoder = match shard_over {
-            Some(_) => load_model(model_path, "model.path", device, kind)?,
-            None => policy.share(),
+        let (vocab, model_eos) = (
+            policy.config.vocab_size,
+            policy.config.eos_token_ids.clone(),
+        );
+        // The embedded engine: beside a sharded trainer it needs its own whole copy; otherwise it
+        // shares the trainer's tensors (an optimizer step is its weight update). None with
+        // external engines.
+        let engine_decoder = match (external, &shard_over) {
+            (true, _) => None,
+            (false, Some(_)) => Some(load_model(model_path, "model.path", device, kind)?),
+            (false, None) => Some(policy.share()),
         };
-        let engine_weights = shard_over.is_some().then(|| engine_decoder.share());
+        let engine_weights = engine_decoder
+            .as_ref()
+            .filter(|_| shard_over.is_some())
+            .map(Decoder::share);
         let mut trainer = build_trainer(&recipe, policy, device, kind, shard_over)?;
         let state = crate::checkpoint::restore(&recipe, run_dir, resume, trainer.as_mut())?;
         if let (Some(r), Some(t)) = (&ranks, trainer.as_mut()) {
@@ -111,26 +128,31 @@ impl Run {
             .iter()
             .map(|m| m.cache_bytes(slot_len, kind))
             .sum();
-        let slots = engine_slots(
-            &recipe,
-            &settings,
-            &evals,
-            &engine_decoder,
-            (device, kind),
-            slot_len,
-            helper_cache,
-        )?;
-        let eos = ooze_model::config::load_generation_eos(model_path)?
-            .unwrap_or_else(|| engine_decoder.config.eos_token_ids.clone());
-        eprintln!("engine: {slots} sequences × {slot_len} tokens");
         settings.agent = agent_rollout(&recipe, slot_len as usize, Some(run_dir))?;
         // A resumed run's engine continues the weight versions from the trainer's step.
-        let engine = ooze_engine::start(
-            engine_decoder,
-            Some(tokenizer.clone()),
-            EngineConfig::new(slots, slot_len, eos)
-                .with_initial_weight_version(trainer.as_ref().map_or(0, |t| t.step())),
-        );
+        let version = trainer.as_ref().map_or(0, |t| t.step());
+        let engine = match engine_decoder {
+            Some(engine_decoder) => {
+                let slots = engine_slots(
+                    &recipe,
+                    &settings,
+                    &evals,
+                    &engine_decoder,
+                    (device, kind),
+                    slot_len,
+                    helper_cache,
+                )?;
+                let eos = ooze_model::config::load_generation_eos(model_path)?
+                    .unwrap_or_else(|| model_eos.clone());
+                eprintln!("engine: {slots} sequences × {slot_len} tokens");
+                ooze_engine::start(
+                    engine_decoder,
+                    Some(tokenizer.clone()),
+                    EngineConfig::new(slots, slot_len, eos).with_initial_weight_version(version),
+                )
+            }
+            None => external_engines(&recipe, slot_len, vocab, version)?,
+        };
         if let Some(agent) = settings.agent.as_mut() {
             agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
         }
@@ -160,6 +182,7 @@ impl Run {
             trainer,
             engine,
             engine_weights,
+            external_engines: external,
             runtime,
             log,
             ranks,
@@ -459,6 +482,7 @@ fn sharding(
     device: Device,
     kind: Kind,
     slot_len: i64,
+    external_engines: bool,
 ) -> anyhow::Result<Option<Arc<ooze_torch::dist::ProcessGroup>>> {
     if recipe.trainer.mode == Mode::RolloutOnly {
         return Ok(None);
@@ -475,7 +499,8 @@ fn sharding(
         recompute: recipe.trainer.recompute_activations,
         reference: a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0,
         critic: a.advantage.estimator == Estimator::Ppo,
-        engine_sequence_bytes: Some((SlotCache::bytes_per_token(&config, kind) * slot_len) as u64),
+        engine_sequence_bytes: (!external_engines)
+            .then(|| (SlotCache::bytes_per_token(&config, kind) * slot_len) as u64),
     };
     let gpu = memory::gpu_of(device);
     let sharded = memory::choose(
@@ -496,6 +521,30 @@ fn sharding(
         }
         _ => None,
     })
+}
+
+/// The router over `rollout.engines` (and `rollout.engines_file`): external servers in place of
+/// the embedded engine.
+fn external_engines(
+    recipe: &Recipe,
+    slot_len: i64,
+    vocab: i64,
+    version: u64,
+) -> anyhow::Result<ooze_engine::EngineHandle> {
+    let r = &recipe.rollout;
+    let mut config = ooze_router::RouterConfig::new(r.engines.clone(), slot_len, vocab);
+    config.engines_file = r.engines_file.clone();
+    config.initial_weight_version = version;
+    let engine = ooze_router::start(config)?;
+    eprintln!(
+        "engine: external, {} engine(s){}; sequences up to {slot_len} tokens",
+        r.engines.len(),
+        r.engines_file
+            .as_ref()
+            .map(|f| format!(" and those listed in {}", f.display()))
+            .unwrap_or_default()
+    );
+    Ok(engine)
 }
 
 /// The recipe's trainer over `policy` (none in rollout-only mode), sharded over `shard_over`.

@@ -199,6 +199,13 @@ pub struct RolloutSection {
     pub drop_truncated_groups: bool,
     /// Keep truncated responses but train none of their tokens.
     pub mask_truncated: bool,
+    /// External engines to generate on instead of the embedded one: base URLs of running servers
+    /// with SGLang's native API (SGLang, `ooze serve`), loaded with the same model. New weights
+    /// reach them after every step through `/update_weights_from_disk`.
+    pub engines: Vec<String>,
+    /// A file of further engine URLs (one per line), read again every few seconds: engines added
+    /// to it join the run.
+    pub engines_file: Option<PathBuf>,
 }
 
 impl Default for RolloutSection {
@@ -222,6 +229,8 @@ impl Default for RolloutSection {
             max_rounds: 8,
             drop_truncated_groups: false,
             mask_truncated: false,
+            engines: Vec::new(),
+            engines_file: None,
         }
     }
 }

@@ -84,6 +84,9 @@ pub struct Run {
     /// The engine's own weights beside a sharded trainer (gathered into after every step); none
     /// when the engine shares the trainer's tensors.
     pub(crate) engine_weights: Option<ooze_model::Decoder>,
+    /// The engine is a router over external servers (`rollout.engines`): new weights go to them
+    /// as a directory after every step.
+    pub(crate) external_engines: bool,
     pub(crate) runtime: tokio::runtime::Runtime,
     /// Rank 0's (the one that writes); none on the other ranks.
     pub(crate) log: Option<MetricsLog>,

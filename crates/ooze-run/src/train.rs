@@ -3,7 +3,8 @@
 //! agent's sibling samples stay with their group). `logp_old`, the reference's and the teacher's log-probs, the critic's values and the
 //! advantages are computed once per rollout, under the weights that generated it. Then the engine
 //! is told its weights changed (they are the trainer's own tensors; beside a sharded trainer, its
-//! own copy, which every step's weights are all-gathered into first: `time/weight_sync`).
+//! own copy, which every step's weights are all-gathered into first: `time/weight_sync`). External
+//! engines (`rollout.engines`) load the weights from `RUN/weights/step-N`, written after every step.
 //!
 //! The trainer itself — policy, reference, critic, teacher — is built by [`crate::prepare`].
 
@@ -52,8 +53,18 @@ impl Run {
                 if let Some(engine) = &self.engine_weights {
                     trainer.sync_weights_into(engine)?;
                 }
-                self.runtime
-                    .block_on(self.engine.weights_updated_in_place())?;
+                if self.external_engines {
+                    let dir = ooze_train::checkpoint::export_weights(
+                        &self.run_dir.join("weights"),
+                        &self.recipe.model.path,
+                        trainer,
+                    )?;
+                    self.runtime
+                        .block_on(self.engine.update_weights_from_disk(dir))?;
+                } else {
+                    self.runtime
+                        .block_on(self.engine.weights_updated_in_place())?;
+                }
                 sync_seconds += t_sync.elapsed().as_secs_f64();
             }
             line.insert("step".into(), json!(trainer.step()));

@@ -204,6 +204,7 @@ async fn run_all(
         let request = Request {
             input_ids: prompt.to_vec(),
             sampling: nth(sampling, i),
+            session: None,
         };
         // Submitted here, so that a refusal names this API's fields.
         let submitted = state
@@ -310,6 +311,7 @@ pub async fn completions(
             .submit(Request {
                 input_ids: prompts[0].clone(),
                 sampling,
+                session: None,
             })
             .map_err(|e| max.engine_error(e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -622,6 +624,7 @@ pub async fn chat_completions(
             .submit(Request {
                 input_ids: prompt,
                 sampling,
+                session: None,
             })
             .map_err(|e| max.engine_error(e))?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);

@@ -281,6 +281,7 @@ fn submit(
     let request = Request {
         input_ids: reply.prompt.clone(),
         sampling,
+        session: None,
     };
     Ok(match reply.logprob_start {
         Some(start) => state.engine.submit_with_prompt_log_probs(request, start)?,
@@ -354,6 +355,7 @@ pub async fn health_generate(State(state): State<Arc<AppState>>) -> Result<Json<
         Request {
             input_ids: vec![0],
             sampling,
+            session: None,
         },
         &rid,
         |_, _| true,

@@ -143,14 +143,63 @@ pub fn save_final_model(
     trainer: &Trainer,
 ) -> Result<PathBuf, TrainError> {
     finish_pending(trainer)?;
-    let done = run_dir.join("final-model");
-    let tmp = run_dir.join(".final-model.partial");
+    write_model_dir(&run_dir.join("final-model"), source_model, trainer)
+}
+
+/// Writes the policy's current weights as a complete HF model directory
+/// `weights_dir/step-000042` for external engines to load (`/update_weights_from_disk`), and
+/// removes older ones but the one before it (an engine may still be reading it). Every rank
+/// calls it; rank 0 writes. Returns the directory.
+pub fn export_weights(
+    weights_dir: &Path,
+    source_model: &Path,
+    trainer: &Trainer,
+) -> Result<PathBuf, TrainError> {
+    let done = weights_dir.join(format!("step-{:06}", trainer.step()));
+    write_model_dir(&done, source_model, trainer)?;
+    if trainer.rank().0 == 0 {
+        let mut older: Vec<PathBuf> = std::fs::read_dir(weights_dir)
+            .map_err(io("read", weights_dir))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("step-"))
+                    && *p != done
+            })
+            .collect();
+        older.sort();
+        if let Some((_, stale)) = older.split_last() {
+            for dir in stale {
+                std::fs::remove_dir_all(dir).map_err(io("remove", dir))?;
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// `done` ← the policy as an HF directory, built under a hidden name beside it and renamed.
+fn write_model_dir(
+    done: &Path,
+    source_model: &Path,
+    trainer: &Trainer,
+) -> Result<PathBuf, TrainError> {
+    let name = done
+        .file_name()
+        .expect("invariant: a named directory")
+        .to_string_lossy();
+    let parent = done
+        .parent()
+        .expect("invariant: a directory in a directory");
+    let tmp = parent.join(format!(".{name}.partial"));
     let sharded = trainer.shards.as_ref();
     if let Some(model) = sharded {
         model.gather_all()?;
     }
     let written = if trainer.rank().0 == 0 {
-        write_final_model(&tmp, source_model, trainer)
+        std::fs::create_dir_all(parent)
+            .map_err(io("create directory", parent))
+            .and_then(|()| write_final_model(&tmp, source_model, trainer))
     } else {
         Ok(())
     };
@@ -159,14 +208,14 @@ pub fn save_final_model(
     }
     written?;
     if trainer.rank().0 != 0 {
-        return Ok(done);
+        return Ok(done.to_owned());
     }
     atomic_file::sync_dir(&tmp)?;
     if done.exists() {
-        std::fs::remove_dir_all(&done).map_err(io("remove", &done))?;
+        std::fs::remove_dir_all(done).map_err(io("remove", done))?;
     }
-    atomic_file::rename(&tmp, &done)?;
-    Ok(done)
+    atomic_file::rename(&tmp, done)?;
+    Ok(done.to_owned())
 }
 
 fn write_final_model(tmp: &Path, source_model: &Path, trainer: &Trainer) -> Result<(), TrainError> {

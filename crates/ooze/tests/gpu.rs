@@ -28,6 +28,7 @@ fn generate_all(
                     .submit(ooze_engine::Request {
                         input_ids: p.clone(),
                         sampling: sampling.clone(),
+                        session: None,
                     })
                     .unwrap()
                     .1

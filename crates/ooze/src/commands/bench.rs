@@ -119,6 +119,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         runtime.block_on(engine.generate(Request {
             input_ids: prompt(),
             sampling: warm,
+            session: None,
         }))?;
     }
     let started = Instant::now();
@@ -134,6 +135,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
                 .submit(Request {
                     input_ids,
                     sampling: sampling.clone(),
+                    session: None,
                 })?
                 .1,
         );

@@ -188,6 +188,20 @@ pub fn cases() -> Vec<Case> {
             &["rollout.mask_truncated=true"],
             Responses,
         ),
+        // External engines: tests/engines.rs runs a whole RL run on `ooze serve` engines; here,
+        // an engine that is not there is named.
+        case(
+            &["rollout.engines"],
+            &[],
+            &["rollout.engines=[\"http://127.0.0.1:9\"]"],
+            Fails("rollout.engines: no engine answers /health: http://127.0.0.1:9"),
+        ),
+        case(
+            &["rollout.engines_file"],
+            &[],
+            &["rollout.engines_file=\"{dir}/no-engines.txt\""],
+            Fails("no-engines.txt: cannot read the engines file"),
+        ),
         // [reward]
         case(
             &["reward.type"],
