@@ -14,8 +14,12 @@
 //! - Engines join mid-run: `engines_file` (one URL per line) is read again at every health check;
 //!   a new engine gets the current weights before its first request.
 //! - Weights: [`EngineHandle::update_weights_from_disk`] makes every healthy engine load the
-//!   directory (`/update_weights_from_disk`), all at once, and returns the new version.
+//!   directory (`/update_weights_from_disk`), all at once, and returns the new version;
+//!   [`EngineHandle::update_weights_from_tensors`] broadcasts the tensors to the engines over a
+//!   process group instead (SGLang's `init_weights_update_group` and
+//!   `update_weights_from_distributed`; `distributed`).
 
+mod distributed;
 mod wire;
 
 use ooze_engine::{
@@ -49,6 +53,10 @@ pub struct RouterConfig {
     pub attempts: usize,
     /// The weight version the engines start at (a resumed run's).
     pub initial_weight_version: u64,
+    /// For updates from tensors: the address engines reach this process at (the weight group's
+    /// store), and the group's backend (NCCL between GPUs, Gloo between CPUs).
+    pub trainer_address: String,
+    pub weight_backend: ooze_torch::dist::Backend,
 }
 
 impl RouterConfig {
@@ -62,6 +70,8 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(600),
             attempts: 4,
             initial_weight_version: 0,
+            trainer_address: "127.0.0.1".into(),
+            weight_backend: ooze_torch::dist::Backend::Nccl,
         }
     }
 }
@@ -81,19 +91,19 @@ pub enum RouterError {
 }
 
 /// One external engine.
-struct Engine {
-    url: String,
-    healthy: AtomicBool,
+pub(crate) struct Engine {
+    pub(crate) url: String,
+    pub(crate) healthy: AtomicBool,
     outstanding: AtomicUsize,
     /// The weight version it holds (what it was last given).
-    version: AtomicU64,
+    pub(crate) version: AtomicU64,
 }
 
 /// A request in flight: the engine it is on, and whether it was aborted.
 type InFlight = HashMap<RequestId, (Arc<Engine>, Arc<AtomicBool>)>;
 
 /// What the router's tasks share.
-struct Shared {
+pub(crate) struct Shared {
     engines: Mutex<Vec<Arc<Engine>>>,
     config: RouterConfig,
     generate: JsonClient,
@@ -103,6 +113,12 @@ struct Shared {
     /// Requests in flight: the engine each is on and whether it was aborted.
     in_flight: Mutex<InFlight>,
     stopped: AtomicBool,
+    /// Whether the engines have been given weights since they started (before, the model they
+    /// were started with is the current one).
+    updated: AtomicBool,
+    /// The process group of distributed weight updates, and a counter naming each new one.
+    weight_group: Mutex<Option<distributed::WeightGroup>>,
+    group_serial: AtomicU64,
 }
 
 fn check_url(url: &str) -> Result<String, RouterError> {
@@ -160,7 +176,7 @@ impl Shared {
         chosen.cloned()
     }
 
-    fn mark_down(&self, engine: &Engine, why: &str) {
+    pub(crate) fn mark_down(&self, engine: &Engine, why: &str) {
         if engine.healthy.swap(false, Ordering::SeqCst) {
             eprintln!(
                 "router: engine {} is out of the rotation ({why}); its requests go to the others",
@@ -315,10 +331,13 @@ impl Shared {
                 let current = engine.version.load(Ordering::SeqCst) == version;
                 let ready = match (&dir, current) {
                     (Some(dir), false) => self.push_weights(&engine, dir, version),
-                    (None, false) => {
+                    // Never updated: the model every engine started with is current.
+                    (None, false) if !self.updated.load(Ordering::SeqCst) => {
                         engine.version.store(version, Ordering::SeqCst);
                         true
                     }
+                    // Updated over a process group: it enters at the next update.
+                    (None, false) => false,
                     _ => true,
                 };
                 if ready {
@@ -334,7 +353,7 @@ impl Shared {
 }
 
 /// An HTTP error in one line (the transport message, or the status).
-fn short(e: &HttpError) -> String {
+pub(crate) fn short(e: &HttpError) -> String {
     let text = e.to_string();
     text.lines()
         .next()
@@ -388,6 +407,9 @@ pub fn start(config: RouterConfig) -> Result<EngineHandle, RouterError> {
         weights: Mutex::new((None, version)),
         in_flight: Mutex::new(HashMap::new()),
         stopped: AtomicBool::new(false),
+        updated: AtomicBool::new(false),
+        weight_group: Mutex::new(None),
+        group_serial: AtomicU64::new(0),
         config,
     });
     let (tx, rx) = mpsc::channel::<Command>();
@@ -537,11 +559,12 @@ fn broadcast(shared: &Shared, path: &str, body: serde_json::Value) {
 fn update_weights(shared: &Arc<Shared>, source: WeightSource) -> Result<u64, String> {
     let dir = match source {
         WeightSource::Dir(dir) => dir,
-        WeightSource::Tensors(_) | WeightSource::InPlace => {
+        WeightSource::Tensors(tensors) => {
+            return distributed::update(shared, WeightSource::Tensors(tensors))
+        }
+        WeightSource::InPlace => {
             return Err(
-                "external engines (rollout.engines) take new weights from a directory \
-                        (/update_weights_from_disk), not from this process's tensors"
-                    .into(),
+                "external engines (rollout.engines) share no tensors with this process".into(),
             )
         }
     };
@@ -566,6 +589,7 @@ fn update_weights(shared: &Arc<Shared>, source: WeightSource) -> Result<u64, Str
     });
     // Recorded first: an engine that comes back later gets these weights before requests.
     *shared.weights.lock().expect("weights lock") = (Some(dir.clone()), version);
+    shared.updated.store(true, Ordering::SeqCst);
     if loaded == 0 {
         return Err(format!(
             "no engine loaded {} (each is out of the rotation until it answers again)",
@@ -592,6 +616,9 @@ mod tests {
             weights: Mutex::new((None, 0)),
             in_flight: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
+            updated: AtomicBool::new(false),
+            weight_group: Mutex::new(None),
+            group_serial: AtomicU64::new(0),
             config,
         }
     }

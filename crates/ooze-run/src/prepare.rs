@@ -151,7 +151,7 @@ impl Run {
                     EngineConfig::new(slots, slot_len, eos).with_initial_weight_version(version),
                 )
             }
-            None => external_engines(&recipe, slot_len, vocab, version)?,
+            None => external_engines(&recipe, slot_len, vocab, version, device)?,
         };
         if let Some(agent) = settings.agent.as_mut() {
             agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
@@ -530,11 +530,18 @@ fn external_engines(
     slot_len: i64,
     vocab: i64,
     version: u64,
+    device: Device,
 ) -> anyhow::Result<ooze_engine::EngineHandle> {
     let r = &recipe.rollout;
     let mut config = ooze_router::RouterConfig::new(r.engines.clone(), slot_len, vocab);
     config.engines_file = r.engines_file.clone();
     config.initial_weight_version = version;
+    config.trainer_address = r.trainer_address.clone();
+    config.weight_backend = if device.is_cuda() {
+        ooze_torch::dist::Backend::Nccl
+    } else {
+        ooze_torch::dist::Backend::Gloo
+    };
     let engine = ooze_router::start(config)?;
     eprintln!(
         "engine: external, {} engine(s){}; sequences up to {slot_len} tokens",

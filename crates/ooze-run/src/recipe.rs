@@ -206,6 +206,21 @@ pub struct RolloutSection {
     /// A file of further engine URLs (one per line), read again every few seconds: engines added
     /// to it join the run.
     pub engines_file: Option<PathBuf>,
+    /// How new weights reach external engines: `disk` (an HF directory, `/update_weights_from_disk`)
+    /// or `distributed` (broadcast over a process group, SGLang's `update_weights_from_distributed`:
+    /// NCCL from a GPU trainer, Gloo from a CPU one).
+    pub weight_sync: WeightSync,
+    /// The address external engines reach the trainer at (the weight group's store).
+    pub trainer_address: String,
+}
+
+/// `rollout.weight_sync`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightSync {
+    #[default]
+    Disk,
+    Distributed,
 }
 
 impl Default for RolloutSection {
@@ -231,6 +246,8 @@ impl Default for RolloutSection {
             mask_truncated: false,
             engines: Vec::new(),
             engines_file: None,
+            weight_sync: WeightSync::Disk,
+            trainer_address: "127.0.0.1".into(),
         }
     }
 }

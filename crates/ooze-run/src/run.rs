@@ -107,6 +107,10 @@ pub fn run(
     ranks: Option<RunRanks>,
 ) -> anyhow::Result<RunSummary> {
     let mut run = Run::prepare(recipe, run_dir, resume, registry, ranks)?;
+    // A resumed run's weights are not the ones external engines started with.
+    if run.external_engines && run.trainer.as_ref().is_some_and(|t| t.step() > 0) {
+        run.push_weights()?;
+    }
     run.evaluate_at_start()?;
     while run.state.rollout < run.recipe.rollout.num_rollouts {
         let index = run.state.rollout + 1;

@@ -26,6 +26,7 @@ impl Run {
         line: &mut Map<String, Value>,
     ) -> anyhow::Result<()> {
         let (mut train_seconds, mut sync_seconds) = (0.0, 0.0);
+        let mut push = false;
         if let Some(trainer) = self.trainer.as_mut() {
             let t_sync = Instant::now();
             self.runtime.block_on(self.engine.release_memory())?;
@@ -54,13 +55,7 @@ impl Run {
                     trainer.sync_weights_into(engine)?;
                 }
                 if self.external_engines {
-                    let dir = ooze_train::checkpoint::export_weights(
-                        &self.run_dir.join("weights"),
-                        &self.recipe.model.path,
-                        trainer,
-                    )?;
-                    self.runtime
-                        .block_on(self.engine.update_weights_from_disk(dir))?;
+                    push = true;
                 } else {
                     self.runtime
                         .block_on(self.engine.weights_updated_in_place())?;
@@ -69,8 +64,40 @@ impl Run {
             }
             line.insert("step".into(), json!(trainer.step()));
         }
+        if push {
+            let t_sync = Instant::now();
+            self.push_weights()?;
+            sync_seconds += t_sync.elapsed().as_secs_f64();
+        }
         line.insert("time/train".into(), json!(train_seconds));
         line.insert("time/weight_sync".into(), json!(sync_seconds));
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Sends the trainer's current weights to the external engines (`rollout.weight_sync`): as
+    /// a directory they load, or broadcast over their process group.
+    pub(crate) fn push_weights(&self) -> anyhow::Result<()> {
+        let Some(trainer) = self.trainer.as_ref() else {
+            return Ok(());
+        };
+        match self.recipe.rollout.weight_sync {
+            crate::recipe::WeightSync::Disk => {
+                let dir = ooze_train::checkpoint::export_weights(
+                    &self.run_dir.join("weights"),
+                    &self.recipe.model.path,
+                    trainer,
+                )?;
+                self.runtime
+                    .block_on(self.engine.update_weights_from_disk(dir))?;
+            }
+            crate::recipe::WeightSync::Distributed => {
+                let weights = trainer.whole_weights()?;
+                self.runtime
+                    .block_on(self.engine.update_weights_from_tensors(weights))?;
+            }
+        }
         Ok(())
     }
 }

@@ -25,6 +25,7 @@ pub mod sglang;
 pub mod text_stream;
 pub mod timed_body;
 pub mod tool_calls;
+pub mod weight_groups;
 
 use axum::routing::{get, post};
 use axum::Router;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub server_info: serde_json::Value,
     /// Request fields ooze does not act on, counted by path (`/get_server_info` reports them).
     pub ignored_fields: lenient_json::IgnoredFields,
+    /// Weight update groups a trainer formed with this engine (SGLang's distributed update).
+    pub weight_groups: weight_groups::WeightGroups,
     rids: Mutex<HashMap<String, RequestId>>,
 }
 
@@ -72,8 +75,15 @@ impl AppState {
             request_timeout,
             server_info,
             ignored_fields: Default::default(),
+            weight_groups: weight_groups::WeightGroups::new(ooze_torch::tch::Device::Cpu),
             rids: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The device the engine's weights are on (where distributed weight updates arrive).
+    pub fn with_weights_on(mut self, device: ooze_torch::tch::Device) -> AppState {
+        self.weight_groups = weight_groups::WeightGroups::new(device);
+        self
     }
 
     fn register(&self, rid: &str, id: RequestId) -> RidGuard<'_> {
@@ -267,6 +277,18 @@ fn sglang_routes(state: Arc<AppState>) -> Router {
         .route(
             "/update_weights_from_disk",
             post(sglang::update_weights_from_disk),
+        )
+        .route(
+            "/init_weights_update_group",
+            post(weight_groups::init_weights_update_group),
+        )
+        .route(
+            "/update_weights_from_distributed",
+            post(weight_groups::update_weights_from_distributed),
+        )
+        .route(
+            "/destroy_weights_update_group",
+            post(weight_groups::destroy_weights_update_group),
         )
         .route("/release_memory_occupation", post(sglang::release_memory))
         .route("/resume_memory_occupation", post(sglang::resume_memory))

@@ -65,9 +65,10 @@ const char* ooze_dist_last_error() { return last_error.c_str(); }
 
 // Joins the group `world` ranks form through the store at host:port. `agent_store`: the store is
 // served by a launcher (torchrun's agent), so every rank is a client; otherwise rank 0 serves it.
-// `backend`: 0 Gloo, 1 NCCL (each collective on its tensors' GPU). Keys live under "ooze/".
+// `backend`: 0 Gloo, 1 NCCL (each collective on its tensors' GPU). Keys live under `prefix`
+// ("ooze" for ooze's ranks; "NAME/" for a group torch.distributed programs join as NAME).
 void* ooze_dist_new(int backend, const char* host, int port, int rank, int world, int agent_store,
-                    int64_t timeout_ms) {
+                    int64_t timeout_ms, const char* prefix) {
   Group* out = nullptr;
   guarded([&] {
     auto timeout = std::chrono::milliseconds(timeout_ms);
@@ -79,7 +80,7 @@ void* ooze_dist_new(int backend, const char* host, int port, int rank, int world
     opts.timeout = timeout;
     opts.multiTenant = true;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
-    auto store = c10::make_intrusive<c10d::PrefixStore>("ooze", tcp);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), tcp);
     c10::intrusive_ptr<c10d::Backend> pg;
     if (backend == 1) {
 #ifdef OOZE_NCCL

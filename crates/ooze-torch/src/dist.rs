@@ -150,6 +150,7 @@ mod ffi {
             world: i32,
             agent_store: i32,
             timeout_ms: i64,
+            prefix: *const c_char,
         ) -> *mut c_void;
         pub fn ooze_dist_free(group: *mut c_void);
         pub fn ooze_dist_all_reduce(group: *mut c_void, t: *mut c_void, op: i32) -> i32;
@@ -214,8 +215,25 @@ impl ProcessGroup {
         backend: Backend,
         timeout: Duration,
     ) -> Result<ProcessGroup, DistError> {
+        Self::connect_with_prefix(rendezvous, backend, timeout, "ooze")
+    }
+
+    /// [`ProcessGroup::connect`] with the group's keys under `prefix` in the store. A group that
+    /// other programs join through `torch.distributed` under a group name `G` (SGLang's weight
+    /// update group) uses the prefix `G/`, as torch does.
+    pub fn connect_with_prefix(
+        rendezvous: &Rendezvous,
+        backend: Backend,
+        timeout: Duration,
+        prefix: &str,
+    ) -> Result<ProcessGroup, DistError> {
         #[cfg(ooze_dist)]
         {
+            let prefix = std::ffi::CString::new(prefix).map_err(|_| DistError::Env {
+                name: "group_name",
+                value: prefix.to_owned(),
+                expected: "a name without NUL bytes".into(),
+            })?;
             let host = std::ffi::CString::new(rendezvous.master_addr.clone()).map_err(|_| {
                 DistError::Env {
                     name: "MASTER_ADDR",
@@ -236,6 +254,7 @@ impl ProcessGroup {
                     rendezvous.world_size as i32,
                     rendezvous.agent_store as i32,
                     timeout.as_millis().min(i64::MAX as u128) as i64,
+                    prefix.as_ptr(),
                 )
             };
             let group = ProcessGroup {
@@ -254,7 +273,7 @@ impl ProcessGroup {
         }
         #[cfg(not(ooze_dist))]
         {
-            let _ = (rendezvous, backend, timeout);
+            let _ = (rendezvous, backend, timeout, prefix);
             Err(DistError::Unavailable)
         }
     }

@@ -267,6 +267,23 @@ impl Trainer {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The policy's whole weights under their HF names (for external engines): a sharded
+    /// policy's are gathered and copied (every rank calls it); otherwise the policy's own tensors.
+    pub fn whole_weights(&self) -> Result<Vec<(String, Tensor)>, TrainError> {
+        let Some(model) = &self.shards else {
+            return Ok(self.policy.named_parameters());
+        };
+        model.gather_all()?;
+        let weights = self
+            .policy
+            .named_parameters()
+            .into_iter()
+            .map(|(name, t)| (name, t.detach().copy()))
+            .collect();
+        model.release_all();
+        Ok(weights)
+    }
+
     /// Whether the policy is sharded over ranks ([`Trainer::sharded`]).
     pub fn is_sharded(&self) -> bool {
         self.shards.is_some()

@@ -97,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (slots * per_slot) as f64 / (1u64 << 30) as f64
     );
     let server_info = serde_json::json!({"model_path": args.model, "context_len": context_len, "max_running_requests": slots, "dtype": args.compute.dtype.to_string(), "device": format!("{:?}", decoder.device())});
+    let weights_device = decoder.device();
     let engine = ooze_engine::start(
         decoder,
         Some(tokenizer.clone()),
@@ -129,14 +130,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let state = Arc::new(AppState::new(
-        engine.clone(),
-        tokenizer,
-        name,
-        args.model.clone(),
-        Duration::from_secs(args.request_timeout_secs),
-        server_info,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            engine.clone(),
+            tokenizer,
+            name,
+            args.model.clone(),
+            Duration::from_secs(args.request_timeout_secs),
+            server_info,
+        )
+        .with_weights_on(weights_device),
+    );
     let config = ServeConfig {
         header_read_timeout: Duration::from_secs(args.header_timeout_secs),
         body_read_timeout: Duration::from_secs(args.body_timeout_secs),

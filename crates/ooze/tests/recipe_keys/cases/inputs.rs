@@ -202,6 +202,18 @@ pub fn cases() -> Vec<Case> {
             &["rollout.engines_file=\"{dir}/no-engines.txt\""],
             Fails("no-engines.txt: cannot read the engines file"),
         ),
+        case(
+            &["rollout.weight_sync"],
+            &[],
+            &["rollout.weight_sync=\"distributed\""],
+            Refused("rollout.weight_sync applies to external engines"),
+        ),
+        case(
+            &["rollout.trainer_address"],
+            &[],
+            &["rollout.trainer_address=\"10.0.0.1\""],
+            Refused("rollout.trainer_address applies to external engines"),
+        ),
         // [reward]
         case(
             &["reward.type"],
