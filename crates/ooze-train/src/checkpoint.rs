@@ -143,7 +143,12 @@ pub fn save_final_model(
     trainer: &Trainer,
 ) -> Result<PathBuf, TrainError> {
     finish_pending(trainer)?;
-    write_model_dir(&run_dir.join("final-model"), source_model, trainer)
+    write_model_dir(
+        &run_dir.join("final-model"),
+        source_model,
+        trainer,
+        SaveOptions::default(),
+    )
 }
 
 /// Writes the policy's current weights as a complete HF model directory
@@ -156,7 +161,12 @@ pub fn export_weights(
     trainer: &Trainer,
 ) -> Result<PathBuf, TrainError> {
     let done = weights_dir.join(format!("step-{:06}", trainer.step()));
-    write_model_dir(&done, source_model, trainer)?;
+    // In the model's own dtype: what the engines compute in, half the bytes of fp32 in bf16.
+    let options = SaveOptions {
+        kind: trainer.policy.kind(),
+        ..Default::default()
+    };
+    write_model_dir(&done, source_model, trainer, options)?;
     if trainer.rank().0 == 0 {
         let mut older: Vec<PathBuf> = std::fs::read_dir(weights_dir)
             .map_err(io("read", weights_dir))?
@@ -183,6 +193,7 @@ fn write_model_dir(
     done: &Path,
     source_model: &Path,
     trainer: &Trainer,
+    options: SaveOptions,
 ) -> Result<PathBuf, TrainError> {
     let name = done
         .file_name()
@@ -199,7 +210,7 @@ fn write_model_dir(
     let written = if trainer.rank().0 == 0 {
         std::fs::create_dir_all(parent)
             .map_err(io("create directory", parent))
-            .and_then(|()| write_final_model(&tmp, source_model, trainer))
+            .and_then(|()| write_model(&tmp, source_model, trainer, options))
     } else {
         Ok(())
     };
@@ -218,13 +229,16 @@ fn write_model_dir(
     Ok(done.to_owned())
 }
 
-fn write_final_model(tmp: &Path, source_model: &Path, trainer: &Trainer) -> Result<(), TrainError> {
+fn write_model(
+    tmp: &Path,
+    source_model: &Path,
+    trainer: &Trainer,
+    options: SaveOptions,
+) -> Result<(), TrainError> {
     if tmp.exists() {
         std::fs::remove_dir_all(tmp).map_err(io("remove", tmp))?;
     }
-    trainer
-        .policy
-        .save(source_model, tmp, SaveOptions::default())?;
+    trainer.policy.save(source_model, tmp, options)?;
     Ok(())
 }
 
