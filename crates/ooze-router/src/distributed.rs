@@ -33,17 +33,11 @@ fn dtype(kind: Kind) -> &'static str {
     }
 }
 
-fn free_port(host: &str) -> Result<u16, String> {
-    std::net::TcpListener::bind((host, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("finding a free port on {host} for the weight group: {e}"))
-}
-
 /// Forms a group of this process and `members`; engines that cannot join are marked down.
 fn form(shared: &Shared, members: &[Arc<Engine>], serial: u64) -> Result<WeightGroup, String> {
     let (host, backend) = (&shared.config.trainer_address, shared.config.weight_backend);
-    let port = free_port(host)?;
+    let port = ooze_torch::dist::free_port(host)
+        .map_err(|e| format!("finding a free port on {host} for the weight group: {e}"))?;
     let name = format!("ooze-weights-{serial}");
     let world = members.len() + 1;
     let backend_name = match backend {

@@ -182,6 +182,12 @@ mod ffi {
     }
 }
 
+/// A TCP port free on `host` now, for a group's store (the system picks it; another program may
+/// take it before the store binds it, which then fails with the port named).
+pub fn free_port(host: &str) -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}
+
 /// The ranks of one job, joined. Collectives block until every rank has called them (or the
 /// timeout passes: then they fail, naming this rank).
 pub struct ProcessGroup {
@@ -565,18 +571,10 @@ mod collective_tests {
     use super::*;
     use crate::tch::{Device, Kind};
 
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
     /// Two ranks as two threads of this process, on Gloo.
     #[test]
     fn two_gloo_ranks_reduce_broadcast_gather_and_scatter() {
-        let port = free_port();
+        let port = free_port("127.0.0.1").unwrap();
         let ranks: Vec<_> = (0..2)
             .map(|rank| {
                 std::thread::spawn(move || {
@@ -636,7 +634,7 @@ mod collective_tests {
     /// background reduce-scatters, as sharded training keeps them), finished out of order.
     #[test]
     fn three_gloo_ranks_finish_started_collectives() {
-        let port = free_port();
+        let port = free_port("127.0.0.1").unwrap();
         let ranks: Vec<_> = (0..3)
             .map(|rank| {
                 std::thread::spawn(move || {
@@ -699,7 +697,7 @@ mod collective_tests {
             world_size: 2,
             local_rank: 0,
             master_addr: "127.0.0.1".into(),
-            master_port: free_port(),
+            master_port: free_port("127.0.0.1").unwrap(),
             agent_store: false,
         };
         let e = ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(2))

@@ -8,7 +8,7 @@
 use ooze_algo::Estimator;
 use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{Decoder, Family};
-use ooze_torch::dist::{Backend, ProcessGroup, Rendezvous};
+use ooze_torch::dist::{free_port, Backend, ProcessGroup, Rendezvous};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use ooze_train::critic::Critic;
 use ooze_train::{checkpoint, CriticConfig, Sample, Trainer, TrainerConfig};
@@ -157,16 +157,8 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<(Rendezvous,
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn ranks(dir: &Path, what: Kind2, n: usize, world: usize, mode: Mode) -> Vec<Run> {
-    let port = free_port();
+    let port = free_port("127.0.0.1").unwrap();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let dir = dir.to_path_buf();
@@ -279,7 +271,7 @@ fn checkpointed(
     save_after: &'static [u64],
     resume: bool,
 ) -> Vec<Run> {
-    let port = free_port();
+    let port = free_port("127.0.0.1").unwrap();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let (model, run_dir) = (model.to_path_buf(), run_dir.to_path_buf());

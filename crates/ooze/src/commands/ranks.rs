@@ -60,16 +60,10 @@ fn rank_args() -> Vec<std::ffi::OsString> {
     out
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")
-        .context("finding a free port for the ranks' rendezvous")?
-        .local_addr()?
-        .port())
-}
-
 fn run_ranks(n: usize) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding this program to start its ranks")?;
-    let port = free_port()?;
+    let port = ooze_torch::dist::free_port("127.0.0.1")
+        .context("finding a free port for the ranks' rendezvous")?;
     eprintln!("ranks: starting {n} on this machine (rendezvous 127.0.0.1:{port})");
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..n {
