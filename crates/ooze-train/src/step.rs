@@ -4,8 +4,11 @@
 //! loss is the sum of its micro-batches' (`ooze_algo::aggregate`), however the step is split.
 
 use crate::data_parallel::{micro_batches, most_micro_batches, sum_over_ranks};
-use crate::forward::{response_log_probs, response_log_probs_recomputed, EntropyUse};
+use crate::forward::{
+    response_log_probs, response_log_probs_recomputed, EntropyUse, Recomputed, ResponseScores,
+};
 use crate::sharded_forward;
+use crate::sharding::Pass;
 use crate::trainer::{float_kind, CriticTargets, Phases, StepMetrics, Trainer};
 use crate::TrainError;
 use ooze_algo::loss::loss;
@@ -194,30 +197,7 @@ impl Trainer {
         };
         let phase = Phases::start(device);
         let mut pass = self.shards.as_ref().map(|m| m.pass(m.training_order()));
-        let (scores, recomputed) = if let (Some(model), Some(pass)) = (&self.shards, &mut pass) {
-            let (scores, r) = sharded_forward::forward(
-                &self.policy,
-                model,
-                pass,
-                chosen,
-                self.config.temperature,
-                want_entropy,
-            )?;
-            (scores, Some(r))
-        } else if self.config.recompute_activations {
-            let (scores, r) = response_log_probs_recomputed(
-                &self.policy,
-                chosen,
-                self.config.temperature,
-                want_entropy,
-            );
-            (scores, Some(r))
-        } else {
-            (
-                response_log_probs(&self.policy, chosen, self.config.temperature, want_entropy),
-                None,
-            )
-        };
+        let (scores, recomputed) = self.policy_forward(chosen, want_entropy, pass.as_mut())?;
         let logp = scores.log_probs;
         let logp_old = match inputs.old {
             Some(old) => gather(old),
@@ -270,16 +250,7 @@ impl Trainer {
         );
         let forward_done = phase.mark();
         terms.total.backward();
-        match (recomputed, &self.shards, pass.as_mut()) {
-            (Some(r), Some(model), Some(pass)) => {
-                sharded_forward::backward(r, &self.policy, model, pass)?
-            }
-            (Some(r), _, _) => r.backward(&self.policy),
-            (None, _, _) => {}
-        }
-        if let Some(pass) = pass {
-            pass.finish()?;
-        }
+        self.policy_backward(recomputed, pass)?;
         phase.report(forward_done, "micro-batch forward", "backward");
         let v = |t: &Tensor| t.double_value(&[]);
         metrics.loss += v(&terms.total.detach());
@@ -317,6 +288,60 @@ impl Trainer {
                 Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
         }
         Ok(())
+    }
+
+    /// The policy's forward of a micro-batch: sharded (units gathered in `pass`), with
+    /// recomputation, or plain. With a [`Recomputed`], call [`Trainer::policy_backward`] after the
+    /// loss's backward pass.
+    fn policy_forward(
+        &self,
+        chosen: &[Sample],
+        entropy: EntropyUse,
+        pass: Option<&mut Pass<'_>>,
+    ) -> Result<(ResponseScores, Option<Recomputed>), TrainError> {
+        let temperature = self.config.temperature;
+        Ok(match (&self.shards, pass) {
+            (Some(model), Some(pass)) => {
+                let (scores, r) = sharded_forward::forward(
+                    &self.policy,
+                    model,
+                    pass,
+                    chosen,
+                    temperature,
+                    entropy,
+                )?;
+                (scores, Some(r))
+            }
+            _ if self.config.recompute_activations => {
+                let (scores, r) =
+                    response_log_probs_recomputed(&self.policy, chosen, temperature, entropy);
+                (scores, Some(r))
+            }
+            _ => (
+                response_log_probs(&self.policy, chosen, temperature, entropy),
+                None,
+            ),
+        })
+    }
+
+    /// The blocks' backward of a recomputed (or sharded) forward, after the loss's own; a
+    /// sharded pass ends with its gradients reduce-scattered.
+    fn policy_backward(
+        &self,
+        recomputed: Option<Recomputed>,
+        pass: Option<Pass<'_>>,
+    ) -> Result<(), TrainError> {
+        match (recomputed, &self.shards, pass) {
+            (Some(r), Some(model), Some(mut pass)) => {
+                sharded_forward::backward(r, &self.policy, model, &mut pass)?;
+                pass.finish()
+            }
+            (Some(r), _, _) => {
+                r.backward(&self.policy);
+                Ok(())
+            }
+            (None, _, pass) => pass.map_or(Ok(()), Pass::finish),
+        }
     }
 
     /// The step's numbers from its sums, then the optimizer steps (the policy's skipped during the

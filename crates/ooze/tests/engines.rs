@@ -10,6 +10,7 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What an engine reports: requests running now and its weight version.
@@ -30,79 +31,138 @@ fn metrics(run: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A tiny model and two `ooze serve` engines on it (few sequences at once: a rollout spends
+/// seconds generating, so a kill lands inside one), with their base URLs.
+struct Setup {
+    dir: tempfile::TempDir,
+    model: std::path::PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        common::ooze_ok(&[
+            "init-model",
+            "--family",
+            "qwen2",
+            "--size",
+            "tiny",
+            model.to_str().unwrap(),
+        ]);
+        Setup { dir, model }
+    }
+
+    fn serve(&self) -> (common::Server, String) {
+        let (server, url) =
+            common::serve(&self.model, &["--context-len", "512", "--max-running", "4"]);
+        (server, url.trim_end_matches("/v1").to_owned())
+    }
+
+    /// `ooze train` of the CPU demo's recipe for 4 rollouts of 16 prompts × 8 on `engines`,
+    /// with an entropy bonus (every step moves the weights) and `extra` settings; its stderr is
+    /// collected as it comes.
+    fn train(&self, engines: &[&str], extra: &[String]) -> Training {
+        let run = self.dir.path().join("run");
+        let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/addition-cpu.toml");
+        let engines: Vec<String> = engines.iter().map(|e| format!("\"{e}\"")).collect();
+        let mut sets = vec![
+            format!("model.path=\"{}\"", self.model.display()),
+            format!("logging.run_dir=\"{}\"", run.display()),
+            format!("rollout.engines=[{}]", engines.join(", ")),
+            "rollout.num_rollouts=4".into(),
+            "rollout.batch_size=16".into(),
+            "eval.interval=0".into(),
+            "eval.at_start=false".into(),
+            "logging.progress=false".into(),
+            "algorithm.loss.entropy_coef=0.01".into(),
+        ];
+        sets.extend(extra.iter().cloned());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ooze"));
+        cmd.arg("train").arg(recipe);
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let reader = {
+            let log = log.clone();
+            let stderr = child.stderr.take().unwrap();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            })
+        };
+        Training {
+            child,
+            log,
+            reader,
+            run,
+        }
+    }
+}
+
+/// A running `ooze train`.
+struct Training {
+    child: std::process::Child,
+    log: Arc<Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+    run: std::path::PathBuf,
+}
+
+impl Training {
+    /// Waits until the run has logged `n` rollouts.
+    fn wait_for_rollouts(&mut self, n: usize) {
+        let started = Instant::now();
+        while metrics(&self.run).len() < n {
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "no rollout {n}: {}",
+                self.log.lock().unwrap()
+            );
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "the run ended: {}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the run to end; it must succeed. Returns its log.
+    fn finish(mut self) -> String {
+        let status = self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        let log = self.log.lock().unwrap().clone();
+        assert!(status.success(), "{log}");
+        log
+    }
+}
+
 #[test]
 fn an_rl_run_on_two_serve_engines_survives_one_being_killed_mid_rollout() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let model = d.join("model");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
-    // Few sequences at once: a rollout spends seconds generating, so the kill lands inside one.
-    let serve = || common::serve(&model, &["--context-len", "512", "--max-running", "4"]);
-    let ((a, url_a), (b, url_b)) = (serve(), serve());
-    let base = |url: &str| url.trim_end_matches("/v1").to_owned();
-    let (base_a, base_b) = (base(&url_a), base(&url_b));
-    let engines_file = d.join("engines.txt");
+    let setup = Setup::new();
+    let ((a, base_a), (b, base_b)) = (setup.serve(), setup.serve());
+    let engines_file = setup.dir.path().join("engines.txt");
     std::fs::write(&engines_file, "").unwrap();
-    let run = d.join("run");
-    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/addition-cpu.toml");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
-        .arg("train")
-        .arg(recipe)
-        .args(["--set", &format!("model.path=\"{}\"", model.display())])
-        .args(["--set", &format!("logging.run_dir=\"{}\"", run.display())])
-        .args([
-            "--set",
-            &format!("rollout.engines=[\"{base_a}\", \"{base_b}\"]"),
-        ])
-        .args([
-            "--set",
-            &format!("rollout.engines_file=\"{}\"", engines_file.display()),
-        ])
-        .args(["--set", "rollout.num_rollouts=4"])
-        .args(["--set", "rollout.batch_size=16"])
-        .args(["--set", "eval.interval=0"])
-        .args(["--set", "eval.at_start=false"])
-        .args(["--set", "logging.progress=false"])
-        .args(["--set", "algorithm.loss.entropy_coef=0.01"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let log = log.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut l = log.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        })
-    };
+    let mut training = setup.train(
+        &[&base_a, &base_b],
+        &[format!(
+            "rollout.engines_file=\"{}\"",
+            engines_file.display()
+        )],
+    );
     // Once rollout 1 is done, wait for engine B to be generating rollout 2, and kill it.
+    training.wait_for_rollouts(1);
     let started = Instant::now();
-    while metrics(&run).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "no rollout: {}",
-            log.lock().unwrap()
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended: {}",
-            log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let mut running_on_b = false;
     while !running_on_b && started.elapsed() < Duration::from_secs(300) {
         running_on_b = engine_info(&base_b).is_some_and(|(running, _)| running > 0);
@@ -111,13 +171,10 @@ fn an_rl_run_on_two_serve_engines_survives_one_being_killed_mid_rollout() {
     assert!(running_on_b, "engine B never ran a request of rollout 2");
     drop(b);
     // A third engine joins through the engines file.
-    let (c, url_c) = serve();
-    let base_c = base(&url_c);
+    let (c, base_c) = setup.serve();
     std::fs::write(&engines_file, format!("{base_c}\n")).unwrap();
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    let log = log.lock().unwrap().clone();
-    assert!(status.success(), "{log}");
+    let run = training.run.clone();
+    let log = training.finish();
     assert!(
         log.contains(&format!("router: engine {base_b} is out of the rotation")),
         "{log}"
@@ -160,77 +217,18 @@ fn an_rl_run_on_two_serve_engines_survives_one_being_killed_mid_rollout() {
 /// the next update forms the group again without it.
 #[test]
 fn weights_broadcast_over_a_process_group_reach_every_engine_and_survive_one_leaving() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let model = d.join("model");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
-    let serve = || common::serve(&model, &["--context-len", "512", "--max-running", "4"]);
-    let ((a, url_a), (b, url_b)) = (serve(), serve());
-    let base = |url: &str| url.trim_end_matches("/v1").to_owned();
-    let (base_a, base_b) = (base(&url_a), base(&url_b));
-    let run = d.join("run");
-    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/addition-cpu.toml");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ooze"))
-        .arg("train")
-        .arg(recipe)
-        .args(["--set", &format!("model.path=\"{}\"", model.display())])
-        .args(["--set", &format!("logging.run_dir=\"{}\"", run.display())])
-        .args([
-            "--set",
-            &format!("rollout.engines=[\"{base_a}\", \"{base_b}\"]"),
-        ])
-        .args(["--set", "rollout.weight_sync=\"distributed\""])
-        .args(["--set", "rollout.num_rollouts=4"])
-        .args(["--set", "rollout.batch_size=16"])
-        .args(["--set", "eval.interval=0"])
-        .args(["--set", "eval.at_start=false"])
-        .args(["--set", "logging.progress=false"])
-        .args(["--set", "algorithm.loss.entropy_coef=0.01"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let reader = {
-        let log = log.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut l = log.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        })
-    };
+    let setup = Setup::new();
+    let ((a, base_a), (b, base_b)) = (setup.serve(), setup.serve());
+    let mut training = setup.train(
+        &[&base_a, &base_b],
+        &["rollout.weight_sync=\"distributed\"".into()],
+    );
     // After the second update, engine B leaves.
-    let started = Instant::now();
-    while metrics(&run).len() < 2 {
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "{}",
-            log.lock().unwrap()
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended: {}",
-            log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    training.wait_for_rollouts(2);
     let (_, b_version) = engine_info(&base_b).unwrap();
     drop(b);
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    let log = log.lock().unwrap().clone();
-    assert!(status.success(), "{log}");
+    let run = training.run.clone();
+    let log = training.finish();
     assert!(
         b_version >= 1,
         "engine B took a broadcast update before it left"
@@ -246,7 +244,7 @@ fn weights_broadcast_over_a_process_group_reach_every_engine_and_survive_one_lea
             "engine and trainer log-probs differ by {diff}: {m}"
         );
     }
-    // Engine A took all four updates over the group (re-formed without B for the last ones).
+    // Engine A took all four updates over the group (formed again without B for the last ones).
     assert_eq!(engine_info(&base_a).unwrap().1, 4, "{log}");
     assert!(!run.join("weights").exists(), "no weights written to disk");
     drop(a);
