@@ -153,6 +153,32 @@ fn url_hash(url: &str) -> u64 {
 }
 
 impl Shared {
+    fn new(config: RouterConfig, engines: Vec<Arc<Engine>>, control: JsonClient) -> Shared {
+        Shared {
+            engines: Mutex::new(engines),
+            generate: JsonClient::new(config.request_timeout),
+            control,
+            weights: Mutex::new((None, config.initial_weight_version)),
+            in_flight: Mutex::new(HashMap::new()),
+            stopped: AtomicBool::new(false),
+            updated: AtomicBool::new(false),
+            weight_group: Mutex::new(None),
+            group_serial: AtomicU64::new(0),
+            config,
+        }
+    }
+
+    /// The engines in the rotation now.
+    fn healthy(&self) -> Vec<Arc<Engine>> {
+        self.engines
+            .lock()
+            .expect("engines lock")
+            .iter()
+            .filter(|e| e.healthy.load(Ordering::SeqCst))
+            .cloned()
+            .collect()
+    }
+
     /// The engine for a request: the session's (rendezvous hashing over the healthy engines), or
     /// the least loaded; engines in `avoid` only when nothing else is healthy.
     fn pick(&self, session: Option<u64>, avoid: &[String]) -> Option<Arc<Engine>> {
@@ -400,18 +426,7 @@ pub fn start(config: RouterConfig) -> Result<EngineHandle, RouterError> {
             );
         }
     }
-    let shared = Arc::new(Shared {
-        engines: Mutex::new(engines),
-        generate: JsonClient::new(config.request_timeout),
-        control,
-        weights: Mutex::new((None, version)),
-        in_flight: Mutex::new(HashMap::new()),
-        stopped: AtomicBool::new(false),
-        updated: AtomicBool::new(false),
-        weight_group: Mutex::new(None),
-        group_serial: AtomicU64::new(0),
-        config,
-    });
+    let shared = Arc::new(Shared::new(config, engines, control));
     let (tx, rx) = mpsc::channel::<Command>();
     let handle = EngineHandle::new(tx, shared.config.slot_len, shared.config.vocab);
     let health = shared.clone();
@@ -544,8 +559,7 @@ fn abort(shared: &Arc<Shared>, runtime: &tokio::runtime::Runtime, id: Option<Req
 
 /// POSTs `body` to `path` on every healthy engine.
 fn broadcast(shared: &Shared, path: &str, body: serde_json::Value) {
-    let engines: Vec<Arc<Engine>> = shared.engines.lock().expect("engines lock").clone();
-    for engine in engines.iter().filter(|e| e.healthy.load(Ordering::SeqCst)) {
+    for engine in shared.healthy() {
         if let Err(e) = shared
             .control
             .post(&format!("{}{path}", engine.url), None, &body)
@@ -569,14 +583,7 @@ fn update_weights(shared: &Arc<Shared>, source: WeightSource) -> Result<u64, Str
         }
     };
     let version = shared.weights.lock().expect("weights lock").1 + 1;
-    let engines: Vec<Arc<Engine>> = shared
-        .engines
-        .lock()
-        .expect("engines lock")
-        .iter()
-        .filter(|e| e.healthy.load(Ordering::SeqCst))
-        .cloned()
-        .collect();
+    let engines = shared.healthy();
     let loaded = std::thread::scope(|s| {
         let jobs: Vec<_> = engines
             .iter()
@@ -605,22 +612,13 @@ mod tests {
 
     fn shared(urls: &[&str]) -> Shared {
         let config = RouterConfig::new(urls.iter().map(|u| u.to_string()).collect(), 64, 100);
-        Shared {
-            engines: Mutex::new(
-                urls.iter()
-                    .map(|u| new_engine(u.to_string(), true, 0))
-                    .collect(),
-            ),
-            generate: JsonClient::new(Duration::from_secs(1)),
-            control: JsonClient::new(Duration::from_secs(1)),
-            weights: Mutex::new((None, 0)),
-            in_flight: Mutex::new(HashMap::new()),
-            stopped: AtomicBool::new(false),
-            updated: AtomicBool::new(false),
-            weight_group: Mutex::new(None),
-            group_serial: AtomicU64::new(0),
+        Shared::new(
             config,
-        }
+            urls.iter()
+                .map(|u| new_engine(u.to_string(), true, 0))
+                .collect(),
+            JsonClient::new(Duration::from_secs(1)),
+        )
     }
 
     #[test]
