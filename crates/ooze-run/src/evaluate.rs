@@ -22,7 +22,7 @@ impl Run {
         for set in &self.evals {
             let t = Instant::now();
             let result = self.runtime.block_on(evaluate(
-                &self.engine,
+                self.engine()?,
                 &self.tokenizer,
                 set,
                 r.concurrency,

@@ -11,6 +11,7 @@
 //! - [`eval`]: eval sets and held-out pass@k.
 //! - [`ranks`]: a run on several ranks (each its engine and a trainer replica; prompts dealt, groups
 //!   exchanged).
+//! - [`engine_processes`]: the engines a run starts on GPUs of their own (`rollout.gpus`).
 //! - [`metrics_log`], [`tensorboard`], [`progress`]: metrics as JSONL and TensorBoard events, and the
 //!   console.
 //! - [`report`], [`plot`]: the HTML report with PNG plots.
@@ -18,6 +19,7 @@
 pub mod agents;
 pub mod checkpoint;
 pub mod demonstrate;
+pub mod engine_processes;
 pub mod eval;
 pub mod evaluate;
 pub mod metrics_log;

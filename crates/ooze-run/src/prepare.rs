@@ -6,6 +6,7 @@
 //! sized from the free memory once helper models are loaded.
 
 use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
+use crate::engine_processes::{EngineLaunch, EngineProcesses};
 use crate::eval::EvalSet;
 use crate::metrics_log::MetricsLog;
 use crate::ranks::RunRanks;
@@ -77,14 +78,23 @@ impl Run {
         // The engine: slots long enough for the longest prompt and response (an agent's
         // conversations included), as many as fit.
         let slot_len = slot_len(&recipe, &prompts, &evals);
-        let external = !recipe.rollout.engines.is_empty() || recipe.rollout.engines_file.is_some();
-        if external && ranks.is_some() {
-            bail!(
-                "rollout.engines: external engines are driven by one trainer process; start \
-                 the run without --nproc-per-node (several trainer ranks beside external engines \
-                 are not supported yet)"
-            );
-        }
+        // Engines outside the trainer (rollout.gpus, rollout.engines): rank 0 drives them alone.
+        let external = recipe.rollout.outside_engines();
+        let trainer_gpus = trainer_gpus(&recipe, ranks.as_ref())?;
+        let engine_processes = if recipe.rollout.gpus > 0 && first {
+            let launch = EngineLaunch {
+                model: &recipe.model.path,
+                device,
+                kind,
+                trainer_gpus,
+                engines: recipe.rollout.gpus,
+                slot_len,
+                max_running: recipe.rollout.max_running,
+            };
+            Some(EngineProcesses::start(&launch, run_dir)?)
+        } else {
+            None
+        };
         let shard_over = sharding(&recipe, ranks.as_ref(), device, kind, slot_len, external)?;
         let policy = load_model(model_path, "model.path", device, kind)?;
         let (vocab, model_eos) = (
@@ -132,7 +142,7 @@ impl Run {
         // A resumed run's engine continues the weight versions from the trainer's step.
         let version = trainer.as_ref().map_or(0, |t| t.step());
         let engine = match engine_decoder {
-            Some(engine_decoder) => {
+            Some(engine_decoder) => Some({
                 let slots = engine_slots(
                     &recipe,
                     &settings,
@@ -150,11 +160,22 @@ impl Run {
                     Some(tokenizer.clone()),
                     EngineConfig::new(slots, slot_len, eos).with_initial_weight_version(version),
                 )
+            }),
+            None if first => {
+                let launched = engine_processes.as_ref().map(EngineProcesses::urls);
+                Some(external_engines(
+                    &recipe,
+                    launched.unwrap_or_default(),
+                    slot_len,
+                    vocab,
+                    version,
+                    device,
+                )?)
             }
-            None => external_engines(&recipe, slot_len, vocab, version, device)?,
+            None => None,
         };
-        if let Some(agent) = settings.agent.as_mut() {
-            agent.helpers = build_helpers(&recipe, helper_models, &engine, &tokenizer, slot_len)?;
+        if let (Some(agent), Some(engine)) = (settings.agent.as_mut(), &engine) {
+            agent.helpers = build_helpers(&recipe, helper_models, engine, &tokenizer, slot_len)?;
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -183,6 +204,7 @@ impl Run {
             engine,
             engine_weights,
             external_engines: external,
+            engine_processes,
             runtime,
             log,
             ranks,
@@ -523,17 +545,38 @@ fn sharding(
     })
 }
 
-/// The router over `rollout.engines` (and `rollout.engines_file`): external servers in place of
-/// the embedded engine.
+/// The trainer's GPUs (ranks) on this machine, checked against `trainer.gpus`.
+fn trainer_gpus(recipe: &Recipe, ranks: Option<&RunRanks>) -> anyhow::Result<usize> {
+    let local = match std::env::var("LOCAL_WORLD_SIZE") {
+        Ok(v) if ranks.is_some() => v.trim().parse::<usize>().ok(),
+        _ => None,
+    };
+    let here = local.unwrap_or_else(|| ranks.map_or(1, RunRanks::world_size));
+    let wanted = recipe.trainer.gpus;
+    if wanted > 0 && wanted != here {
+        bail!(
+            "trainer.gpus = {wanted}, but the run has {here} trainer rank(s) on this machine: start \
+             it with `ooze train` alone (it starts trainer.gpus ranks), or launch that many ranks"
+        );
+    }
+    Ok(here)
+}
+
+/// The router over the engines outside the trainer: those the run started (`rollout.gpus`) or
+/// `rollout.engines` (and `rollout.engines_file`).
 fn external_engines(
     recipe: &Recipe,
+    launched: Vec<String>,
     slot_len: i64,
     vocab: i64,
     version: u64,
     device: Device,
 ) -> anyhow::Result<ooze_engine::EngineHandle> {
     let r = &recipe.rollout;
-    let mut config = ooze_router::RouterConfig::new(r.engines.clone(), slot_len, vocab);
+    let n = r.engines.len() + launched.len();
+    let mut engines = r.engines.clone();
+    engines.extend(launched);
+    let mut config = ooze_router::RouterConfig::new(engines, slot_len, vocab);
     config.engines_file = r.engines_file.clone();
     config.initial_weight_version = version;
     config.trainer_address = r.trainer_address.clone();
@@ -544,8 +587,7 @@ fn external_engines(
     };
     let engine = ooze_router::start(config)?;
     eprintln!(
-        "engine: external, {} engine(s){}; sequences up to {slot_len} tokens",
-        r.engines.len(),
+        "engine: external, {n} engine(s){}; sequences up to {slot_len} tokens",
         r.engines_file
             .as_ref()
             .map(|f| format!(" and those listed in {}", f.display()))

@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 
 mod agent;
 mod models;
+mod rollout;
 pub use agent::{
     AgentLimitsSection, AgentSection, AgentflowSection, CommandSection, FormatRewardSection,
     MemagentSection, MultiAgentSection, RetoolSection, SearchR1Section, TauRetailSection,
     TerminalSection, ToolOrchestraSection,
 };
 pub use models::{CriticSection, TeacherSection};
+pub use rollout::{RolloutSection, WeightSync};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -163,95 +165,6 @@ impl Default for DataSection {
     }
 }
 
-/// `[rollout]`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RolloutSection {
-    /// Rollouts (generate, then train) in the run.
-    pub num_rollouts: u64,
-    /// Prompts per rollout.
-    pub batch_size: usize,
-    pub n_samples_per_prompt: usize,
-    pub max_new_tokens: usize,
-    pub temperature: f64,
-    pub top_p: f64,
-    /// 0 = off.
-    pub top_k: i64,
-    pub stop: Vec<String>,
-    /// Requests in flight at once.
-    pub concurrency: usize,
-    /// Sequences the engine runs at once (default: as many as fit in `mem_fraction` of free GPU
-    /// memory, 64 on the CPU).
-    pub max_running: Option<i64>,
-    /// Share of the free GPU memory the KV cache may take while generating.
-    pub mem_fraction: f64,
-    /// Seed of the samples' sampling seeds.
-    pub seed: u64,
-    /// Drop prompt groups whose rewards are all equal, and over-sample to fill the batch.
-    pub dynamic_sampling: bool,
-    /// With `dynamic_sampling`: also drop groups whose reward standard deviation is at most this.
-    pub min_reward_std: f64,
-    /// Prompts generated per round while filling a filtered batch (default: `batch_size`).
-    pub over_sampling_batch_size: Option<usize>,
-    /// Rounds before a filtered batch is given up on and trained smaller.
-    pub max_rounds: usize,
-    /// Drop groups with a response cut at `max_new_tokens`.
-    pub drop_truncated_groups: bool,
-    /// Keep truncated responses but train none of their tokens.
-    pub mask_truncated: bool,
-    /// External engines to generate on instead of the embedded one: base URLs of running servers
-    /// with SGLang's native API (SGLang, `ooze serve`), loaded with the same model. New weights
-    /// reach them after every step through `/update_weights_from_disk`.
-    pub engines: Vec<String>,
-    /// A file of further engine URLs (one per line), read again every few seconds: engines added
-    /// to it join the run.
-    pub engines_file: Option<PathBuf>,
-    /// How new weights reach external engines: `disk` (an HF directory, `/update_weights_from_disk`)
-    /// or `distributed` (broadcast over a process group, SGLang's `update_weights_from_distributed`:
-    /// NCCL from a GPU trainer, Gloo from a CPU one).
-    pub weight_sync: WeightSync,
-    /// The address external engines reach the trainer at (the weight group's store).
-    pub trainer_address: String,
-}
-
-/// `rollout.weight_sync`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum WeightSync {
-    #[default]
-    Disk,
-    Distributed,
-}
-
-impl Default for RolloutSection {
-    fn default() -> Self {
-        RolloutSection {
-            num_rollouts: 100,
-            batch_size: 32,
-            n_samples_per_prompt: 8,
-            max_new_tokens: 512,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            stop: Vec::new(),
-            concurrency: 1024,
-            max_running: None,
-            mem_fraction: 0.5,
-            seed: 1234,
-            dynamic_sampling: false,
-            min_reward_std: 0.0,
-            over_sampling_batch_size: None,
-            max_rounds: 8,
-            drop_truncated_groups: false,
-            mask_truncated: false,
-            engines: Vec::new(),
-            engines_file: None,
-            weight_sync: WeightSync::Disk,
-            trainer_address: "127.0.0.1".into(),
-        }
-    }
-}
-
 /// `[algorithm]`: `[algorithm.advantage]` (estimator, normalisation, KL in the reward),
 /// `[algorithm.loss]` (policy loss, clipping, importance sampling, KL/entropy terms) and
 /// `aggregation`.
@@ -297,6 +210,10 @@ pub struct TrainerSection {
     /// How the ranks of a multi-GPU run hold the policy: `auto` (sharded when a whole copy per
     /// GPU does not fit the memory plan), `replicated` or `sharded` (ZeRO-3).
     pub sharding: Sharding,
+    /// GPUs (ranks) the trainer runs on, one rank each, this machine's first ones: `ooze train`
+    /// starts that many ranks itself. 0 = as launched (`--nproc-per-node`, torchrun; one process
+    /// otherwise).
+    pub gpus: usize,
     /// Checkpoint every N rollouts (and after the last).
     pub save_interval: u64,
 }
@@ -315,6 +232,7 @@ impl Default for TrainerSection {
             max_tokens_per_micro_batch: 16_384,
             recompute_activations: false,
             sharding: Sharding::Auto,
+            gpus: 0,
             save_interval: 10,
         }
     }
@@ -611,6 +529,10 @@ impl Recipe {
                 "trainer.global_batch_size must be a multiple of rollout.n_samples_per_prompt ({}) that divides the rollout's {rollout_samples} samples, got {g}",
                 r.n_samples_per_prompt
             ));
+        }
+        r.check_engines()?;
+        if self.trainer.mode == Mode::Replay && r.gpus > 0 {
+            return Err("rollout.gpus: a replay generates nothing (trainer.mode = \"replay\"); leave it at 0".into());
         }
         if self.trainer.mode == Mode::Replay && self.trainer.replay_from.is_none() {
             return Err("trainer.mode = \"replay\" needs trainer.replay_from (a run directory with rollouts/)".into());

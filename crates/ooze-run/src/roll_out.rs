@@ -44,13 +44,20 @@ impl Run {
     /// On several ranks, each generates its dealt share of the prompts (rank `r` of `N` takes
     /// draws `r, r + N, …` of the prompt order, with their global group numbers) and the ranks
     /// exchange their groups; afterwards every rank's order stands past the most any rank drew.
+    /// Beside engines outside the trainer, rank 0 generates the whole rollout (the engines do the
+    /// work, and rank 0's router spreads it over them) and the others wait for the exchange.
     fn generate(&mut self, index: u64) -> anyhow::Result<Batch> {
         let r = &self.recipe.rollout;
-        let (rank, world) = self
-            .ranks
-            .as_ref()
-            .map_or((0, 1), |x| (x.rank(), x.world_size()));
-        let share = r.batch_size / world;
+        let (rank, world) = match &self.ranks {
+            Some(x) if !self.external_engines => (x.rank(), x.world_size()),
+            Some(x) => (x.rank(), 1),
+            None => (0, 1),
+        };
+        let share = if rank < world {
+            r.batch_size / world
+        } else {
+            0
+        };
         let progress = Progress::new(
             format!("rollout {index}/{}", r.num_rollouts),
             share * r.n_samples_per_prompt,
@@ -72,15 +79,18 @@ impl Run {
             drawn += (k * world) as u64;
             dealt
         };
-        let batch = self.runtime.block_on(fill_batch(
-            &self.engine,
-            &self.tokenizer,
-            self.scorer.as_ref().expect("invariant: not a replay"),
-            share,
-            &self.settings,
-            &mut next,
-            &|| progress.tick(),
-        ))?;
+        let batch = match &self.engine {
+            Some(engine) if share > 0 => self.runtime.block_on(fill_batch(
+                engine,
+                &self.tokenizer,
+                self.scorer.as_ref().expect("invariant: not a replay"),
+                share,
+                &self.settings,
+                &mut next,
+                &|| progress.tick(),
+            ))?,
+            _ => Batch::default(),
+        };
         progress.finish();
         let Some(ranks) = &self.ranks else {
             self.state.next_group = first_group + drawn;

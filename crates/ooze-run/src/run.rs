@@ -80,13 +80,17 @@ pub struct Run {
     pub(crate) settings: RolloutSettings,
     /// None in rollout-only mode.
     pub(crate) trainer: Option<Trainer>,
-    pub(crate) engine: EngineHandle,
+    /// The embedded engine, or the router over engines outside the trainer; none on ranks other
+    /// than 0 beside outside engines (rank 0 alone generates, and the ranks exchange the groups).
+    pub(crate) engine: Option<EngineHandle>,
     /// The engine's own weights beside a sharded trainer (gathered into after every step); none
     /// when the engine shares the trainer's tensors.
     pub(crate) engine_weights: Option<ooze_model::Decoder>,
-    /// The engine is a router over external servers (`rollout.engines`): new weights go to them
-    /// as a directory after every step.
+    /// The engines are outside the trainer (`rollout.gpus`, `rollout.engines`): new weights go
+    /// to them after every step (`rollout.weight_sync`).
     pub(crate) external_engines: bool,
+    /// The engines this run started (`rollout.gpus`), on rank 0; stopped when dropped.
+    pub(crate) engine_processes: Option<crate::engine_processes::EngineProcesses>,
     pub(crate) runtime: tokio::runtime::Runtime,
     /// Rank 0's (the one that writes); none on the other ranks.
     pub(crate) log: Option<MetricsLog>,
@@ -131,6 +135,13 @@ impl Run {
         self.recipe.trainer.mode
     }
 
+    /// The engine (rank 0 has one in every run; other ranks only colocated ones).
+    pub(crate) fn engine(&self) -> anyhow::Result<&EngineHandle> {
+        self.engine.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("invariant: only rank 0 generates beside engines outside the trainer")
+        })
+    }
+
     /// Rank 0, or the only process: the one that evaluates, writes and prints.
     pub(crate) fn is_first(&self) -> bool {
         self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
@@ -151,8 +162,13 @@ impl Run {
     }
 
     /// Stops the engine, saves the final model and writes the report.
-    fn finish(self) -> anyhow::Result<RunSummary> {
-        self.runtime.block_on(self.engine.shutdown());
+    fn finish(mut self) -> anyhow::Result<RunSummary> {
+        if let Some(engine) = &self.engine {
+            self.runtime.block_on(engine.shutdown());
+        }
+        // The engines this run started are done once the last weights trained are saved below;
+        // nothing generates any more.
+        drop(self.engine_processes.take());
         // Every rank: a sharded policy is gathered for it, and its last checkpoint finished.
         if let Some(trainer) = self.trainer.as_ref() {
             ooze_train::checkpoint::save_final_model(

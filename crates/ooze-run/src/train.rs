@@ -8,6 +8,7 @@
 //!
 //! The trainer itself — policy, reference, critic, teacher — is built by [`crate::prepare`].
 
+use crate::recipe::WeightSync;
 use crate::reward::mean;
 use crate::run::Run;
 use ooze_core::Sample;
@@ -29,7 +30,9 @@ impl Run {
         let mut push = false;
         if let Some(trainer) = self.trainer.as_mut() {
             let t_sync = Instant::now();
-            self.runtime.block_on(self.engine.release_memory())?;
+            if let Some(engine) = &self.engine {
+                self.runtime.block_on(engine.release_memory())?;
+            }
             sync_seconds += t_sync.elapsed().as_secs_f64();
             let n = self.recipe.rollout.n_samples_per_prompt;
             let groups_per_step = self.recipe.global_batch_size() / n;
@@ -56,9 +59,8 @@ impl Run {
                 }
                 if self.external_engines {
                     push = true;
-                } else {
-                    self.runtime
-                        .block_on(self.engine.weights_updated_in_place())?;
+                } else if let Some(engine) = &self.engine {
+                    self.runtime.block_on(engine.weights_updated_in_place())?;
                 }
                 sync_seconds += t_sync.elapsed().as_secs_f64();
             }
@@ -76,26 +78,31 @@ impl Run {
 }
 
 impl Run {
-    /// Sends the trainer's current weights to the external engines (`rollout.weight_sync`): as
-    /// a directory they load, or broadcast over their process group.
+    /// Sends the trainer's current weights to the engines outside the trainer
+    /// (`rollout.weight_sync`): as a directory they load, or broadcast over their process group.
     pub(crate) fn push_weights(&self) -> anyhow::Result<()> {
         let Some(trainer) = self.trainer.as_ref() else {
             return Ok(());
         };
-        match self.recipe.rollout.weight_sync {
-            crate::recipe::WeightSync::Disk => {
+        // Every rank takes part in gathering a sharded policy; rank 0 alone sends it.
+        match self.recipe.rollout.weight_sync() {
+            WeightSync::Disk | WeightSync::Auto => {
                 let dir = ooze_train::checkpoint::export_weights(
                     &self.run_dir.join("weights"),
                     &self.recipe.model.path,
                     trainer,
                 )?;
-                self.runtime
-                    .block_on(self.engine.update_weights_from_disk(dir))?;
+                if let Some(engine) = &self.engine {
+                    self.runtime
+                        .block_on(engine.update_weights_from_disk(dir))?;
+                }
             }
-            crate::recipe::WeightSync::Distributed => {
+            WeightSync::Distributed => {
                 let weights = trainer.whole_weights()?;
-                self.runtime
-                    .block_on(self.engine.update_weights_from_tensors(weights))?;
+                if let Some(engine) = &self.engine {
+                    self.runtime
+                        .block_on(engine.update_weights_from_tensors(weights))?;
+                }
             }
         }
         Ok(())

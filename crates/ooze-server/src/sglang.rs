@@ -466,10 +466,16 @@ pub async fn update_weights_from_disk(
     State(state): State<Arc<AppState>>,
     LenientJson(req): LenientJson<UpdateWeightsRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    let started = std::time::Instant::now();
     let version = state
         .engine
         .update_weights_from_disk(req.model_path.clone().into())
         .await?;
+    eprintln!(
+        "ooze serve: weights version {version}: loaded {} in {:.2}s",
+        req.model_path,
+        started.elapsed().as_secs_f64()
+    );
     Ok(Json(
         json!({"success": true, "message": format!("loaded {}", req.model_path), "weight_version": version}),
     ))

@@ -144,6 +144,7 @@ pub async fn update_weights_from_distributed(
     State(state): State<Arc<AppState>>,
     LenientJson(req): LenientJson<UpdateFromDistributed>,
 ) -> Result<Json<Value>, ApiError> {
+    let started = std::time::Instant::now();
     let n = req.names.len();
     if req.dtypes.len() != n || req.shapes.len() != n {
         return Err(ApiError::invalid(format!(
@@ -203,7 +204,13 @@ pub async fn update_weights_from_distributed(
             return Err(internal(e));
         }
     };
+    let count = tensors.len();
     let version = state.engine.update_weights_from_tensors(tensors).await?;
+    eprintln!(
+        "ooze serve: weights version {version}: {count} tensors from group {} in {:.2}s",
+        req.group_name,
+        started.elapsed().as_secs_f64()
+    );
     Ok(Json(
         json!({"success": true, "message": "weights updated", "weight_version": version}),
     ))

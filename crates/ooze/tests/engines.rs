@@ -249,3 +249,50 @@ fn weights_broadcast_over_a_process_group_reach_every_engine_and_survive_one_lea
     assert!(!run.join("weights").exists(), "no weights written to disk");
     drop(a);
 }
+
+/// Disaggregated on one machine: `trainer.gpus = 2` and `rollout.gpus = 2` (CPU processes here):
+/// `ooze train` starts two trainer ranks itself, rank 0 starts two `ooze serve` engines, generates
+/// every rollout over them and broadcasts every step's weights to both (`weight_sync = auto`);
+/// the ranks train on the exchanged groups. When the run ends, its engines are gone.
+#[test]
+fn a_run_starts_its_own_engines_beside_two_trainer_ranks_and_stops_them() {
+    let setup = Setup::new();
+    let training = setup.train(
+        &[],
+        &[
+            "trainer.gpus=2".into(),
+            "rollout.gpus=2".into(),
+            "rollout.max_running=4".into(),
+        ],
+    );
+    let run = training.run.clone();
+    let log = training.finish();
+    assert!(log.contains("ranks: 2 joined over Gloo"), "{log}");
+    assert!(log.contains("engines: 2 ready"), "{log}");
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 4, "{log}");
+    for m in &lines {
+        assert_eq!(m["rollout/samples"], 128, "{m}");
+        // The engines generated with the trainer's exact weights: every step's broadcast
+        // reached both (a stale engine is 0.1 off).
+        let diff = m["train/mismatch_mean"].as_f64().unwrap();
+        assert!(
+            diff < 1e-4,
+            "engine and trainer log-probs differ by {diff}: {m}"
+        );
+    }
+    for i in 0..2 {
+        let engine_log = std::fs::read_to_string(run.join(format!("engines/engine-{i}.log")))
+            .unwrap_or_else(|e| panic!("engine {i}'s log: {e}"));
+        assert!(
+            engine_log.contains("weights version 4: ") && engine_log.contains("from group"),
+            "engine {i} took every update over the group: {engine_log}"
+        );
+        assert!(
+            engine_log.contains("ooze serve: shutting down"),
+            "{engine_log}"
+        );
+    }
+    assert!(!run.join("weights").exists(), "no weights written to disk");
+    assert!(run.join("final-model/model.safetensors").exists(), "{log}");
+}

@@ -176,18 +176,6 @@ impl Recipe {
                 "algorithm.advantage.estimator = \"cispo\" computes grpo's advantages; CISPO's clipped-weight objective is algorithm.loss.policy = \"cispo\": set it too, or use estimator = \"grpo\"",
             ),
             (
-                r.engines.is_empty()
-                    && r.engines_file.is_none()
-                    && r.weight_sync != super::WeightSync::Disk,
-                "rollout.weight_sync applies to external engines (rollout.engines or rollout.engines_file)",
-            ),
-            (
-                r.engines.is_empty()
-                    && r.engines_file.is_none()
-                    && r.trainer_address != super::RolloutSection::default().trainer_address,
-                "rollout.trainer_address applies to external engines (rollout.engines or rollout.engines_file)",
-            ),
-            (
                 a.advantage.gamma != adv.gamma && !matches!(est, E::ReinforcePlusPlus | E::Ppo),
                 "algorithm.advantage.gamma applies to estimator = \"reinforce_plus_plus\" or \"ppo\"",
             ),

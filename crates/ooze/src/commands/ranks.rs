@@ -33,13 +33,18 @@ pub struct Ranks {
 /// (returns `Some` with the job's outcome); `None` when this process should run the command.
 pub fn launch(args: &RankArgs) -> Option<anyhow::Result<()>> {
     let n = args.nproc_per_node?;
+    Some(launch_ranks(usize::from(n), "--nproc-per-node"))
+}
+
+/// Starts `n` ranks of this very command line (asked for by `what`) and waits for them.
+pub fn launch_ranks(n: usize, what: &str) -> anyhow::Result<()> {
     if let Ok(world) = std::env::var("WORLD_SIZE") {
-        return Some(Err(anyhow::anyhow!(
-            "--nproc-per-node {n}: this process is already a rank of a launched job \
-             (WORLD_SIZE={world}); leave the flag out under torchrun or Slurm"
-        )));
+        bail!(
+            "{what} {n}: this process is already a rank of a launched job (WORLD_SIZE={world}); \
+             leave the flag out under torchrun or Slurm"
+        );
     }
-    Some(run_ranks(usize::from(n)))
+    run_ranks(n)
 }
 
 /// The command line without `--nproc-per-node N` / `--nproc-per-node=N`.

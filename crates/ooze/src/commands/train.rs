@@ -2,7 +2,7 @@
 //! RUN_DIR [--set ...]` continues a run from its last checkpoint (with the recipe saved in the run
 //! directory). See `docs/recipes/README.md` for every recipe key.
 
-use super::ranks::{join, launch, RankArgs};
+use super::ranks::{join, launch_ranks, RankArgs};
 use anyhow::{bail, Context};
 use ooze_rollout::scorer::Registry;
 use ooze_run::{run_dir_for, Recipe};
@@ -23,9 +23,6 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(job) = launch(&args.ranks) {
-        return job;
-    }
     let (recipe, run_dir, resume) = match (&args.recipe, &args.resume) {
         (Some(path), None) => {
             let recipe = Recipe::load(path, &args.sets)?;
@@ -44,6 +41,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(_), Some(_)) => bail!("give a recipe or --resume RUN_DIR, not both (a resumed run uses the recipe saved in its directory; change keys with --set)"),
         (None, None) => bail!("give a recipe (`ooze train RECIPE.toml`) or `--resume RUN_DIR`"),
     };
+    if let Some(n) = ranks_to_start(&args.ranks, recipe.trainer.gpus)? {
+        return launch_ranks(n, "--nproc-per-node");
+    }
     let device: ooze_torch::DeviceSpec = recipe
         .model
         .device
@@ -65,4 +65,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ooze_run::run(recipe, &run_dir, resume, &Registry::default(), ranks)
         .with_context(|| format!("run in {}", run_dir.display()))?;
     Ok(())
+}
+
+/// The ranks this command starts itself: `--nproc-per-node`, or `trainer.gpus` when the run is
+/// not launched already (torchrun, Slurm); None to run here.
+fn ranks_to_start(args: &RankArgs, trainer_gpus: usize) -> anyhow::Result<Option<usize>> {
+    let flag = args.nproc_per_node.map(usize::from);
+    match flag {
+        Some(n) if trainer_gpus > 0 && n != trainer_gpus => bail!(
+            "--nproc-per-node {n} and trainer.gpus = {trainer_gpus} disagree: give one (the \
+             recipe's key is enough)"
+        ),
+        Some(n) => Ok(Some(n)),
+        None if trainer_gpus > 1 && std::env::var_os("WORLD_SIZE").is_none() => {
+            Ok(Some(trainer_gpus))
+        }
+        None => Ok(None),
+    }
 }

@@ -202,17 +202,24 @@ pub fn cases() -> Vec<Case> {
             &["rollout.engines_file=\"{dir}/no-engines.txt\""],
             Fails("no-engines.txt: cannot read the engines file"),
         ),
+        // The run's own engines (tests/engines.rs runs them beside two trainer ranks).
+        case(
+            &["rollout.gpus"],
+            &[],
+            &["rollout.gpus=1"],
+            Entry("engines"),
+        ),
         case(
             &["rollout.weight_sync"],
-            &[],
-            &["rollout.weight_sync=\"distributed\""],
-            Refused("rollout.weight_sync applies to external engines"),
+            &["rollout.gpus=1"],
+            &["rollout.gpus=1", "rollout.weight_sync=\"disk\""],
+            Entry("weights"),
         ),
         case(
             &["rollout.trainer_address"],
             &[],
             &["rollout.trainer_address=\"10.0.0.1\""],
-            Refused("rollout.trainer_address applies to external engines"),
+            Refused("rollout.trainer_address applies to engines outside the trainer"),
         ),
         // [reward]
         case(

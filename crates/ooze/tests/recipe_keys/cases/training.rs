@@ -318,6 +318,12 @@ pub fn cases() -> Vec<Case> {
             ),
         ),
         case(
+            &["trainer.gpus"],
+            &[],
+            &["trainer.gpus=2"],
+            Stderr("ranks: 2 joined over Gloo"),
+        ),
+        case(
             &["trainer.save_interval"],
             &["rollout.num_rollouts=2"],
             &["rollout.num_rollouts=2", "trainer.save_interval=1"],

@@ -1,0 +1,137 @@
+//! `[rollout]`: what a rollout generates (prompts, samples, sampling, filtering) and where it
+//! generates: the embedded engine beside the trainer, engines the run starts on GPUs of their own
+//! (`rollout.gpus`), or running servers (`rollout.engines`).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `[rollout]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Rollouts (generate, then train) in the run.
+    pub num_rollouts: u64,
+    /// Prompts per rollout.
+    pub batch_size: usize,
+    pub n_samples_per_prompt: usize,
+    pub max_new_tokens: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// 0 = off.
+    pub top_k: i64,
+    pub stop: Vec<String>,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+    /// Sequences the engine runs at once (default: as many as fit in `mem_fraction` of free GPU
+    /// memory, 64 on the CPU).
+    pub max_running: Option<i64>,
+    /// Share of the free GPU memory the KV cache may take while generating.
+    pub mem_fraction: f64,
+    /// Seed of the samples' sampling seeds.
+    pub seed: u64,
+    /// Drop prompt groups whose rewards are all equal, and over-sample to fill the batch.
+    pub dynamic_sampling: bool,
+    /// With `dynamic_sampling`: also drop groups whose reward standard deviation is at most this.
+    pub min_reward_std: f64,
+    /// Prompts generated per round while filling a filtered batch (default: `batch_size`).
+    pub over_sampling_batch_size: Option<usize>,
+    /// Rounds before a filtered batch is given up on and trained smaller.
+    pub max_rounds: usize,
+    /// Drop groups with a response cut at `max_new_tokens`.
+    pub drop_truncated_groups: bool,
+    /// Keep truncated responses but train none of their tokens.
+    pub mask_truncated: bool,
+    /// GPUs of their own for rollout (disaggregated): the run starts one `ooze serve` engine on
+    /// each of this machine's GPUs after the trainer's (`trainer.gpus`), routes the rollout over
+    /// them and broadcasts new weights to them after every step. 0 = colocated: each trainer
+    /// rank generates on its own GPU. On a machine without GPUs (`model.device = "cpu"`) the
+    /// engines are CPU processes.
+    pub gpus: usize,
+    /// External engines to generate on instead of the embedded one: base URLs of running servers
+    /// with SGLang's native API (SGLang, `ooze serve`), loaded with the same model. New weights
+    /// reach them after every step (`weight_sync`).
+    pub engines: Vec<String>,
+    /// A file of further engine URLs (one per line), read again every few seconds: engines added
+    /// to it join the run.
+    pub engines_file: Option<PathBuf>,
+    /// How new weights reach engines outside the trainer: `disk` (an HF directory,
+    /// `/update_weights_from_disk`) or `distributed` (broadcast over a process group, SGLang's
+    /// `update_weights_from_distributed`: NCCL from a GPU trainer, Gloo from a CPU one); `auto`:
+    /// `distributed` to the engines of `rollout.gpus`, `disk` to `rollout.engines`.
+    pub weight_sync: WeightSync,
+    /// The address external engines reach the trainer at (the weight group's store).
+    pub trainer_address: String,
+}
+
+/// `rollout.weight_sync`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightSync {
+    #[default]
+    Auto,
+    Disk,
+    Distributed,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            num_rollouts: 100,
+            batch_size: 32,
+            n_samples_per_prompt: 8,
+            max_new_tokens: 512,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            concurrency: 1024,
+            max_running: None,
+            mem_fraction: 0.5,
+            seed: 1234,
+            dynamic_sampling: false,
+            min_reward_std: 0.0,
+            over_sampling_batch_size: None,
+            max_rounds: 8,
+            drop_truncated_groups: false,
+            mask_truncated: false,
+            gpus: 0,
+            engines: Vec::new(),
+            engines_file: None,
+            weight_sync: WeightSync::Auto,
+            trainer_address: "127.0.0.1".into(),
+        }
+    }
+}
+
+impl RolloutSection {
+    /// Whether the run generates on engines outside its trainer processes: engines it starts
+    /// (`gpus`) or running servers (`engines`, `engines_file`).
+    pub fn outside_engines(&self) -> bool {
+        self.gpus > 0 || !self.engines.is_empty() || self.engines_file.is_some()
+    }
+
+    /// `weight_sync` with `auto` resolved.
+    pub fn weight_sync(&self) -> WeightSync {
+        match self.weight_sync {
+            WeightSync::Auto if self.gpus > 0 => WeightSync::Distributed,
+            WeightSync::Auto => WeightSync::Disk,
+            w => w,
+        }
+    }
+
+    /// Checks the engine keys together.
+    pub(super) fn check_engines(&self) -> Result<(), String> {
+        if self.gpus > 0 && (!self.engines.is_empty() || self.engines_file.is_some()) {
+            return Err("rollout.gpus starts the run's own engines and rollout.engines / rollout.engines_file name running ones: choose one".into());
+        }
+        if !self.outside_engines() {
+            if self.weight_sync != WeightSync::Auto {
+                return Err("rollout.weight_sync applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file)".into());
+            }
+            if self.trainer_address != RolloutSection::default().trainer_address {
+                return Err("rollout.trainer_address applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file)".into());
+            }
+        }
+        Ok(())
+    }
+}
