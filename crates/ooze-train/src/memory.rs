@@ -9,7 +9,8 @@
 //!   `4P/W`, plus the gathered units' gradients);
 //! - fp32 master weights `4P` when the model is not fp32, and the AdamW moments `8P` (both `/W`
 //!   sharded);
-//! - a frozen reference (`P·b`) and a PPO critic (about a second policy, replicated);
+//! - a frozen reference (`P·b`, `/W` sharded) and a PPO critic (about a second policy,
+//!   replicated);
 //! - activations of one micro-batch of `T` tokens: every block's saved tensors (about
 //!   `T·b·(6h + 2q + 2kv + 4i)` per block), or with recomputation only the blocks' inputs
 //!   (`T·h·b` each) plus one block's; and the head's fp32 logits over one chunk of positions;
@@ -95,7 +96,8 @@ impl MemoryPlan {
         }
         parts.push(("AdamW moments (fp32)", 8 * p / w));
         if m.reference {
-            parts.push(("reference model", p * b));
+            // Sharded beside a sharded policy; its units are gathered into the policy's room.
+            parts.push(("reference model", p * b / w));
         }
         if m.critic {
             parts.push((

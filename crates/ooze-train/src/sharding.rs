@@ -67,6 +67,22 @@ impl ShardedModel {
         group: Arc<ProcessGroup>,
         grad_kind: Kind,
     ) -> Result<(ShardedModel, Vec<(String, Tensor)>), TrainError> {
+        Self::shard(decoder, group, Some(grad_kind))
+    }
+
+    /// Shards a frozen `decoder` (a reference model: scored, never trained): no gradients.
+    pub(crate) fn frozen(
+        decoder: &Decoder,
+        group: Arc<ProcessGroup>,
+    ) -> Result<ShardedModel, TrainError> {
+        Ok(Self::shard(decoder, group, None)?.0)
+    }
+
+    fn shard(
+        decoder: &Decoder,
+        group: Arc<ProcessGroup>,
+        grad_kind: Option<Kind>,
+    ) -> Result<(ShardedModel, Vec<(String, Tensor)>), TrainError> {
         let _guard = tch::no_grad_guard();
         let world = group.world_size() as i64;
         let (kind, device) = (decoder.kind(), decoder.device());
@@ -75,7 +91,7 @@ impl ShardedModel {
             let (names, params): (Vec<String>, Vec<Tensor>) = decoder
                 .unit_parameters(u)
                 .into_iter()
-                .map(|(name, p)| (name, p.set_requires_grad(true)))
+                .map(|(name, p)| (name, p.set_requires_grad(grad_kind.is_some())))
                 .unzip();
             let shapes: Vec<Vec<i64>> = params.iter().map(|p| p.size()).collect();
             let slices: Vec<i64> = shapes
@@ -89,7 +105,10 @@ impl ShardedModel {
                 shapes,
                 slices,
                 shard: Tensor::zeros([len], (kind, device)),
-                grad: Tensor::zeros([len], (grad_kind, device)),
+                grad: match grad_kind {
+                    Some(k) => Tensor::zeros([len], (k, device)),
+                    None => Tensor::zeros([0], (kind, device)),
+                },
             };
             units.push(unit);
         }

@@ -167,6 +167,8 @@ pub struct Trainer {
     pub(crate) group: Option<Arc<ProcessGroup>>,
     /// The policy's parameters sharded over `group` (ZeRO-3); `None`: every rank holds them whole.
     pub(crate) shards: Option<ShardedModel>,
+    /// The frozen reference's parameters, sharded beside a sharded policy.
+    reference_shards: Option<ShardedModel>,
     /// A sharded checkpoint still being written.
     pending_write: std::sync::Mutex<Option<PendingWrite>>,
 }
@@ -199,7 +201,8 @@ impl Trainer {
     /// A trainer whose policy is sharded over the ranks of `group` (ZeRO-3; see
     /// [`crate::sharding`]): each rank keeps `1/world` of every parameter, gradient, fp32 master
     /// and AdamW moment, and gathers one unit of the policy at a time while it runs. The full
-    /// copies `policy` was loaded with are freed (rank 0's values are taken). Activations are
+    /// copies `policy` was loaded with are freed (rank 0's values are taken). A frozen
+    /// `reference` is sharded the same way (scored one gathered unit at a time). Activations are
     /// always recomputed. Every rank must call the same steps with the same samples.
     pub fn sharded(
         policy: Decoder,
@@ -209,8 +212,13 @@ impl Trainer {
     ) -> Result<Trainer, TrainError> {
         Self::check_config(&config)?;
         let (model, slots) = ShardedModel::new(&policy, group.clone(), float_kind(&policy))?;
+        let reference_shards = match &reference {
+            Some(r) => Some(ShardedModel::frozen(r, group.clone())?),
+            None => None,
+        };
         let optimizer = Optimizer::for_shards(slots, config.optimizer.clone());
         let mut trainer = Self::assemble(policy, reference, config, optimizer, Some(model));
+        trainer.reference_shards = reference_shards;
         group.barrier().map_err(dist_error)?;
         trainer.group = Some(group);
         Ok(trainer)
@@ -257,6 +265,7 @@ impl Trainer {
             step: 0,
             group: None,
             shards,
+            reference_shards: None,
             pending_write: std::sync::Mutex::new(None),
         }
     }
@@ -282,6 +291,12 @@ impl Trainer {
             .collect();
         model.release_all();
         Ok(weights)
+    }
+
+    /// The frozen reference model, if any (beside a sharded policy its tensors are empty
+    /// between passes: it is sharded too).
+    pub fn reference(&self) -> Option<&Decoder> {
+        self.reference.as_ref()
     }
 
     /// Whether the policy is sharded over ranks ([`Trainer::sharded`]).
@@ -438,14 +453,24 @@ impl Trainer {
 
     /// [`Trainer::score`] under the policy, sharded or not.
     fn score_policy(&self, samples: &[Sample]) -> Result<Vec<Vec<f64>>, TrainError> {
-        let Some(model) = &self.shards else {
-            return self.score(&self.policy, samples);
-        };
+        match &self.shards {
+            Some(model) => self.score_sharded(&self.policy, model, samples),
+            None => self.score(&self.policy, samples),
+        }
+    }
+
+    /// [`Trainer::score`] under `decoder` sharded as `model` (the policy, or the reference).
+    fn score_sharded(
+        &self,
+        decoder: &Decoder,
+        model: &ShardedModel,
+        samples: &[Sample],
+    ) -> Result<Vec<Vec<f64>>, TrainError> {
         self.per_sample(
             samples,
             |chosen| {
                 sharded_forward::score(
-                    &self.policy,
+                    decoder,
                     model,
                     chosen,
                     self.config.temperature,
@@ -575,9 +600,10 @@ impl Trainer {
             ));
         }
         let old = self.score_policy(samples)?;
-        let reference = match &self.reference {
-            Some(r) => Some(self.score(r, samples)?),
-            None => None,
+        let reference = match (&self.reference, &self.reference_shards) {
+            (Some(r), Some(model)) => Some(self.score_sharded(r, model, samples)?),
+            (Some(r), None) => Some(self.score(r, samples)?),
+            (None, _) => None,
         };
         let teacher = self.teacher_log_probs(samples)?;
         let old_values = match &self.critic {

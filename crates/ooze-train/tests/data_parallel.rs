@@ -61,6 +61,8 @@ enum Mode {
 #[derive(Clone, Copy, PartialEq)]
 enum Kind2 {
     Grpo,
+    /// GRPO with a KL loss against a frozen reference (sharded beside a sharded policy).
+    GrpoKl,
     Ppo,
     Sft,
 }
@@ -105,15 +107,19 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<(Rendezvous,
         config.advantage.lambda = 0.95;
     }
     let policy = Decoder::load(&dir, Device::Cpu, Kind::Float).unwrap();
+    let reference = (what == Kind2::GrpoKl).then(|| {
+        config.loss.kl_loss_coef = 0.5;
+        Decoder::load(&dir, Device::Cpu, Kind::Float).unwrap()
+    });
     let mut t = match rendezvous {
-        None => Trainer::new(policy, None, config).unwrap(),
+        None => Trainer::new(policy, reference, config).unwrap(),
         Some((r, mode)) => {
             let group = ProcessGroup::connect(&r, Backend::Gloo, Duration::from_secs(60)).unwrap();
             let group = Arc::new(group);
             if mode == Mode::Sharded {
-                Trainer::sharded(policy, None, config, group).unwrap()
+                Trainer::sharded(policy, reference, config, group).unwrap()
             } else {
-                let mut t = Trainer::new(policy, None, config).unwrap();
+                let mut t = Trainer::new(policy, reference, config).unwrap();
                 t.set_process_group(group).unwrap();
                 t
             }
@@ -141,14 +147,29 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<(Rendezvous,
         losses.push(m.loss);
         extra.push(m.grad_norm);
         extra.extend(m.value_loss);
+        extra.extend(m.kl);
         extra.push(m.entropy);
         extra.push(m.clipfrac);
     }
     if t.is_sharded() {
-        // Between passes a sharded policy holds no full tensor.
+        // Between passes a sharded policy (and reference) holds no full tensor.
         for (name, p) in t.policy.trainable_parameters() {
             assert_eq!(p.numel(), 0, "{name} is still whole after the steps");
         }
+        for (name, p) in t
+            .reference()
+            .map(|r| r.trainable_parameters())
+            .unwrap_or_default()
+        {
+            assert_eq!(p.numel(), 0, "the reference's {name} is whole");
+        }
+    }
+    if what == Kind2::GrpoKl {
+        let last_kl = extra[extra.len() - 3];
+        assert!(
+            last_kl > 1e-7,
+            "the policy moved away from the reference: kl {last_kl}"
+        );
     }
     Run {
         losses,
@@ -230,6 +251,11 @@ fn grpo_sharded_over_two_ranks_takes_the_one_process_steps() {
 #[test]
 fn grpo_sharded_with_an_untied_head_takes_the_one_process_steps() {
     check(Kind2::Grpo, 8, 2, Mode::Sharded, false);
+}
+
+#[test]
+fn grpo_with_a_kl_loss_and_a_sharded_reference_takes_the_one_process_steps() {
+    check(Kind2::GrpoKl, 8, 2, Mode::Sharded, false);
 }
 
 #[test]
