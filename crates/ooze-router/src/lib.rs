@@ -1,7 +1,8 @@
 //! ooze-router: the rollout backend over external engines. [`start`] gives an
 //! [`EngineHandle`] like the embedded engine's; behind it, requests go to running servers that
 //! speak SGLang's native API (`/generate`, `/update_weights_from_disk`, `/health`): SGLang itself
-//! or `ooze serve`.
+//! or `ooze serve`; or vLLM's ([`EngineApi::Vllm`], [`vllm`]: OpenAI completions with token ids,
+//! weights reloaded from a directory).
 //!
 //! - Routing: a request with a session (an agent's conversation) goes to the engine its session
 //!   hashes to among the healthy ones (rendezvous hashing: the session stays where its prefix is
@@ -20,6 +21,7 @@
 //!   `update_weights_from_distributed`; `distributed`).
 
 mod distributed;
+mod vllm;
 mod wire;
 
 use ooze_engine::{
@@ -57,6 +59,34 @@ pub struct RouterConfig {
     /// store), and the group's backend (NCCL between GPUs, Gloo between CPUs).
     pub trainer_address: String,
     pub weight_backend: ooze_torch::dist::Backend,
+    /// The API the engines speak.
+    pub api: EngineApi,
+}
+
+/// The API external engines speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineApi {
+    /// SGLang's native API (SGLang, `ooze serve`).
+    #[default]
+    Sglang,
+    /// vLLM's OpenAI-compatible server with its development endpoints (`VLLM_SERVER_DEV_MODE=1`).
+    Vllm,
+}
+
+impl EngineApi {
+    fn generate_path(self) -> &'static str {
+        match self {
+            EngineApi::Sglang => "/generate",
+            EngineApi::Vllm => "/v1/completions",
+        }
+    }
+
+    fn flush_path(self) -> &'static str {
+        match self {
+            EngineApi::Sglang => "/flush_cache",
+            EngineApi::Vllm => "/reset_prefix_cache",
+        }
+    }
 }
 
 impl RouterConfig {
@@ -72,6 +102,7 @@ impl RouterConfig {
             initial_weight_version: 0,
             trainer_address: "127.0.0.1".into(),
             weight_backend: ooze_torch::dist::Backend::Nccl,
+            api: EngineApi::Sglang,
         }
     }
 }
@@ -232,7 +263,11 @@ impl Shared {
             seed,
         };
         let rid = format!("ooze-router-{}", id.0);
-        let body = wire::generate_body(request, &rid, prompt_log_probs_from);
+        let api = self.config.api;
+        let body = match api {
+            EngineApi::Sglang => wire::generate_body(request, &rid, prompt_log_probs_from),
+            EngineApi::Vllm => vllm::completion_body(request, prompt_log_probs_from),
+        };
         let mut tried: Vec<String> = Vec::new();
         let mut waited = Duration::ZERO;
         while tried.len() < self.config.attempts {
@@ -258,14 +293,29 @@ impl Shared {
                 .insert(id, (engine.clone(), aborted.clone()));
             engine.outstanding.fetch_add(1, Ordering::SeqCst);
             let version = engine.version.load(Ordering::SeqCst);
-            let answer = self
-                .generate
-                .post(&format!("{}/generate", engine.url), None, &body);
+            let answer = self.generate.post(
+                &format!("{}{}", engine.url, api.generate_path()),
+                None,
+                &body,
+            );
             engine.outstanding.fetch_sub(1, Ordering::SeqCst);
             self.in_flight.lock().expect("in-flight lock").remove(&id);
             match answer {
                 Ok(answer) => {
-                    match wire::parse_output(&answer, id, request.input_ids.len(), seed, version) {
+                    let parsed = match api {
+                        EngineApi::Sglang => {
+                            wire::parse_output(&answer, id, request.input_ids.len(), seed, version)
+                        }
+                        EngineApi::Vllm => vllm::parse_completion(
+                            &answer,
+                            id,
+                            request,
+                            prompt_log_probs_from,
+                            seed,
+                            version,
+                        ),
+                    };
+                    match parsed {
                         Ok(output) => return output,
                         Err(e) => {
                             eprintln!("router: engine {}: {e}", engine.url);
@@ -293,12 +343,29 @@ impl Shared {
 
     /// Loads `dir` on `engine`; the engine is marked down when it cannot.
     fn push_weights(&self, engine: &Engine, dir: &std::path::Path, version: u64) -> bool {
-        let url = format!("{}/update_weights_from_disk", engine.url);
-        match self.generate.post(
-            &url,
-            None,
-            &json!({"model_path": dir.display().to_string()}),
-        ) {
+        let loaded = match self.config.api {
+            EngineApi::Sglang => self.generate.post(
+                &format!("{}/update_weights_from_disk", engine.url),
+                None,
+                &json!({"model_path": dir.display().to_string()}),
+            ),
+            // Then nothing cached under the old weights is reused.
+            EngineApi::Vllm => self
+                .generate
+                .post(
+                    &format!("{}/collective_rpc", engine.url),
+                    None,
+                    &vllm::reload_body(dir),
+                )
+                .and_then(|_| {
+                    self.control.post(
+                        &format!("{}/reset_prefix_cache", engine.url),
+                        None,
+                        &json!({}),
+                    )
+                }),
+        };
+        match loaded {
             Ok(_) => {
                 engine.version.store(version, Ordering::SeqCst);
                 true
@@ -490,7 +557,7 @@ fn serve(shared: Arc<Shared>, commands: mpsc::Receiver<Command>) {
                 });
             }
             Command::FlushCache(reply) => {
-                broadcast(&shared, "/flush_cache", json!({}));
+                broadcast(&shared, shared.config.api.flush_path(), json!({}));
                 let _ = reply.send(());
             }
             // The engines' memory is their own GPUs'.
@@ -503,9 +570,17 @@ fn serve(shared: Arc<Shared>, commands: mpsc::Receiver<Command>) {
                     PauseMode::Retract => "retract",
                     PauseMode::InPlace => "in_place",
                 };
-                broadcast(&shared, "/pause_generation", json!({"mode": mode}));
+                match shared.config.api {
+                    EngineApi::Sglang => {
+                        broadcast(&shared, "/pause_generation", json!({"mode": mode}))
+                    }
+                    EngineApi::Vllm => broadcast(&shared, "/pause", json!({})),
+                }
             }
-            Command::Continue => broadcast(&shared, "/continue_generation", json!({})),
+            Command::Continue => match shared.config.api {
+                EngineApi::Sglang => broadcast(&shared, "/continue_generation", json!({})),
+                EngineApi::Vllm => broadcast(&shared, "/resume", json!({})),
+            },
             Command::UpdateWeights { source, reply } => {
                 let shared = shared.clone();
                 runtime.spawn_blocking(move || {
@@ -531,7 +606,8 @@ fn deliver(events: &async_mpsc::UnboundedSender<Event>, output: Output) {
 }
 
 /// Aborts one request (or all): marked so that it is not tried again, and the engine it is on
-/// told (`/abort_request`), which ends it with its partial output.
+/// told (`/abort_request`), which ends it with its partial output. vLLM has no abort by id: its
+/// request runs to its end, and is not tried again.
 fn abort(shared: &Arc<Shared>, runtime: &tokio::runtime::Runtime, id: Option<RequestId>) {
     let targets: Vec<(RequestId, Arc<Engine>)> = {
         let in_flight = shared.in_flight.lock().expect("in-flight lock");
@@ -544,6 +620,9 @@ fn abort(shared: &Arc<Shared>, runtime: &tokio::runtime::Runtime, id: Option<Req
             })
             .collect()
     };
+    if shared.config.api == EngineApi::Vllm {
+        return;
+    }
     for (rid, engine) in targets {
         let shared = shared.clone();
         runtime.spawn_blocking(move || {
@@ -573,6 +652,9 @@ fn broadcast(shared: &Shared, path: &str, body: serde_json::Value) {
 fn update_weights(shared: &Arc<Shared>, source: WeightSource) -> Result<u64, String> {
     let dir = match source {
         WeightSource::Dir(dir) => dir,
+        WeightSource::Tensors(_) if shared.config.api == EngineApi::Vllm => {
+            return Err("vLLM engines take new weights from a directory (rollout.weight_sync = \"disk\"): vLLM's NCCL weight transfer joins through its own Python process group".into())
+        }
         WeightSource::Tensors(tensors) => {
             return distributed::update(shared, WeightSource::Tensors(tensors))
         }

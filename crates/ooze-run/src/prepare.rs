@@ -580,6 +580,10 @@ fn external_engines(
     config.engines_file = r.engines_file.clone();
     config.initial_weight_version = version;
     config.trainer_address = r.trainer_address.clone();
+    config.api = match r.engine_api {
+        crate::recipe::EngineApi::Sglang => ooze_router::EngineApi::Sglang,
+        crate::recipe::EngineApi::Vllm => ooze_router::EngineApi::Vllm,
+    };
     config.weight_backend = if device.is_cuda() {
         ooze_torch::dist::Backend::Nccl
     } else {
@@ -587,11 +591,16 @@ fn external_engines(
     };
     let engine = ooze_router::start(config)?;
     eprintln!(
-        "engine: external, {n} engine(s){}; sequences up to {slot_len} tokens",
+        "engine: external, {n} engine(s){}{}; sequences up to {slot_len} tokens",
         r.engines_file
             .as_ref()
             .map(|f| format!(" and those listed in {}", f.display()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if r.engine_api == crate::recipe::EngineApi::Vllm {
+            " (vLLM's API)"
+        } else {
+            ""
+        }
     );
     Ok(engine)
 }

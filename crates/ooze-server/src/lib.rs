@@ -5,7 +5,9 @@
 //!   `/continue_generation`, `/update_weights_from_disk`, `/release_memory_occupation`,
 //!   `/resume_memory_occupation` ([`sglang`]).
 //! - OpenAI-compatible: `GET /v1/models`, `POST /v1/completions`, `/v1/chat/completions` with tools
-//!   and streaming ([`openai`]).
+//!   and streaming ([`openai`]); vLLM's extensions trainers use (`return_token_ids`,
+//!   `return_tokens_as_token_ids`, `stop_reason`) and its development endpoints
+//!   `/collective_rpc` (`reload_weights`) and `/reset_prefix_cache` ([`vllm_dev`]).
 //!
 //! - The agent gateway: the OpenAI and Anthropic APIs per session, recording token-exact samples of
 //!   programs ooze does not run itself ([`gateway`]).
@@ -25,6 +27,7 @@ pub mod sglang;
 pub mod text_stream;
 pub mod timed_body;
 pub mod tool_calls;
+pub mod vllm_dev;
 pub mod weight_groups;
 
 use axum::routing::{get, post};
@@ -258,6 +261,8 @@ pub fn build_app(state: Arc<AppState>) -> Router {
             .route("/v1/models", get(openai::models))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/chat/completions", post(openai::chat_completions))
+            .route("/collective_rpc", post(vllm_dev::collective_rpc))
+            .route("/reset_prefix_cache", post(vllm_dev::reset_prefix_cache))
             .with_state(state),
     )
 }

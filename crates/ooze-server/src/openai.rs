@@ -262,15 +262,38 @@ pub struct CompletionRequest {
     max_tokens: Option<usize>,
     logprobs: Option<u32>,
     echo: Option<bool>,
+    /// vLLM's: the sampled ids in each choice (`token_ids`).
+    return_token_ids: Option<bool>,
+    /// vLLM's: log-prob tokens named `token_id:N` instead of their text.
+    return_tokens_as_token_ids: Option<bool>,
     #[serde(flatten)]
     common: CommonFields,
 }
 
-fn token_texts(state: &AppState, tokens: &[u32]) -> Vec<String> {
+fn token_texts(state: &AppState, tokens: &[u32], as_ids: bool) -> Vec<String> {
     tokens
         .iter()
-        .map(|&t| state.tokenizer.decode(&[t], false).unwrap_or_default())
+        .map(|&t| {
+            if as_ids {
+                format!("token_id:{t}")
+            } else {
+                state.tokenizer.decode(&[t], false).unwrap_or_default()
+            }
+        })
         .collect()
+}
+
+/// vLLM's `stop_reason`: the stop token's id or the stop string.
+fn stop_reason(finish: &FinishReason) -> Value {
+    match finish {
+        FinishReason::Stop {
+            matched: ooze_core::StopMatch::Token(t),
+        } => json!(t),
+        FinishReason::Stop {
+            matched: ooze_core::StopMatch::Text(s),
+        } => json!(s),
+        _ => Value::Null,
+    }
 }
 
 pub async fn completions(
@@ -299,6 +322,8 @@ pub async fn completions(
     let sampling = req.common.sampling(max)?;
     let n = req.common.n.unwrap_or(1);
     let id = format!("cmpl-{}", new_rid());
+    let as_ids = req.return_tokens_as_token_ids == Some(true);
+    let with_ids = req.return_token_ids == Some(true);
     let model = state.model_name.clone();
     if req.common.stream == Some(true) {
         if prompts.len() != 1 {
@@ -321,7 +346,7 @@ pub async fn completions(
             let chunk = |text: &str, lp: Option<Value>, finish: Option<&str>| json!({"id": id, "object": "text_completion", "created": unix_now(), "model": model, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]});
             let result = follow(&state, submitted, &new_rid(), |token, log_prob| {
                 let piece = text.push(&st.tokenizer, token);
-                let lp = req.logprobs.map(|_| json!({"tokens": token_texts(&st, &[token]), "token_logprobs": [log_prob], "top_logprobs": null, "text_offset": [0]}));
+                let lp = req.logprobs.map(|_| json!({"tokens": token_texts(&st, &[token], as_ids), "token_logprobs": [log_prob], "top_logprobs": null, "text_offset": [0]}));
                 try_send_json(&tx, &chunk(&piece, lp, None))
             })
             .await;
@@ -356,8 +381,12 @@ pub async fn completions(
         for out in run_all(&state, prompt, &sampling, n, max).await? {
             completion_total += out.tokens.len();
             let text = state.tokenizer.decode(&out.tokens, true)?;
-            let logprobs = req.logprobs.map(|_| json!({"tokens": token_texts(&state, &out.tokens), "token_logprobs": out.log_probs, "top_logprobs": null, "text_offset": Value::Null}));
-            choices.push(json!({"index": choices.len(), "text": text, "logprobs": logprobs, "finish_reason": finish_str(&out.finish)}));
+            let logprobs = req.logprobs.map(|_| json!({"tokens": token_texts(&state, &out.tokens, as_ids), "token_logprobs": out.log_probs, "top_logprobs": null, "text_offset": Value::Null}));
+            let mut choice = json!({"index": choices.len(), "text": text, "logprobs": logprobs, "finish_reason": finish_str(&out.finish), "stop_reason": stop_reason(&out.finish)});
+            if with_ids {
+                choice["token_ids"] = json!(out.tokens);
+            }
+            choices.push(choice);
         }
     }
     Ok(Json(json!({

@@ -296,3 +296,46 @@ fn a_run_starts_its_own_engines_beside_two_trainer_ranks_and_stops_them() {
     assert!(!run.join("weights").exists(), "no weights written to disk");
     assert!(run.join("final-model/model.safetensors").exists(), "{log}");
 }
+
+/// The same run over vLLM's API (`rollout.engine_api = "vllm"`): generation through
+/// `/v1/completions` with token ids (`return_token_ids`, `logprobs`), new weights through
+/// `/collective_rpc` `reload_weights` and `/reset_prefix_cache` — what a vLLM server started with
+/// `VLLM_SERVER_DEV_MODE=1` answers, and what `ooze serve` answers too. The engines' log-probs
+/// match the trainer's after every update.
+#[test]
+fn a_run_over_vllms_api_generates_by_completions_and_reloads_weights_from_disk() {
+    let setup = Setup::new();
+    let ((a, base_a), (b, base_b)) = (setup.serve(), setup.serve());
+    let training = setup.train(&[&base_a, &base_b], &["rollout.engine_api=\"vllm\"".into()]);
+    let run = training.run.clone();
+    let log = training.finish();
+    assert!(log.contains("(vLLM's API)"), "{log}");
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 4, "{log}");
+    for m in &lines {
+        assert_eq!(m["rollout/samples"], 128, "{m}");
+        let diff = m["train/mismatch_mean"].as_f64().unwrap();
+        assert!(
+            diff < 1e-4,
+            "engine and trainer log-probs differ by {diff}: {m}"
+        );
+    }
+    for (server, base) in [(&a, &base_a), (&b, &base_b)] {
+        assert_eq!(engine_info(base).unwrap().1, 4, "{base}: {log}");
+        let served = server.log();
+        assert!(
+            served.contains("weights version 4: reloaded") && !served.contains(": loaded "),
+            "{base} took the weights through /collective_rpc: {served}"
+        );
+    }
+    for k in 1..=4 {
+        let saved =
+            std::fs::read_to_string(run.join(format!("rollouts/rollout-{k:06}.jsonl"))).unwrap();
+        assert!(
+            !saved.contains("\"abort\""),
+            "rollout {k} has an aborted sample"
+        );
+    }
+    assert!(run.join("weights").exists(), "weights went by disk");
+    drop((a, b));
+}

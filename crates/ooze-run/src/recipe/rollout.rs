@@ -54,6 +54,9 @@ pub struct RolloutSection {
     /// A file of further engine URLs (one per line), read again every few seconds: engines added
     /// to it join the run.
     pub engines_file: Option<PathBuf>,
+    /// The API of `engines`: `sglang` (SGLang's native API: SGLang, `ooze serve`) or `vllm`
+    /// (vLLM's OpenAI server started with `VLLM_SERVER_DEV_MODE=1`; weights by disk).
+    pub engine_api: EngineApi,
     /// How new weights reach engines outside the trainer: `disk` (an HF directory,
     /// `/update_weights_from_disk`) or `distributed` (broadcast over a process group, SGLang's
     /// `update_weights_from_distributed`: NCCL from a GPU trainer, Gloo from a CPU one); `auto`:
@@ -61,6 +64,15 @@ pub struct RolloutSection {
     pub weight_sync: WeightSync,
     /// The address external engines reach the trainer at (the weight group's store).
     pub trainer_address: String,
+}
+
+/// `rollout.engine_api`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineApi {
+    #[default]
+    Sglang,
+    Vllm,
 }
 
 /// `rollout.weight_sync`
@@ -97,6 +109,7 @@ impl Default for RolloutSection {
             gpus: 0,
             engines: Vec::new(),
             engines_file: None,
+            engine_api: EngineApi::Sglang,
             weight_sync: WeightSync::Auto,
             trainer_address: "127.0.0.1".into(),
         }
@@ -124,6 +137,15 @@ impl RolloutSection {
         if self.gpus > 0 && (!self.engines.is_empty() || self.engines_file.is_some()) {
             return Err("rollout.gpus starts the run's own engines and rollout.engines / rollout.engines_file name running ones: choose one".into());
         }
+        let listed = !self.engines.is_empty() || self.engines_file.is_some();
+        if self.engine_api == EngineApi::Vllm {
+            if !listed {
+                return Err("rollout.engine_api applies to rollout.engines / rollout.engines_file (the engines of rollout.gpus are ooze serve's)".into());
+            }
+            if self.weight_sync == WeightSync::Distributed {
+                return Err("rollout.weight_sync = \"distributed\" cannot reach vLLM engines: vLLM's NCCL weight transfer joins through its own Python process group; use \"disk\" (vLLM reloads the directory through /collective_rpc)".into());
+            }
+        }
         if !self.outside_engines() {
             if self.weight_sync != WeightSync::Auto {
                 return Err("rollout.weight_sync applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file)".into());
@@ -133,5 +155,49 @@ impl RolloutSection {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{parse, MIN};
+    use super::*;
+
+    #[test]
+    fn engine_keys_are_checked_together() {
+        let r = parse(MIN, &["rollout.gpus=2"]).unwrap();
+        assert!(r.rollout.outside_engines());
+        assert_eq!(r.rollout.weight_sync(), WeightSync::Distributed);
+        let r = parse(MIN, &["rollout.engines=[\"http://e:1\"]"]).unwrap();
+        assert_eq!(r.rollout.weight_sync(), WeightSync::Disk);
+        let e = parse(MIN, &["rollout.gpus=1", "rollout.engines=[\"http://e:1\"]"]).unwrap_err();
+        assert!(e.contains("choose one"), "{e}");
+        let e = parse(MIN, &["rollout.weight_sync=\"disk\""]).unwrap_err();
+        assert!(e.contains("engines outside the trainer"), "{e}");
+        let e = parse(MIN, &["rollout.engine_api=\"vllm\""]).unwrap_err();
+        assert!(
+            e.contains("rollout.engine_api applies to rollout.engines"),
+            "{e}"
+        );
+        let e = parse(
+            MIN,
+            &[
+                "rollout.engines=[\"http://e:1\"]",
+                "rollout.engine_api=\"vllm\"",
+                "rollout.weight_sync=\"distributed\"",
+            ],
+        )
+        .unwrap_err();
+        assert!(e.contains("cannot reach vLLM engines"), "{e}");
+        let e = parse(
+            MIN,
+            &[
+                "rollout.gpus=1",
+                "trainer.mode=\"replay\"",
+                "trainer.replay_from=\"r\"",
+            ],
+        )
+        .unwrap_err();
+        assert!(e.contains("a replay generates nothing"), "{e}");
     }
 }

@@ -32,7 +32,18 @@ pub fn reference_check(script: &str, args: &[&str]) {
 
 /// A running `ooze serve`, stopped when dropped.
 #[allow(dead_code)] // not every test crate that shares this module serves
-pub struct Server(std::process::Child);
+pub struct Server(
+    std::process::Child,
+    std::sync::Arc<std::sync::Mutex<String>>,
+);
+
+impl Server {
+    /// What the server has written to stderr so far.
+    #[allow(dead_code)]
+    pub fn log(&self) -> String {
+        self.1.lock().unwrap().clone()
+    }
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -54,7 +65,8 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let server = Server(child);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let server = Server(child, log.clone());
     let addr = loop {
         let line = lines.next().expect("ooze serve exited").unwrap();
         // "… listening on http://ADDR (at most N connections)"
@@ -66,7 +78,13 @@ pub fn serve(model: &Path, extra: &[&str]) -> (Server, String) {
                 .to_owned();
         }
     };
-    std::thread::spawn(move || lines.for_each(drop));
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let mut l = log.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
     (server, format!("http://{addr}/v1"))
 }
 

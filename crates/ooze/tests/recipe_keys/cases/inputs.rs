@@ -215,6 +215,13 @@ pub fn cases() -> Vec<Case> {
             &["rollout.gpus=1", "rollout.weight_sync=\"disk\""],
             Entry("weights"),
         ),
+        // tests/engines.rs runs a whole RL run over vLLM's API on `ooze serve` engines.
+        case(
+            &["rollout.engine_api"],
+            &[],
+            &["rollout.engine_api=\"vllm\""],
+            Refused("rollout.engine_api applies to rollout.engines"),
+        ),
         case(
             &["rollout.trainer_address"],
             &[],
