@@ -269,7 +269,8 @@ pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, Trai
         TrainError::Checkpoint(format!("{}: not a trainer state: {e}", path.display()))
     })?;
     let (device, kind) = (trainer.policy.device(), trainer.policy.kind());
-    if trainer.is_sharded() {
+    let sharded = trainer.is_sharded();
+    if sharded {
         sharded_checkpoint::load(dir, trainer)?;
     } else {
         trainer
@@ -281,7 +282,8 @@ pub fn load(dir: &Path, trainer: &mut Trainer) -> Result<serde_json::Value, Trai
             Kind::Float,
         )?)?;
     }
-    if let Some((critic, optimizer)) = trainer.critic_parts_mut() {
+    // A sharded trainer's critic was restored with it.
+    if let Some((critic, optimizer)) = trainer.critic_parts_mut().filter(|_| !sharded) {
         let critic_dir = dir.join("critic");
         if !critic_dir.exists() {
             return Err(TrainError::Checkpoint(format!(

@@ -91,12 +91,23 @@ impl Critic {
     /// Values `[N_response]` of the samples' response positions (fp32; fp64 for fp64 models).
     pub fn values(&self, samples: &[Sample]) -> Tensor {
         let (hidden, _) = response_hidden(&self.body, samples);
+        self.values_of(&hidden)
+    }
+
+    /// The values of final hidden states `[N, hidden]` (fp32; fp64 for fp64 models).
+    pub(crate) fn values_of(&self, hidden: &Tensor) -> Tensor {
         let values = hidden.mv(&self.head);
         if values.kind() == Kind::Double {
             values
         } else {
             values.to_kind(Kind::Float)
         }
+    }
+
+    /// The value head under its checkpoint name (the tensor itself, shallow: sharding it reaches
+    /// the critic).
+    pub(crate) fn named_head(&self) -> (String, Tensor) {
+        (VALUE_HEAD.to_owned(), self.head.shallow_clone())
     }
 
     /// Everything an optimizer updates: the body's tensors and the head.
@@ -108,17 +119,26 @@ impl Critic {
 
     /// Writes the critic as an HF model directory (config and tokenizer files from `source`).
     pub fn save(&self, source: &Path, out: &Path, options: SaveOptions) -> Result<(), TrainError> {
+        export_model(source, out, &self.named_tensors(), options)?;
+        Ok(())
+    }
+
+    /// Every tensor under its checkpoint name (the head as `[1, hidden]`).
+    pub(crate) fn named_tensors(&self) -> Vec<(String, Tensor)> {
         let mut tensors = self.body.named_parameters();
         let hidden = self.body.config.hidden_size;
         tensors.push((VALUE_HEAD.to_owned(), self.head.view([1, hidden])));
-        export_model(source, out, &tensors, options)?;
-        Ok(())
+        tensors
     }
 
     /// Replaces the weights with those of a saved critic directory.
     pub fn update_weights(&mut self, dir: &Path) -> Result<(), TrainError> {
         let (device, kind) = (self.body.device(), self.body.kind());
-        let mut weights = WeightSet::load(dir, device, kind)?;
+        self.update_from(WeightSet::load(dir, device, kind)?)
+    }
+
+    /// Replaces the weights with `weights` (a saved critic's).
+    pub(crate) fn update_from(&mut self, mut weights: WeightSet) -> Result<(), TrainError> {
         let hidden = self.body.config.hidden_size;
         let head = weights.take(VALUE_HEAD, &[1, hidden])?;
         self.body.update_weights(weights)?;

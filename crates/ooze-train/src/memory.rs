@@ -9,8 +9,8 @@
 //!   `4P/W`, plus the gathered units' gradients);
 //! - fp32 master weights `4P` when the model is not fp32, and the AdamW moments `8P` (both `/W`
 //!   sharded);
-//! - a frozen reference (`P·b`, `/W` sharded) and a PPO critic (about a second policy,
-//!   replicated);
+//! - a frozen reference (`P·b`, `/W` sharded) and a PPO critic (about a second policy:
+//!   weights, gradients, fp32 masters and moments, `/W` sharded);
 //! - activations of one micro-batch of `T` tokens: every block's saved tensors (about
 //!   `T·b·(6h + 2q + 2kv + 4i)` per block), or with recomputation only the blocks' inputs
 //!   (`T·h·b` each) plus one block's; and the head's fp32 logits over one chunk of positions;
@@ -100,10 +100,13 @@ impl MemoryPlan {
             parts.push(("reference model", p * b / w));
         }
         if m.critic {
-            parts.push((
-                "critic (weights, gradients, optimizer)",
-                p * (2 * b + 4 + 4 + 8),
-            ));
+            // Sharded beside a sharded policy: its units are gathered into the policy's room.
+            let critic = if m.sharded {
+                p * (b + 4 + 4 + 8) / w
+            } else {
+                p * (2 * b + 4 + 4 + 8)
+            };
+            parts.push(("critic (weights, gradients, optimizer)", critic));
         }
         let (h, inter) = (c.hidden_size as u64, c.intermediate_size as u64);
         let (q, kv) = (

@@ -1,7 +1,8 @@
 //! Checkpoints of a sharded trainer ([`crate::sharding`]), in the layout of
 //! [`crate::checkpoint`]: `model/` is the whole HF model (gathered to rank 0, which writes it),
 //! and each rank writes its own optimizer shard, `optimizer-rank-00001-of-00002/` (fp32 masters
-//! and moments of its slices of every tensor).
+//! and moments of its slices of every tensor); a sharded critic likewise, `critic/` whole and
+//! `critic_optimizer-rank-R-of-N/`.
 //!
 //! Saving is asynchronous: the ranks copy what they write to host memory and go on training
 //! while a thread writes it; the checkpoint is renamed into place (and `latest` moved to it) at
@@ -31,9 +32,13 @@ pub(crate) struct PendingWrite {
     writer: JoinHandle<Result<(), TrainError>>,
 }
 
-/// This rank's optimizer shard directory of a checkpoint.
-fn shard_dir(dir: &Path, rank: usize, world: usize) -> PathBuf {
-    dir.join(format!("optimizer-rank-{rank:05}-of-{world:05}"))
+/// The policy's optimizer state (`optimizer/`, `optimizer-rank-*`) and the critic's.
+const POLICY_STATE: &str = "optimizer";
+const CRITIC_STATE: &str = "critic_optimizer";
+
+/// This rank's shard directory of optimizer state `state` in a checkpoint.
+fn shard_dir(dir: &Path, state: &str, rank: usize, world: usize) -> PathBuf {
+    dir.join(format!("{state}-rank-{rank:05}-of-{world:05}"))
 }
 
 fn to_host(tensors: Vec<(String, Tensor)>, kind: Kind) -> Vec<(String, Tensor)> {
@@ -66,38 +71,50 @@ pub(crate) fn save(
             std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
         }
         std::fs::create_dir_all(&tmp).map_err(io("create directory", &tmp))?;
-        if let Some(critic) = trainer.critic() {
-            let options = SaveOptions {
-                kind: model_kind,
-                ..Default::default()
-            };
-            critic.save(source_model, &tmp.join("critic"), options)?;
-        }
-        if let Some(state) = trainer.critic_optimizer_state() {
-            save_weights(&tmp.join("critic_optimizer"), &state, fp32())?;
-        }
     }
     model.gather_all()?;
     let whole = (rank == 0).then(|| to_host(trainer.policy.named_parameters(), model_kind));
     model.release_all();
     let shard = to_host(trainer.optimizer().state(), Kind::Float);
+    let critic = match (trainer.critic(), &trainer.critic_shards) {
+        (Some(critic), Some(critic_model)) => {
+            critic_model.gather_all()?;
+            let whole = (rank == 0).then(|| to_host(critic.named_tensors(), model_kind));
+            critic_model.release_all();
+            let state = trainer
+                .critic_optimizer_state()
+                .expect("invariant: a critic has its optimizer");
+            Some((whole, to_host(state, Kind::Float)))
+        }
+        _ => None,
+    };
     // The directory exists before any rank writes into it.
     model.group().barrier().map_err(dist_error)?;
-    let (source, tmp_dir, shard_path) = (
-        source_model.to_owned(),
-        tmp.clone(),
-        shard_dir(&tmp, rank, world),
-    );
+    let (source, tmp_dir) = (source_model.to_owned(), tmp.clone());
     let writer = std::thread::spawn(move || -> Result<(), TrainError> {
+        let options = SaveOptions {
+            kind: model_kind,
+            ..Default::default()
+        };
         if let Some(whole) = whole {
-            let options = SaveOptions {
-                kind: model_kind,
-                ..Default::default()
-            };
             export_model(&source, &tmp_dir.join("model"), &whole, options)?;
             write_atomic(&tmp_dir.join("trainer_state.json"), &state_json)?;
         }
-        save_weights(&shard_path, &shard, fp32())?;
+        save_weights(
+            &shard_dir(&tmp_dir, POLICY_STATE, rank, world),
+            &shard,
+            fp32(),
+        )?;
+        if let Some((whole, state)) = critic {
+            if let Some(whole) = whole {
+                export_model(&source, &tmp_dir.join("critic"), &whole, options)?;
+            }
+            save_weights(
+                &shard_dir(&tmp_dir, CRITIC_STATE, rank, world),
+                &state,
+                fp32(),
+            )?;
+        }
         Ok(())
     });
     *trainer.pending_write() = Some(PendingWrite {
@@ -166,7 +183,6 @@ pub(crate) fn finish_pending(trainer: &Trainer) -> Result<Option<PathBuf>, Train
 /// Restores the policy's weights and this rank's optimizer shard from checkpoint `dir`.
 pub(crate) fn load(dir: &Path, trainer: &mut Trainer) -> Result<(), TrainError> {
     let (device, kind) = (trainer.policy.device(), trainer.policy.kind());
-    let (rank, world) = trainer.rank();
     // Read before the collective, so that every rank joins it whatever it finds.
     let weights = WeightSet::load(&dir.join("model"), device, kind);
     trainer
@@ -181,30 +197,74 @@ pub(crate) fn load(dir: &Path, trainer: &mut Trainer) -> Result<(), TrainError> 
     }
     model.release_all();
     updated?;
-    let own = shard_dir(dir, rank, world);
-    let state = if own.exists() {
-        WeightSet::load(&own, device, Kind::Float)?
-    } else {
-        let layout = model.slot_layout();
-        resharded_state(dir, &layout, rank, world, trainer.optimizer().state_names())?
+    let names = trainer.optimizer().state_names();
+    let model = trainer.shards.as_ref().expect("checked");
+    let state = shard_state(dir, POLICY_STATE, model, names)?;
+    trainer.optimizer_mut().load_state(state)?;
+    load_critic(dir, trainer)
+}
+
+/// A sharded critic's weights and this rank's slices of its optimizer state.
+fn load_critic(dir: &Path, trainer: &mut Trainer) -> Result<(), TrainError> {
+    let (Some((critic, optimizer)), Some(model)) =
+        (&mut trainer.critic, &mut trainer.critic_shards)
+    else {
+        return Ok(());
     };
-    trainer.optimizer_mut().load_state(state)
+    let critic_dir = dir.join("critic");
+    let (device, kind) = (critic.body.device(), critic.body.kind());
+    // Read before the collective, so that every rank joins it whatever it finds.
+    let weights = if critic_dir.exists() {
+        WeightSet::load(&critic_dir, device, kind).map_err(TrainError::from)
+    } else {
+        Err(TrainError::Checkpoint(format!(
+            "{} has no critic/ but this run trains one",
+            dir.display()
+        )))
+    };
+    model.gather_all()?;
+    let updated = weights.and_then(|w| critic.update_from(w));
+    if updated.is_ok() {
+        model.reshard_gathered();
+    }
+    model.release_all();
+    updated?;
+    let state = shard_state(dir, CRITIC_STATE, model, optimizer.state_names())?;
+    optimizer.load_state(state)
+}
+
+/// This rank's slices of optimizer state `state` (`optimizer` or `critic_optimizer`): its own
+/// shard, or rebuilt from another number of ranks' shards or from a whole one.
+fn shard_state(
+    dir: &Path,
+    state: &str,
+    model: &crate::sharding::ShardedModel,
+    names: Vec<(String, String)>,
+) -> Result<WeightSet, TrainError> {
+    let (rank, world) = (model.group().rank(), model.group().world_size());
+    let own = shard_dir(dir, state, rank, world);
+    if own.exists() {
+        let device = model.device();
+        return WeightSet::load(&own, device, Kind::Float).map_err(Into::into);
+    }
+    resharded_state(dir, state, &model.slot_layout(), rank, world, names)
 }
 
 /// This rank's slices of the optimizer state of checkpoint `dir` written by another number of
 /// ranks, or by ranks that each held all of it (`optimizer/`): rebuilt whole on the host.
 fn resharded_state(
     dir: &Path,
+    state: &str,
     layout: &[(String, Vec<i64>, i64)],
     rank: usize,
     world: usize,
     names: Vec<(String, String)>,
 ) -> Result<WeightSet, TrainError> {
-    let whole_dir = dir.join("optimizer");
-    let old_shards = old_shard_dirs(dir)?;
+    let whole_dir = dir.join(state);
+    let old_shards = old_shard_dirs(dir, state)?;
     if !whole_dir.exists() && old_shards.is_empty() {
         return Err(TrainError::Checkpoint(format!(
-            "{} has neither optimizer/ nor optimizer-rank-* shards",
+            "{} has neither {state}/ nor {state}-rank-* shards",
             dir.display()
         )));
     }
@@ -256,13 +316,14 @@ fn resharded_state(
     Ok(WeightSet::from_tensors(out, Device::Cpu, Kind::Float)?)
 }
 
-/// The `optimizer-rank-R-of-W` directories of `dir`, in rank order (all of one world size).
-fn old_shard_dirs(dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
+/// The `STATE-rank-R-of-W` directories of `dir`, in rank order (all of one world size).
+fn old_shard_dirs(dir: &Path, state: &str) -> Result<Vec<PathBuf>, TrainError> {
+    let prefix = format!("{state}-rank-");
     let mut found: Vec<(usize, usize, PathBuf)> = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("read", dir))? {
         let entry = entry.map_err(io("read", dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("optimizer-rank-") else {
+        let Some(rest) = name.strip_prefix(prefix.as_str()) else {
             continue;
         };
         let Some((r, w)) = rest.split_once("-of-") else {

@@ -7,7 +7,7 @@
 //! micro-batches than another runs the same passes without samples ([`idle_scoring`],
 //! [`idle_training`]).
 
-use crate::forward::{head_options, pack_tokens, EntropyUse, Recomputed, ResponseScores};
+use crate::forward::{head_options, pack_tokens, EntropyUse, Packed, Recomputed, ResponseScores};
 use crate::sharding::{Pass, ShardedModel};
 use crate::TrainError;
 use ooze_core::Sample;
@@ -22,6 +22,20 @@ pub(crate) fn score(
     samples: &[Sample],
     temperature: f64,
     entropy: EntropyUse,
+) -> Result<Tensor, TrainError> {
+    score_with(decoder, model, samples, |hidden, p| {
+        let options = head_options(temperature, entropy, false);
+        head_log_probs(decoder, hidden, &p.targets, &options).0
+    })
+}
+
+/// What `head` makes of the final hidden states at the response positions of `samples`, without
+/// gradients, the units gathered one at a time (the head unit while `head` runs).
+pub(crate) fn score_with(
+    decoder: &Decoder,
+    model: &ShardedModel,
+    samples: &[Sample],
+    head: impl FnOnce(&Tensor, &Packed) -> Tensor,
 ) -> Result<Tensor, TrainError> {
     let _guard = tch::no_grad_guard();
     let mut pass = model.pass(model.scoring_order());
@@ -39,20 +53,19 @@ pub(crate) fn score(
         x = decoder.run_layers(x, i..i + 1, &p.positions, attention());
         pass.release(i + 1);
     }
-    let head = model.head_unit();
-    pass.gather(head)?;
+    let head_unit = model.head_unit();
+    pass.gather(head_unit)?;
     let hidden = decoder
         .final_norm(&x)
         .view([-1, decoder.config.hidden_size])
         .index_select(0, &p.select);
-    let options = head_options(temperature, entropy, false);
-    let (log_probs, _) = head_log_probs(decoder, &hidden, &p.targets, &options);
-    pass.release(head);
+    let scores = head(&hidden, &p);
+    pass.release(head_unit);
     if model.tied() {
         pass.release(0);
     }
     pass.finish()?;
-    Ok(log_probs)
+    Ok(scores)
 }
 
 /// [`score`]'s collectives without samples.
@@ -85,6 +98,22 @@ pub(crate) fn forward(
     temperature: f64,
     entropy: EntropyUse,
 ) -> Result<(ResponseScores, Recomputed), TrainError> {
+    forward_with(decoder, model, pass, samples, |hidden, packed| {
+        let options = head_options(temperature, entropy, true);
+        let (log_probs, entropy) = head_log_probs(decoder, hidden, &packed.targets, &options);
+        ResponseScores { log_probs, entropy }
+    })
+}
+
+/// [`forward`] with any `head` over the final hidden states at the response positions (which
+/// carry gradients back to the last block): the policy's log-probs, a critic's values.
+pub(crate) fn forward_with<T>(
+    decoder: &Decoder,
+    model: &ShardedModel,
+    pass: &mut Pass<'_>,
+    samples: &[Sample],
+    head: impl FnOnce(&Tensor, &Packed) -> T,
+) -> Result<(T, Recomputed), TrainError> {
     let packed = pack_tokens(decoder, samples);
     let mut inputs = Vec::with_capacity(decoder.num_layers());
     let last = {
@@ -116,10 +145,9 @@ pub(crate) fn forward(
         .final_norm(&last)
         .view([-1, decoder.config.hidden_size])
         .index_select(0, &packed.select);
-    let options = head_options(temperature, entropy, true);
-    let (log_probs, entropy) = head_log_probs(decoder, &hidden, &packed.targets, &options);
+    let out = head(&hidden, &packed);
     Ok((
-        ResponseScores { log_probs, entropy },
+        out,
         Recomputed {
             packed,
             inputs,
@@ -176,6 +204,13 @@ pub(crate) fn backward(
 /// gradients this rank adds are zeros.
 pub(crate) fn idle_training(model: &ShardedModel) -> Result<(), TrainError> {
     let mut pass = model.pass(model.training_order());
+    idle_forward(model, &mut pass)?;
+    idle_backward(model, &mut pass)?;
+    pass.finish()
+}
+
+/// [`forward`]'s collectives without samples (the head unit stays gathered).
+pub(crate) fn idle_forward(model: &ShardedModel, pass: &mut Pass<'_>) -> Result<(), TrainError> {
     let head = model.head_unit();
     pass.gather(0)?;
     if !model.tied() {
@@ -185,7 +220,12 @@ pub(crate) fn idle_training(model: &ShardedModel) -> Result<(), TrainError> {
         pass.gather(u)?;
         pass.release(u);
     }
-    pass.gather(head)?;
+    pass.gather(head)
+}
+
+/// [`backward`]'s collectives without samples: zero gradients scattered.
+pub(crate) fn idle_backward(model: &ShardedModel, pass: &mut Pass<'_>) -> Result<(), TrainError> {
+    let head = model.head_unit();
     pass.scatter_gradients(head)?;
     pass.release(head);
     for u in (1..head).rev() {
@@ -198,5 +238,5 @@ pub(crate) fn idle_training(model: &ShardedModel) -> Result<(), TrainError> {
     }
     pass.scatter_gradients(0)?;
     pass.release(0);
-    pass.finish()
+    Ok(())
 }

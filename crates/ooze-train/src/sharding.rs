@@ -67,7 +67,18 @@ impl ShardedModel {
         group: Arc<ProcessGroup>,
         grad_kind: Kind,
     ) -> Result<(ShardedModel, Vec<(String, Tensor)>), TrainError> {
-        Self::shard(decoder, group, Some(grad_kind))
+        Self::shard(decoder, Vec::new(), group, Some(grad_kind))
+    }
+
+    /// [`ShardedModel::new`] with `extra` tensors beside the decoder's (a critic's value head),
+    /// sharded as part of the head unit: gathered with it, their gradients scattered with it.
+    pub(crate) fn with_extra(
+        decoder: &Decoder,
+        extra: Vec<(String, Tensor)>,
+        group: Arc<ProcessGroup>,
+        grad_kind: Kind,
+    ) -> Result<(ShardedModel, Vec<(String, Tensor)>), TrainError> {
+        Self::shard(decoder, extra, group, Some(grad_kind))
     }
 
     /// Shards a frozen `decoder` (a reference model: scored, never trained): no gradients.
@@ -75,11 +86,12 @@ impl ShardedModel {
         decoder: &Decoder,
         group: Arc<ProcessGroup>,
     ) -> Result<ShardedModel, TrainError> {
-        Ok(Self::shard(decoder, group, None)?.0)
+        Ok(Self::shard(decoder, Vec::new(), group, None)?.0)
     }
 
     fn shard(
         decoder: &Decoder,
+        mut extra: Vec<(String, Tensor)>,
         group: Arc<ProcessGroup>,
         grad_kind: Option<Kind>,
     ) -> Result<(ShardedModel, Vec<(String, Tensor)>), TrainError> {
@@ -87,9 +99,13 @@ impl ShardedModel {
         let world = group.world_size() as i64;
         let (kind, device) = (decoder.kind(), decoder.device());
         let mut units = Vec::with_capacity(decoder.num_units());
+        let last = decoder.num_units() - 1;
         for u in 0..decoder.num_units() {
-            let (names, params): (Vec<String>, Vec<Tensor>) = decoder
-                .unit_parameters(u)
+            let mut tensors = decoder.unit_parameters(u);
+            if u == last {
+                tensors.append(&mut extra);
+            }
+            let (names, params): (Vec<String>, Vec<Tensor>) = tensors
                 .into_iter()
                 .map(|(name, p)| (name, p.set_requires_grad(grad_kind.is_some())))
                 .unzip();
@@ -141,6 +157,10 @@ impl ShardedModel {
 
     pub(crate) fn group(&self) -> &ProcessGroup {
         &self.group
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        self.device
     }
 
     pub(crate) fn tied(&self) -> bool {

@@ -8,7 +8,7 @@ use crate::forward::{
     response_log_probs, response_log_probs_recomputed, EntropyUse, Recomputed, ResponseScores,
 };
 use crate::sharded_forward;
-use crate::sharding::Pass;
+use crate::sharding::{Pass, ShardedModel};
 use crate::trainer::{float_kind, CriticTargets, Phases, StepMetrics, Trainer};
 use crate::TrainError;
 use ooze_algo::loss::loss;
@@ -87,12 +87,23 @@ impl Trainer {
         if let Some(model) = &mut self.shards {
             model.zero_grad();
         }
+        if let Some(model) = &mut self.critic_shards {
+            model.zero_grad();
+        }
         if let Some(model) = &self.shards {
             // Every rank joins every sharded pass: one short of micro-batches runs empty ones
-            // (the others' gradients still reach its shards).
+            // (the others' gradients still reach its shards), the critic's interleaved with the
+            // policy's as in a micro-batch.
+            let critic = self
+                .critic_shards
+                .as_ref()
+                .filter(|_| inputs.critic_targets.is_some());
             let most = most_micro_batches(model.group(), ranges.len(), self.policy.device())?;
             for _ in ranges.len()..most {
-                sharded_forward::idle_training(model)?;
+                match critic {
+                    None => sharded_forward::idle_training(model)?,
+                    Some(critic) => idle_with_critic(model, critic)?,
+                }
             }
         }
         self.optimizer.zero_grad();
@@ -225,9 +236,28 @@ impl Trainer {
         let reference_t = inputs.reference.map(&gather);
         let observation_t = observation_weights.map(gather32);
         let sample_index = Tensor::from_slice(&index).to_device(device);
+        // A sharded critic runs its own pass beside the policy's (its backward after theirs).
+        let mut critic_pass = None;
+        let mut critic_recomputed = None;
         let critic_inputs = match (&self.critic, inputs.critic_targets) {
             (Some((critic, _)), Some((old_values, returns))) => {
-                Some((critic.values(chosen), gather(old_values), gather(returns)))
+                let values = match &self.critic_shards {
+                    Some(model) => {
+                        let mut pass = model.pass(model.training_order());
+                        let (values, recomputed) = sharded_forward::forward_with(
+                            &critic.body,
+                            model,
+                            &mut pass,
+                            chosen,
+                            |hidden, _| critic.values_of(hidden),
+                        )?;
+                        critic_pass = Some(pass);
+                        critic_recomputed = Some(recomputed);
+                        values
+                    }
+                    None => critic.values(chosen),
+                };
+                Some((values, gather(old_values), gather(returns)))
             }
             _ => None,
         };
@@ -251,6 +281,15 @@ impl Trainer {
         let forward_done = phase.mark();
         terms.total.backward();
         self.policy_backward(recomputed, pass)?;
+        if let (Some(r), Some(mut pass), Some(model), Some((critic, _))) = (
+            critic_recomputed,
+            critic_pass,
+            &self.critic_shards,
+            &self.critic,
+        ) {
+            sharded_forward::backward(r, &critic.body, model, &mut pass)?;
+            pass.finish()?;
+        }
         phase.report(forward_done, "micro-batch forward", "backward");
         let v = |t: &Tensor| t.double_value(&[]);
         metrics.loss += v(&terms.total.detach());
@@ -387,7 +426,10 @@ impl Trainer {
         if let (Some((_, optimizer)), Some(_)) = (self.critic.as_mut(), inputs.critic_targets) {
             let lr = self.critic_config.schedule.lr_at(self.step);
             metrics.critic_lr = Some(lr);
-            metrics.critic_grad_norm = Some(optimizer.step(lr, self.group.as_deref())?);
+            metrics.critic_grad_norm = Some(match &self.critic_shards {
+                Some(model) => optimizer.apply(&model.gradients(), lr, Some(model.group()))?,
+                None => optimizer.step(lr, self.group.as_deref())?,
+            });
             optimizer.zero_grad();
         }
         self.step += 1;
@@ -407,4 +449,17 @@ impl Trainer {
             .map(|peak| metrics.flops / metrics.seconds / peak);
         Ok(metrics)
     }
+}
+
+/// An empty micro-batch of a sharded policy and a sharded critic: their collectives in a
+/// micro-batch's order (both forwards, then the policy's backward, then the critic's).
+fn idle_with_critic(policy: &ShardedModel, critic: &ShardedModel) -> Result<(), TrainError> {
+    let mut p = policy.pass(policy.training_order());
+    let mut c = critic.pass(critic.training_order());
+    sharded_forward::idle_forward(policy, &mut p)?;
+    sharded_forward::idle_forward(critic, &mut c)?;
+    sharded_forward::idle_backward(policy, &mut p)?;
+    p.finish()?;
+    sharded_forward::idle_backward(critic, &mut c)?;
+    c.finish()
 }

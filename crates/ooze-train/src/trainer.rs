@@ -169,6 +169,9 @@ pub struct Trainer {
     pub(crate) shards: Option<ShardedModel>,
     /// The frozen reference's parameters, sharded beside a sharded policy.
     reference_shards: Option<ShardedModel>,
+    /// The critic's parameters (its value head with the head unit), sharded beside a sharded
+    /// policy; its optimizer then steps their slices.
+    pub(crate) critic_shards: Option<ShardedModel>,
     /// A sharded checkpoint still being written.
     pending_write: std::sync::Mutex<Option<PendingWrite>>,
 }
@@ -266,6 +269,7 @@ impl Trainer {
             group: None,
             shards,
             reference_shards: None,
+            critic_shards: None,
             pending_write: std::sync::Mutex::new(None),
         }
     }
@@ -356,11 +360,27 @@ impl Trainer {
             .schedule
             .check()
             .map_err(|e| TrainError::Config(format!("critic {e}")))?;
-        let mut optimizer =
-            Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
-        if let Some(group) = &self.group {
-            optimizer.broadcast(group, 0)?;
-        }
+        let optimizer = match (&self.shards, &self.group) {
+            // Beside a sharded policy the critic is sharded too (rank 0's values are taken).
+            (Some(_), Some(group)) => {
+                let (model, slots) = ShardedModel::with_extra(
+                    &critic.body,
+                    vec![critic.named_head()],
+                    group.clone(),
+                    float_kind(&critic.body),
+                )?;
+                self.critic_shards = Some(model);
+                Optimizer::for_shards(slots, self.config.optimizer.clone())
+            }
+            (_, group) => {
+                let mut optimizer =
+                    Optimizer::new(critic.trainable_parameters(), self.config.optimizer.clone());
+                if let Some(group) = group {
+                    optimizer.broadcast(group, 0)?;
+                }
+                optimizer
+            }
+        };
         self.critic = Some((critic, optimizer));
         self.critic_config = config;
         Ok(())
@@ -606,9 +626,20 @@ impl Trainer {
             (None, _) => None,
         };
         let teacher = self.teacher_log_probs(samples)?;
-        let old_values = match &self.critic {
-            Some((c, _)) => Some(self.per_sample(samples, |chosen| Ok(c.values(chosen)), None)?),
-            None => None,
+        let old_values = match (&self.critic, &self.critic_shards) {
+            (Some((c, _)), Some(model)) => Some(self.per_sample(
+                samples,
+                |chosen| {
+                    sharded_forward::score_with(&c.body, model, chosen, |hidden, _| {
+                        c.values_of(hidden)
+                    })
+                },
+                Some(&|| sharded_forward::idle_scoring(model)),
+            )?),
+            (Some((c, _)), None) => {
+                Some(self.per_sample(samples, |chosen| Ok(c.values(chosen)), None)?)
+            }
+            (None, _) => None,
         };
         let inputs: Vec<SampleInput<'_>> = samples
             .iter()

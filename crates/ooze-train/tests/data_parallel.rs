@@ -152,9 +152,13 @@ fn rank_run(dir: PathBuf, what: Kind2, n: usize, rendezvous: Option<(Rendezvous,
         extra.push(m.clipfrac);
     }
     if t.is_sharded() {
-        // Between passes a sharded policy (and reference) holds no full tensor.
+        // Between passes a sharded policy (and reference, and critic) holds no full tensor.
         for (name, p) in t.policy.trainable_parameters() {
             assert_eq!(p.numel(), 0, "{name} is still whole after the steps");
+        }
+        let critic = t.critic().map(|c| c.body.trainable_parameters());
+        for (name, p) in critic.unwrap_or_default() {
+            assert_eq!(p.numel(), 0, "the critic's {name} is whole");
         }
         for (name, p) in t
             .reference()
@@ -259,13 +263,19 @@ fn grpo_with_a_kl_loss_and_a_sharded_reference_takes_the_one_process_steps() {
 }
 
 #[test]
-fn ppo_with_a_replicated_critic_and_a_sharded_policy_takes_the_one_process_steps() {
+fn ppo_with_a_sharded_critic_and_a_sharded_policy_takes_the_one_process_steps() {
     check(Kind2::Ppo, 8, 2, Mode::Sharded, true);
 }
 
 #[test]
 fn sft_sharded_over_three_ranks_with_two_samples_takes_the_one_process_steps() {
     check(Kind2::Sft, 2, 3, Mode::Sharded, false);
+}
+
+#[test]
+fn ppo_sharded_over_three_ranks_with_uneven_micro_batches_takes_the_one_process_steps() {
+    // Some ranks join the policy's and the critic's passes without samples, interleaved.
+    check(Kind2::Ppo, 8, 3, Mode::Sharded, false);
 }
 
 #[test]
@@ -291,8 +301,8 @@ fn sft_sharded_over_three_ranks_with_uneven_micro_batches_takes_the_one_process_
 fn checkpointed(
     model: &Path,
     run_dir: &Path,
-    world: usize,
-    mode: Mode,
+    (world, mode): (usize, Mode),
+    what: Kind2,
     until: u64,
     save_after: &'static [u64],
     resume: bool,
@@ -316,11 +326,33 @@ fn checkpointed(
                 let mut config = TrainerConfig::default();
                 config.schedule.lr = 3e-4;
                 config.max_tokens_per_micro_batch = 24;
+                if what == Kind2::Ppo {
+                    config.advantage.estimator = Estimator::Ppo;
+                    config.advantage.lambda = 0.95;
+                }
                 let policy = Decoder::load(&model, Device::Cpu, Kind::Float).unwrap();
+                let with_critic = |t: &mut Trainer| {
+                    if what == Kind2::Ppo {
+                        let critic = Critic::load(&model, Device::Cpu, Kind::Float).unwrap();
+                        let schedule = t.config.schedule.clone();
+                        let warmup_steps = 1;
+                        t.set_critic(
+                            critic,
+                            CriticConfig {
+                                schedule,
+                                warmup_steps,
+                            },
+                        )
+                        .unwrap();
+                    }
+                };
                 let mut t = if mode == Mode::Sharded {
-                    Trainer::sharded(policy, None, config, group).unwrap()
+                    let mut t = Trainer::sharded(policy, None, config, group).unwrap();
+                    with_critic(&mut t);
+                    t
                 } else {
                     let mut t = Trainer::new(policy, None, config).unwrap();
+                    with_critic(&mut t);
                     if resume {
                         checkpoint::load_newest(&run_dir, &mut t).unwrap().unwrap();
                     }
@@ -333,7 +365,9 @@ fn checkpointed(
                 let data = samples(8);
                 let mut losses = Vec::new();
                 while t.step() < until {
-                    losses.push(t.rl_step(&data).unwrap().loss);
+                    let m = t.rl_step(&data).unwrap();
+                    losses.push(m.loss);
+                    losses.extend(m.value_loss);
                     if save_after.contains(&t.step()) {
                         checkpoint::save(&run_dir, &model, &t, serde_json::json!({})).unwrap();
                     }
@@ -355,14 +389,22 @@ fn a_sharded_run_resumes_exactly_and_its_checkpoint_holds_the_whole_model() {
     let model = tempfile::tempdir().unwrap();
     tiny_model(model.path(), false);
     let (whole, cut) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let straight = checkpointed(model.path(), whole.path(), 2, Mode::Sharded, 5, &[], false);
+    let straight = checkpointed(
+        model.path(),
+        whole.path(),
+        (2, Mode::Sharded),
+        Kind2::Grpo,
+        5,
+        &[],
+        false,
+    );
     // Stopped after step 2 (the checkpoint after step 3 was still being written: it is finished
     // before the run returns), then resumed from the newest.
     checkpointed(
         model.path(),
         cut.path(),
-        2,
-        Mode::Sharded,
+        (2, Mode::Sharded),
+        Kind2::Grpo,
         3,
         &[2, 3],
         false,
@@ -389,7 +431,15 @@ fn a_sharded_run_resumes_exactly_and_its_checkpoint_holds_the_whole_model() {
             .trainable_parameters()
             .len()
     );
-    let resumed = checkpointed(model.path(), cut.path(), 2, Mode::Sharded, 5, &[], true);
+    let resumed = checkpointed(
+        model.path(),
+        cut.path(),
+        (2, Mode::Sharded),
+        Kind2::Grpo,
+        5,
+        &[],
+        true,
+    );
     for (rank, run) in resumed.iter().enumerate() {
         assert_eq!(
             run.losses,
@@ -410,20 +460,52 @@ fn a_checkpoint_resumes_on_another_number_of_ranks_and_across_sharding() {
     let straight = checkpointed(
         model.path(),
         tempfile::tempdir().unwrap().path(),
-        2,
-        Mode::Sharded,
+        (2, Mode::Sharded),
+        Kind2::Grpo,
         4,
         &[],
         false,
     );
     // Sharded over 2, resumed sharded over 3.
     let a = tempfile::tempdir().unwrap();
-    checkpointed(model.path(), a.path(), 2, Mode::Sharded, 2, &[2], false);
-    let three = checkpointed(model.path(), a.path(), 3, Mode::Sharded, 4, &[], true);
+    checkpointed(
+        model.path(),
+        a.path(),
+        (2, Mode::Sharded),
+        Kind2::Grpo,
+        2,
+        &[2],
+        false,
+    );
+    let three = checkpointed(
+        model.path(),
+        a.path(),
+        (3, Mode::Sharded),
+        Kind2::Grpo,
+        4,
+        &[],
+        true,
+    );
     // Replicated over 2, resumed sharded over 2.
     let b = tempfile::tempdir().unwrap();
-    checkpointed(model.path(), b.path(), 2, Mode::Replicated, 2, &[2], false);
-    let across = checkpointed(model.path(), b.path(), 2, Mode::Sharded, 4, &[], true);
+    checkpointed(
+        model.path(),
+        b.path(),
+        (2, Mode::Replicated),
+        Kind2::Grpo,
+        2,
+        &[2],
+        false,
+    );
+    let across = checkpointed(
+        model.path(),
+        b.path(),
+        (2, Mode::Sharded),
+        Kind2::Grpo,
+        4,
+        &[],
+        true,
+    );
     for run in three.iter().chain(&across) {
         assert!(
             max_diff(&run.losses, &straight[0].losses[2..]) < 1e-5,
@@ -432,5 +514,67 @@ fn a_checkpoint_resumes_on_another_number_of_ranks_and_across_sharding() {
             &straight[0].losses[2..]
         );
         assert!(max_diff(&run.weights, &straight[0].weights) < 1e-5);
+    }
+}
+
+#[test]
+fn a_sharded_ppo_run_resumes_exactly_also_on_another_number_of_ranks() {
+    let model = tempfile::tempdir().unwrap();
+    tiny_model(model.path(), false);
+    let sharded = (2, Mode::Sharded);
+    let straight = checkpointed(
+        model.path(),
+        tempfile::tempdir().unwrap().path(),
+        sharded,
+        Kind2::Ppo,
+        4,
+        &[],
+        false,
+    );
+    let cut = tempfile::tempdir().unwrap();
+    checkpointed(
+        model.path(),
+        cut.path(),
+        sharded,
+        Kind2::Ppo,
+        2,
+        &[2],
+        false,
+    );
+    let dir = cut.path().join("checkpoint-000002");
+    for part in [
+        "critic/config.json",
+        "critic_optimizer-rank-00000-of-00002",
+        "critic_optimizer-rank-00001-of-00002",
+    ] {
+        assert!(dir.join(part).exists(), "{part} in the checkpoint");
+    }
+    // critic/ is the whole critic: it loads on its own.
+    Critic::load(&dir.join("critic"), Device::Cpu, Kind::Float).unwrap();
+    let resumed = checkpointed(model.path(), cut.path(), sharded, Kind2::Ppo, 4, &[], true);
+    for (rank, run) in resumed.iter().enumerate() {
+        // Policy and value losses of steps 3 and 4.
+        assert_eq!(
+            run.losses,
+            straight[rank].losses[4..],
+            "rank {rank}'s losses"
+        );
+        assert_eq!(run.weights, straight[rank].weights, "rank {rank}'s weights");
+    }
+    // The same checkpoint resumed over three ranks: the critic's state is resharded too.
+    let three = checkpointed(
+        model.path(),
+        cut.path(),
+        (3, Mode::Sharded),
+        Kind2::Ppo,
+        4,
+        &[],
+        true,
+    );
+    for run in &three {
+        let d = max_diff(&run.losses, &straight[0].losses[4..]);
+        assert!(d < 1e-5, "losses over three ranks differ by {d}");
+        let d = max_diff(&run.weights, &straight[0].weights);
+        assert!(d < 1e-5, "weights over three ranks differ by {d}");
     }
 }
