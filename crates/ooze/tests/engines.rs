@@ -31,6 +31,21 @@ fn metrics(run: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The run logged all four rollouts whole, each generated with the trainer's exact weights
+/// (engine and trainer log-probs agree; a stale engine is 0.1 off).
+fn assert_four_fresh_rollouts(run: &Path, log: &str) {
+    let lines = metrics(run);
+    assert_eq!(lines.len(), 4, "{log}");
+    for m in &lines {
+        assert_eq!(m["rollout/samples"], 128, "{m}");
+        let diff = m["train/mismatch_mean"].as_f64().unwrap();
+        assert!(
+            diff < 1e-4,
+            "engine and trainer log-probs differ by {diff}: {m}"
+        );
+    }
+}
+
 /// A tiny model and two `ooze serve` engines on it (few sequences at once: a rollout spends
 /// seconds generating, so a kill lands inside one), with their base URLs.
 struct Setup {
@@ -233,17 +248,7 @@ fn weights_broadcast_over_a_process_group_reach_every_engine_and_survive_one_lea
         b_version >= 1,
         "engine B took a broadcast update before it left"
     );
-    let lines = metrics(&run);
-    assert_eq!(lines.len(), 4, "{log}");
-    for m in &lines {
-        assert_eq!(m["rollout/samples"], 128, "{m}");
-        // The engines generated with the trainer's exact weights (a stale engine is 0.1 off).
-        let diff = m["train/mismatch_mean"].as_f64().unwrap();
-        assert!(
-            diff < 1e-4,
-            "engine and trainer log-probs differ by {diff}: {m}"
-        );
-    }
+    assert_four_fresh_rollouts(&run, &log);
     // Engine A took all four updates over the group (formed again without B for the last ones).
     assert_eq!(engine_info(&base_a).unwrap().1, 4, "{log}");
     assert!(!run.join("weights").exists(), "no weights written to disk");
@@ -269,18 +274,7 @@ fn a_run_starts_its_own_engines_beside_two_trainer_ranks_and_stops_them() {
     let log = training.finish();
     assert!(log.contains("ranks: 2 joined over Gloo"), "{log}");
     assert!(log.contains("engines: 2 ready"), "{log}");
-    let lines = metrics(&run);
-    assert_eq!(lines.len(), 4, "{log}");
-    for m in &lines {
-        assert_eq!(m["rollout/samples"], 128, "{m}");
-        // The engines generated with the trainer's exact weights: every step's broadcast
-        // reached both (a stale engine is 0.1 off).
-        let diff = m["train/mismatch_mean"].as_f64().unwrap();
-        assert!(
-            diff < 1e-4,
-            "engine and trainer log-probs differ by {diff}: {m}"
-        );
-    }
+    assert_four_fresh_rollouts(&run, &log);
     for i in 0..2 {
         let engine_log = std::fs::read_to_string(run.join(format!("engines/engine-{i}.log")))
             .unwrap_or_else(|e| panic!("engine {i}'s log: {e}"));
@@ -310,16 +304,7 @@ fn a_run_over_vllms_api_generates_by_completions_and_reloads_weights_from_disk()
     let run = training.run.clone();
     let log = training.finish();
     assert!(log.contains("(vLLM's API)"), "{log}");
-    let lines = metrics(&run);
-    assert_eq!(lines.len(), 4, "{log}");
-    for m in &lines {
-        assert_eq!(m["rollout/samples"], 128, "{m}");
-        let diff = m["train/mismatch_mean"].as_f64().unwrap();
-        assert!(
-            diff < 1e-4,
-            "engine and trainer log-probs differ by {diff}: {m}"
-        );
-    }
+    assert_four_fresh_rollouts(&run, &log);
     for (server, base) in [(&a, &base_a), (&b, &base_b)] {
         assert_eq!(engine_info(base).unwrap().1, 4, "{base}: {log}");
         let served = server.log();
