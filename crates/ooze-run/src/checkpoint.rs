@@ -1,6 +1,6 @@
 //! Stage *checkpoint*: every `trainer.save_interval` rollouts (and after the last) the trainer —
-//! policy, optimizer, critic — and the run's counters are saved atomically
-//! (`ooze_train::checkpoint`); a rollout-only run saves its counters alone
+//! policy, optimizer, critic — and the run's counters are saved atomically, written in the
+//! background (`ooze_train::checkpoint::save_in_background`); a rollout-only run saves its counters alone
 //! (`RUN/rollout_state.json`). A resumed run restores both, so it draws the same prompts and
 //! samples and takes the same steps as one that was never stopped.
 
@@ -87,20 +87,17 @@ impl Run {
         match self.trainer.as_ref() {
             Some(trainer) if save => {
                 let t = Instant::now();
-                let dir = checkpoint::save(
+                // Training waits only for the copy to host memory; the files are written in
+                // the background and the checkpoint is complete at the next save or the end.
+                let dir = checkpoint::save_in_background(
                     &self.run_dir,
                     &self.recipe.model.path,
                     trainer,
                     serde_json::to_value(self.state)?,
                 )?;
                 if self.is_first() {
-                    let writing = if trainer.is_sharded() {
-                        ", written in the background"
-                    } else {
-                        ""
-                    };
                     eprintln!(
-                        "checkpoint: {} ({:.1}s{writing})",
+                        "checkpoint: {} ({:.1}s, written in the background)",
                         dir.display(),
                         t.elapsed().as_secs_f64()
                     );

@@ -11,7 +11,9 @@
 //! With ranks every rank calls [`save`], [`save_final_model`] and [`finish_pending`]; rank 0
 //! writes, except that a sharded trainer's ranks each write their own optimizer shard, in the
 //! background (see `sharded_checkpoint`): its checkpoint is complete, renamed into place, only at
-//! the next save or at [`finish_pending`].
+//! the next save or at [`finish_pending`]. [`save_in_background`] does the same for a whole
+//! trainer (what `ooze train` and `ooze sft` use): training waits only for the copy to host
+//! memory.
 //!
 //! Resuming takes the newest checkpoint that loads ([`load_newest`]): `latest`, or when that one is
 //! damaged (a truncated safetensors file, missing files, bad JSON) the ones before it, newest
@@ -21,7 +23,7 @@ use crate::sharded_checkpoint;
 use crate::trainer::{Trainer, TrainerConfig};
 use crate::TrainError;
 use ooze_core::atomic_file;
-use ooze_model::checkpoint::{SaveOptions, WeightSet};
+use ooze_model::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use ooze_torch::tch::Kind;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -49,6 +51,24 @@ pub(crate) fn io<'a>(
 /// re-exported for the callers that write run files through this module.
 pub use ooze_core::atomic_file::write as write_atomic;
 
+/// The dtype the model is saved in: its own when 16-bit, fp32 otherwise.
+fn saved_kind(trainer: &Trainer) -> Kind {
+    match trainer.policy.kind() {
+        Kind::BFloat16 | Kind::Half => trainer.policy.kind(),
+        _ => Kind::Float,
+    }
+}
+
+/// `trainer_state.json`'s bytes.
+fn state_json(trainer: &Trainer, extra: serde_json::Value) -> Vec<u8> {
+    let state = TrainerState {
+        step: trainer.step(),
+        config: trainer.config.clone(),
+        extra,
+    };
+    serde_json::to_vec_pretty(&state).expect("invariant: the state serialises")
+}
+
 /// Saves the trainer after its current step into `run_dir`; `source_model` is the model directory
 /// the policy was loaded from (its config and tokenizer files are copied). Returns the checkpoint
 /// (a sharded trainer's is still being written: see [`finish_pending`]). Every rank calls it.
@@ -60,16 +80,8 @@ pub fn save(
 ) -> Result<PathBuf, TrainError> {
     let name = format!("checkpoint-{:06}", trainer.step());
     let done = run_dir.join(&name);
-    let model_kind = match trainer.policy.kind() {
-        Kind::BFloat16 | Kind::Half => trainer.policy.kind(),
-        _ => Kind::Float,
-    };
-    let state = TrainerState {
-        step: trainer.step(),
-        config: trainer.config.clone(),
-        extra,
-    };
-    let json = serde_json::to_vec_pretty(&state).expect("invariant: the state serialises");
+    let model_kind = saved_kind(trainer);
+    let json = state_json(trainer, extra);
     if trainer.is_sharded() {
         return sharded_checkpoint::save(run_dir, source_model, trainer, json, model_kind);
     }
@@ -128,8 +140,70 @@ pub fn save(
     Ok(done)
 }
 
-/// Finishes a sharded trainer's checkpoint still being written (every rank calls it; nothing to
-/// do otherwise) and returns it. Call it before the end of a run.
+/// [`save`], with the files written in the background: the trainer's state is copied to host
+/// memory (the only time training waits), a thread writes the checkpoint under its hidden name,
+/// and it is renamed into place, `latest` moved to it, at the next save or at [`finish_pending`].
+/// Until then the previous checkpoint stays the latest. Every rank calls it; rank 0 writes (a
+/// sharded trainer's ranks each their shard, as [`save`] does).
+pub fn save_in_background(
+    run_dir: &Path,
+    source_model: &Path,
+    trainer: &Trainer,
+    extra: serde_json::Value,
+) -> Result<PathBuf, TrainError> {
+    if trainer.is_sharded() {
+        return save(run_dir, source_model, trainer, extra);
+    }
+    finish_pending(trainer)?;
+    let name = format!("checkpoint-{:06}", trainer.step());
+    let done = run_dir.join(&name);
+    if trainer.rank().0 != 0 {
+        return Ok(done);
+    }
+    let model_kind = saved_kind(trainer);
+    let json = state_json(trainer, extra);
+    let host = sharded_checkpoint::to_host;
+    let model = host(trainer.policy.named_parameters(), model_kind);
+    let optimizer = host(trainer.optimizer().state(), Kind::Float);
+    let critic = trainer
+        .critic()
+        .map(|c| host(c.named_tensors(), model_kind));
+    let critic_optimizer = trainer
+        .critic_optimizer_state()
+        .map(|s| host(s, Kind::Float));
+    let tmp = run_dir.join(format!(".{name}.partial"));
+    let (source, dir) = (source_model.to_owned(), tmp.clone());
+    let writer = std::thread::spawn(move || -> Result<(), TrainError> {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io("remove", &dir))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
+        let kind = |kind| SaveOptions {
+            kind,
+            ..Default::default()
+        };
+        export_model(&source, &dir.join("model"), &model, kind(model_kind))?;
+        save_weights(&dir.join("optimizer"), &optimizer, kind(Kind::Float))?;
+        if let Some(critic) = critic {
+            export_model(&source, &dir.join("critic"), &critic, kind(model_kind))?;
+        }
+        if let Some(state) = critic_optimizer {
+            save_weights(&dir.join("critic_optimizer"), &state, kind(Kind::Float))?;
+        }
+        write_atomic(&dir.join("trainer_state.json"), &json)?;
+        Ok(())
+    });
+    *trainer.pending_write() = Some(sharded_checkpoint::PendingWrite {
+        tmp,
+        done: done.clone(),
+        run_dir: run_dir.to_owned(),
+        writer,
+    });
+    Ok(done)
+}
+
+/// Finishes the checkpoint still being written in the background, if any (every rank calls it;
+/// nothing to do otherwise), and returns it. Call it before the end of a run.
 pub fn finish_pending(trainer: &Trainer) -> Result<Option<PathBuf>, TrainError> {
     sharded_checkpoint::finish_pending(trainer)
 }

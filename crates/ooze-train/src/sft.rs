@@ -358,9 +358,10 @@ fn train_steps(
                     .unwrap_or_default()
             );
         }
-        // Every rank: a sharded trainer's ranks each write their part.
+        // Every rank: a sharded trainer's ranks each write their part. Written in the
+        // background; the last is finished with the final model.
         if done.is_multiple_of(config.save_every.max(1)) || done == total {
-            checkpoint::save(
+            checkpoint::save_in_background(
                 &config.out,
                 &config.model,
                 trainer,

@@ -26,10 +26,53 @@ use std::thread::JoinHandle;
 
 /// A checkpoint whose files are still being written.
 pub(crate) struct PendingWrite {
+    pub(crate) tmp: PathBuf,
+    pub(crate) done: PathBuf,
+    pub(crate) run_dir: PathBuf,
+    pub(crate) writer: JoinHandle<Result<(), TrainError>>,
+}
+
+impl PendingWrite {
+    /// Waits for this process's writer.
+    pub(crate) fn join(self) -> (PendingDirs, Result<(), TrainError>) {
+        let result = self.writer.join().unwrap_or_else(|_| {
+            Err(TrainError::Checkpoint(format!(
+                "the thread writing {} stopped",
+                self.tmp.display()
+            )))
+        });
+        let dirs = PendingDirs {
+            tmp: self.tmp,
+            done: self.done,
+            run_dir: self.run_dir,
+        };
+        (dirs, result)
+    }
+}
+
+/// Where a written checkpoint is, and where it goes.
+pub(crate) struct PendingDirs {
     tmp: PathBuf,
-    done: PathBuf,
+    pub(crate) done: PathBuf,
     run_dir: PathBuf,
-    writer: JoinHandle<Result<(), TrainError>>,
+}
+
+impl PendingDirs {
+    /// Renames the complete checkpoint into place and points `latest` at it.
+    pub(crate) fn complete(&self) -> Result<(), TrainError> {
+        let (tmp, done) = (&self.tmp, &self.done);
+        atomic_file::sync_dir(tmp)?;
+        if done.exists() {
+            std::fs::remove_dir_all(done).map_err(io("remove", done))?;
+        }
+        atomic_file::rename(tmp, done)?;
+        let name = done
+            .file_name()
+            .expect("a checkpoint name")
+            .to_string_lossy();
+        write_atomic(&self.run_dir.join("latest"), name.as_bytes())?;
+        Ok(())
+    }
 }
 
 /// The policy's optimizer state (`optimizer/`, `optimizer-rank-*`) and the critic's.
@@ -41,7 +84,7 @@ fn shard_dir(dir: &Path, state: &str, rank: usize, world: usize) -> PathBuf {
     dir.join(format!("{state}-rank-{rank:05}-of-{world:05}"))
 }
 
-fn to_host(tensors: Vec<(String, Tensor)>, kind: Kind) -> Vec<(String, Tensor)> {
+pub(crate) fn to_host(tensors: Vec<(String, Tensor)>, kind: Kind) -> Vec<(String, Tensor)> {
     tensors
         .into_iter()
         .map(|(name, t)| (name, t.to_device(Device::Cpu).to_kind(kind).copy()))
@@ -140,15 +183,13 @@ pub(crate) fn finish_pending(trainer: &Trainer) -> Result<Option<PathBuf>, Train
     let Some(pending) = trainer.pending_write().take() else {
         return Ok(None);
     };
+    let (dirs, mine) = pending.join();
     let Some(model) = trainer.shards.as_ref() else {
-        return Ok(None);
+        // A whole trainer's checkpoint, rank 0's alone.
+        mine?;
+        dirs.complete()?;
+        return Ok(Some(dirs.done));
     };
-    let mine = pending.writer.join().unwrap_or_else(|_| {
-        Err(TrainError::Checkpoint(format!(
-            "the thread writing {} stopped",
-            pending.tmp.display()
-        )))
-    });
     let device = trainer.policy.device();
     let failed = sum_over_ranks(
         model.group(),
@@ -160,24 +201,14 @@ pub(crate) fn finish_pending(trainer: &Trainer) -> Result<Option<PathBuf>, Train
     if failed > 0.0 {
         return Err(TrainError::Checkpoint(format!(
             "{} is incomplete: another rank could not write its part (its error is in its log)",
-            pending.tmp.display()
+            dirs.done.display()
         )));
     }
     if trainer.rank().0 == 0 {
-        let (tmp, done) = (&pending.tmp, &pending.done);
-        atomic_file::sync_dir(tmp)?;
-        if done.exists() {
-            std::fs::remove_dir_all(done).map_err(io("remove", done))?;
-        }
-        atomic_file::rename(tmp, done)?;
-        let name = done
-            .file_name()
-            .expect("a checkpoint name")
-            .to_string_lossy();
-        write_atomic(&pending.run_dir.join("latest"), name.as_bytes())?;
+        dirs.complete()?;
     }
     model.group().barrier().map_err(dist_error)?;
-    Ok(Some(pending.done))
+    Ok(Some(dirs.done))
 }
 
 /// Restores the policy's weights and this rank's optimizer shard from checkpoint `dir`.

@@ -201,3 +201,52 @@ fn a_failed_checkpoint_write_says_what_it_was_doing_with_its_cause_once() {
     assert!(!text.contains("read"), "{text}");
     assert_eq!(text.matches(&not_a_directory).count(), 1, "{text}");
 }
+
+/// A checkpoint written in the background: training goes on while it is written, the previous
+/// one stays `latest` until the next save (or `finish_pending`) completes it, and it holds the
+/// same files as one written in the foreground at that step.
+#[test]
+fn a_background_checkpoint_is_latest_only_once_complete_and_equals_a_foreground_one() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let data = samples(dir.path());
+    let (fore, back) = (dir.path().join("fore"), dir.path().join("back"));
+    let mut t = trainer(dir.path());
+    t.sft_step(&data[..6]).unwrap();
+    checkpoint::save(&fore, dir.path(), &t, serde_json::json!({"rollout": 1})).unwrap();
+    let first =
+        checkpoint::save_in_background(&back, dir.path(), &t, serde_json::json!({"rollout": 1}))
+            .unwrap();
+    assert!(first.ends_with("checkpoint-000001"));
+    // Not complete yet: nothing is latest, whatever the writer has done so far.
+    assert_eq!(checkpoint::latest(&back).unwrap(), None);
+    let after_first = t.eval_loss(&data).unwrap();
+    t.sft_step(&data[6..]).unwrap();
+    // The next save completes the first.
+    checkpoint::save_in_background(&back, dir.path(), &t, serde_json::json!({"rollout": 2}))
+        .unwrap();
+    assert_eq!(checkpoint::latest(&back).unwrap(), Some(first.clone()));
+    for file in [
+        "model/model.safetensors",
+        "model/config.json",
+        "optimizer/model.safetensors",
+        "trainer_state.json",
+    ] {
+        assert_eq!(
+            std::fs::read(fore.join("checkpoint-000001").join(file)).unwrap(),
+            std::fs::read(first.join(file)).unwrap(),
+            "{file} differs from the foreground checkpoint's"
+        );
+    }
+    let second = checkpoint::finish_pending(&t).unwrap().unwrap();
+    assert_eq!(checkpoint::latest(&back).unwrap(), Some(second.clone()));
+    assert!(
+        checkpoint::finish_pending(&t).unwrap().is_none(),
+        "nothing left"
+    );
+    // Restoring the first reproduces the state it was taken in, though training went on.
+    let mut resumed = trainer(dir.path());
+    checkpoint::load(&first, &mut resumed).unwrap();
+    assert_eq!(resumed.eval_loss(&data).unwrap(), after_first);
+    assert!(!back.join(".checkpoint-000002.partial").exists());
+}
