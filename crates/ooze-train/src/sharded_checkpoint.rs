@@ -84,10 +84,21 @@ fn shard_dir(dir: &Path, state: &str, rank: usize, world: usize) -> PathBuf {
     dir.join(format!("{state}-rank-{rank:05}-of-{world:05}"))
 }
 
+/// Host copies of `tensors` in `kind`, made once: a GPU tensor is converted on the GPU and copied
+/// down; a CPU tensor copied (or converted, which copies).
 pub(crate) fn to_host(tensors: Vec<(String, Tensor)>, kind: Kind) -> Vec<(String, Tensor)> {
     tensors
         .into_iter()
-        .map(|(name, t)| (name, t.to_device(Device::Cpu).to_kind(kind).copy()))
+        .map(|(name, t)| {
+            let host = if t.device() != Device::Cpu {
+                t.to_kind(kind).to_device(Device::Cpu)
+            } else if t.kind() != kind {
+                t.to_kind(kind)
+            } else {
+                t.copy()
+            };
+            (name, host)
+        })
         .collect()
 }
 
