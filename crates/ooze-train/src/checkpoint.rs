@@ -78,65 +78,13 @@ pub fn save(
     trainer: &Trainer,
     extra: serde_json::Value,
 ) -> Result<PathBuf, TrainError> {
-    let name = format!("checkpoint-{:06}", trainer.step());
-    let done = run_dir.join(&name);
-    let model_kind = saved_kind(trainer);
-    let json = state_json(trainer, extra);
     if trainer.is_sharded() {
-        return sharded_checkpoint::save(run_dir, source_model, trainer, json, model_kind);
+        let json = state_json(trainer, extra);
+        return sharded_checkpoint::save(run_dir, source_model, trainer, json, saved_kind(trainer));
     }
-    if trainer.rank().0 != 0 {
-        return Ok(done);
-    }
-    let tmp = run_dir.join(format!(".{name}.partial"));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io("remove", &tmp))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(io("create directory", &tmp))?;
-    trainer.policy.save(
-        source_model,
-        &tmp.join("model"),
-        SaveOptions {
-            kind: model_kind,
-            ..Default::default()
-        },
-    )?;
-    ooze_model::checkpoint::save_weights(
-        &tmp.join("optimizer"),
-        &trainer.optimizer().state(),
-        SaveOptions {
-            kind: Kind::Float,
-            ..Default::default()
-        },
-    )?;
-    if let Some(critic) = trainer.critic() {
-        critic.save(
-            source_model,
-            &tmp.join("critic"),
-            SaveOptions {
-                kind: model_kind,
-                ..Default::default()
-            },
-        )?;
-    }
-    if let Some(state) = trainer.critic_optimizer_state() {
-        ooze_model::checkpoint::save_weights(
-            &tmp.join("critic_optimizer"),
-            &state,
-            SaveOptions {
-                kind: Kind::Float,
-                ..Default::default()
-            },
-        )?;
-    }
-    write_atomic(&tmp.join("trainer_state.json"), &json)?;
-    // The entries of the hidden directory (model/, optimizer/, …) reach the disk before its rename.
-    atomic_file::sync_dir(&tmp)?;
-    if done.exists() {
-        std::fs::remove_dir_all(&done).map_err(io("remove", &done))?;
-    }
-    atomic_file::rename(&tmp, &done)?;
-    write_atomic(&run_dir.join("latest"), name.as_bytes())?;
+    // The background writer, waited for: one way of writing a checkpoint.
+    let done = save_in_background(run_dir, source_model, trainer, extra)?;
+    finish_pending(trainer)?;
     Ok(done)
 }
 
@@ -152,7 +100,8 @@ pub fn save_in_background(
     extra: serde_json::Value,
 ) -> Result<PathBuf, TrainError> {
     if trainer.is_sharded() {
-        return save(run_dir, source_model, trainer, extra);
+        let json = state_json(trainer, extra);
+        return sharded_checkpoint::save(run_dir, source_model, trainer, json, saved_kind(trainer));
     }
     finish_pending(trainer)?;
     let name = format!("checkpoint-{:06}", trainer.step());
