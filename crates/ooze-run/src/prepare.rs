@@ -40,16 +40,7 @@ impl Run {
     ) -> anyhow::Result<Run> {
         let started = Instant::now();
         let first = ranks.as_ref().is_none_or(|r| r.rank() == 0);
-        if let Some(r) = &ranks {
-            let world = r.world_size();
-            if !recipe.rollout.batch_size.is_multiple_of(world) {
-                anyhow::bail!(
-                    "rollout.batch_size = {} does not divide among {world} ranks: each generates \
-                     an equal share of a rollout's prompts",
-                    recipe.rollout.batch_size
-                );
-            }
-        }
+        check_rank_shares(&recipe, ranks.as_ref())?;
         crate::checkpoint::refuse_to_overwrite(run_dir, resume)?;
         if first {
             std::fs::create_dir_all(run_dir)
@@ -80,21 +71,8 @@ impl Run {
         let slot_len = slot_len(&recipe, &prompts, &evals);
         // Engines outside the trainer (rollout.gpus, rollout.engines): rank 0 drives them alone.
         let external = recipe.rollout.outside_engines();
-        let trainer_gpus = trainer_gpus(&recipe, ranks.as_ref())?;
-        let engine_processes = if recipe.rollout.gpus > 0 && first {
-            let launch = EngineLaunch {
-                model: &recipe.model.path,
-                device,
-                kind,
-                trainer_gpus,
-                engines: recipe.rollout.gpus,
-                slot_len,
-                max_running: recipe.rollout.max_running,
-            };
-            Some(EngineProcesses::start(&launch, run_dir)?)
-        } else {
-            None
-        };
+        let engine_processes =
+            start_engine_processes(&recipe, ranks.as_ref(), (device, kind), slot_len, run_dir)?;
         let shard_over = sharding(&recipe, ranks.as_ref(), device, kind, slot_len, external)?;
         let policy = load_model(model_path, "model.path", device, kind)?;
         let (vocab, model_eos) = (
@@ -161,17 +139,14 @@ impl Run {
                     EngineConfig::new(slots, slot_len, eos).with_initial_weight_version(version),
                 )
             }),
-            None if first => {
-                let launched = engine_processes.as_ref().map(EngineProcesses::urls);
-                Some(external_engines(
-                    &recipe,
-                    launched.unwrap_or_default(),
-                    slot_len,
-                    vocab,
-                    version,
-                    device,
-                )?)
-            }
+            None if first => Some(external_engines(
+                &recipe,
+                engine_processes.as_ref(),
+                slot_len,
+                vocab,
+                version,
+                device,
+            )?),
             None => None,
         };
         if let (Some(agent), Some(engine)) = (settings.agent.as_mut(), &engine) {
@@ -545,6 +520,46 @@ fn sharding(
     })
 }
 
+/// Each rank generates an equal share of a rollout's prompts.
+fn check_rank_shares(recipe: &Recipe, ranks: Option<&RunRanks>) -> anyhow::Result<()> {
+    if let Some(r) = ranks {
+        let world = r.world_size();
+        if !recipe.rollout.batch_size.is_multiple_of(world) {
+            bail!(
+                "rollout.batch_size = {} does not divide among {world} ranks: each generates an \
+                 equal share of a rollout's prompts",
+                recipe.rollout.batch_size
+            );
+        }
+    }
+    Ok(())
+}
+
+/// On rank 0, the engines of `rollout.gpus`, started on the GPUs after the trainer's.
+fn start_engine_processes(
+    recipe: &Recipe,
+    ranks: Option<&RunRanks>,
+    (device, kind): (Device, Kind),
+    slot_len: i64,
+    run_dir: &Path,
+) -> anyhow::Result<Option<EngineProcesses>> {
+    let trainer_gpus = trainer_gpus(recipe, ranks)?;
+    let first = ranks.is_none_or(|r| r.rank() == 0);
+    if recipe.rollout.gpus == 0 || !first {
+        return Ok(None);
+    }
+    let launch = EngineLaunch {
+        model: &recipe.model.path,
+        device,
+        kind,
+        trainer_gpus,
+        engines: recipe.rollout.gpus,
+        slot_len,
+        max_running: recipe.rollout.max_running,
+    };
+    Ok(Some(EngineProcesses::start(&launch, run_dir)?))
+}
+
 /// The trainer's GPUs (ranks) on this machine, checked against `trainer.gpus`.
 fn trainer_gpus(recipe: &Recipe, ranks: Option<&RunRanks>) -> anyhow::Result<usize> {
     let local = match std::env::var("LOCAL_WORLD_SIZE") {
@@ -566,16 +581,16 @@ fn trainer_gpus(recipe: &Recipe, ranks: Option<&RunRanks>) -> anyhow::Result<usi
 /// `rollout.engines` (and `rollout.engines_file`).
 fn external_engines(
     recipe: &Recipe,
-    launched: Vec<String>,
+    launched: Option<&EngineProcesses>,
     slot_len: i64,
     vocab: i64,
     version: u64,
     device: Device,
 ) -> anyhow::Result<ooze_engine::EngineHandle> {
     let r = &recipe.rollout;
-    let n = r.engines.len() + launched.len();
     let mut engines = r.engines.clone();
-    engines.extend(launched);
+    engines.extend(launched.map(EngineProcesses::urls).unwrap_or_default());
+    let n = engines.len();
     let mut config = ooze_router::RouterConfig::new(engines, slot_len, vocab);
     config.engines_file = r.engines_file.clone();
     config.initial_weight_version = version;

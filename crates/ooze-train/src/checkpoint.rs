@@ -78,13 +78,12 @@ pub fn save(
     trainer: &Trainer,
     extra: serde_json::Value,
 ) -> Result<PathBuf, TrainError> {
-    if trainer.is_sharded() {
-        let json = state_json(trainer, extra);
-        return sharded_checkpoint::save(run_dir, source_model, trainer, json, saved_kind(trainer));
-    }
-    // The background writer, waited for: one way of writing a checkpoint.
+    // The background writer, waited for: one way of writing a checkpoint. (A sharded trainer's
+    // ranks each write their part, completed at the next save or `finish_pending`.)
     let done = save_in_background(run_dir, source_model, trainer, extra)?;
-    finish_pending(trainer)?;
+    if !trainer.is_sharded() {
+        finish_pending(trainer)?;
+    }
     Ok(done)
 }
 

@@ -236,27 +236,11 @@ impl Trainer {
         let reference_t = inputs.reference.map(&gather);
         let observation_t = observation_weights.map(gather32);
         let sample_index = Tensor::from_slice(&index).to_device(device);
-        // A sharded critic runs its own pass beside the policy's (its backward after theirs).
-        let mut critic_pass = None;
-        let mut critic_recomputed = None;
-        let critic_inputs = match (&self.critic, inputs.critic_targets) {
-            (Some((critic, _)), Some((old_values, returns))) => {
-                let values = match &self.critic_shards {
-                    Some(model) => {
-                        let mut pass = model.pass(model.training_order());
-                        let (values, recomputed) = sharded_forward::forward_with(
-                            &critic.body,
-                            model,
-                            &mut pass,
-                            chosen,
-                            |hidden, _| critic.values_of(hidden),
-                        )?;
-                        critic_pass = Some(pass);
-                        critic_recomputed = Some(recomputed);
-                        values
-                    }
-                    None => critic.values(chosen),
-                };
+        let mut critic_backward = None;
+        let critic_inputs = match inputs.critic_targets {
+            Some((old_values, returns)) if self.critic.is_some() => {
+                let (values, backward) = self.critic_forward(chosen)?;
+                critic_backward = backward;
                 Some((values, gather(old_values), gather(returns)))
             }
             _ => None,
@@ -281,12 +265,9 @@ impl Trainer {
         let forward_done = phase.mark();
         terms.total.backward();
         self.policy_backward(recomputed, pass)?;
-        if let (Some(r), Some(mut pass), Some(model), Some((critic, _))) = (
-            critic_recomputed,
-            critic_pass,
-            &self.critic_shards,
-            &self.critic,
-        ) {
+        if let (Some((r, mut pass)), Some(model), Some((critic, _))) =
+            (critic_backward, &self.critic_shards, &self.critic)
+        {
             sharded_forward::backward(r, &critic.body, model, &mut pass)?;
             pass.finish()?;
         }
@@ -327,6 +308,27 @@ impl Trainer {
                 Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
         }
         Ok(())
+    }
+
+    /// The critic's values of a micro-batch. A sharded critic runs a pass of its own beside the
+    /// policy's; what its backward needs (after the loss's) comes back with them.
+    fn critic_forward(
+        &self,
+        chosen: &[Sample],
+    ) -> Result<(Tensor, Option<(Recomputed, Pass<'_>)>), TrainError> {
+        let (critic, _) = self
+            .critic
+            .as_ref()
+            .expect("invariant: called with a critic");
+        let Some(model) = &self.critic_shards else {
+            return Ok((critic.values(chosen), None));
+        };
+        let mut pass = model.pass(model.training_order());
+        let (values, recomputed) =
+            sharded_forward::forward_with(&critic.body, model, &mut pass, chosen, |hidden, _| {
+                critic.values_of(hidden)
+            })?;
+        Ok((values, Some((recomputed, pass))))
     }
 
     /// The policy's forward of a micro-batch: sharded (units gathered in `pass`), with
