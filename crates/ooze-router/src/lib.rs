@@ -63,8 +63,9 @@ pub struct RouterConfig {
     pub api: EngineApi,
 }
 
-/// The API external engines speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The API external engines speak (`rollout.engine_api`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EngineApi {
     /// SGLang's native API (SGLang, `ooze serve`).
     #[default]

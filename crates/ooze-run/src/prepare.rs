@@ -595,10 +595,7 @@ fn external_engines(
     config.engines_file = r.engines_file.clone();
     config.initial_weight_version = version;
     config.trainer_address = r.trainer_address.clone();
-    config.api = match r.engine_api {
-        crate::recipe::EngineApi::Sglang => ooze_router::EngineApi::Sglang,
-        crate::recipe::EngineApi::Vllm => ooze_router::EngineApi::Vllm,
-    };
+    config.api = r.engine_api;
     config.weight_backend = if device.is_cuda() {
         ooze_torch::dist::Backend::Nccl
     } else {

@@ -2,6 +2,7 @@
 //! generates: the embedded engine beside the trainer, engines the run starts on GPUs of their own
 //! (`rollout.gpus`), or running servers (`rollout.engines`).
 
+pub use ooze_router::EngineApi;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -64,15 +65,6 @@ pub struct RolloutSection {
     pub weight_sync: WeightSync,
     /// The address external engines reach the trainer at (the weight group's store).
     pub trainer_address: String,
-}
-
-/// `rollout.engine_api`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum EngineApi {
-    #[default]
-    Sglang,
-    Vllm,
 }
 
 /// `rollout.weight_sync`
