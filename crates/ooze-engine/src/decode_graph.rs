@@ -2,19 +2,22 @@
 //! one by one from the host, the GPU waits on the launches. Captured once per (batch bucket, key
 //! length bucket), a step is one launch.
 //!
-//! Inputs live in static tensors refilled before each replay: token, slot and position per row.
-//! Batches are padded up to the bucket size with rows that write to a scratch slot no request
-//! uses; key lengths are rounded up to a multiple of 256 (at most the slot length), and
-//! the mask hides the padding. All graphs share one memory pool (they never run concurrently).
+//! Inputs live in one static tensor refilled before each replay: token and position per row, and
+//! each row's block table. Batches are padded up to the bucket size with rows whose tables name
+//! only the scratch block; key lengths are rounded up to a multiple of 256 (at most the context
+//! length), tables to the blocks that many keys take, and the mask hides the padding. All graphs
+//! share one memory pool (they never run concurrently).
 
-use ooze_model::{Attention, Decoder, SlotCache};
+use ooze_model::{Attention, Decoder, PagedKv};
 use ooze_torch::cuda_graph::{CudaGraph, GraphError};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::collections::HashMap;
 
 struct Captured {
-    /// `[3, rows]`: token, slot and position of each row, refilled with one copy per step.
+    /// `[rows · (2 + width)]`: each row's token, then each row's position, then the block tables
+    /// `[rows, width]`, refilled with one copy per step.
     inputs: Tensor,
+    width: i64,
     logits: Tensor,
     graph: CudaGraph,
 }
@@ -22,10 +25,10 @@ struct Captured {
 /// Captured decode steps for one engine.
 pub struct DecodeGraphs {
     device: usize,
-    scratch_slot: i64,
     max_batch: i64,
-    /// Keyed by (rows, key length, rows read their own slot index).
-    graphs: HashMap<(i64, i64, bool), Captured>,
+    max_len: i64,
+    /// Keyed by (rows, key length).
+    graphs: HashMap<(i64, i64), Captured>,
 }
 
 /// Key lengths are rounded up to a multiple of this: fewer wasted keys than powers of two, few
@@ -47,13 +50,13 @@ fn bucket(n: i64, min: i64) -> i64 {
 }
 
 impl DecodeGraphs {
-    /// Graphs for batches up to `max_batch` rows; `scratch_slot` absorbs the padding rows' writes.
-    pub fn new(device: Device, scratch_slot: i64, max_batch: i64) -> Option<DecodeGraphs> {
+    /// Graphs for batches up to `max_batch` rows of sequences up to `max_len` tokens.
+    pub fn new(device: Device, max_batch: i64, max_len: i64) -> Option<DecodeGraphs> {
         match device {
             Device::Cuda(index) if CudaGraph::available() => Some(DecodeGraphs {
                 device: index,
-                scratch_slot,
                 max_batch: bucket(max_batch, 1),
+                max_len,
                 graphs: HashMap::new(),
             }),
             _ => None,
@@ -65,13 +68,13 @@ impl DecodeGraphs {
     pub fn capture_common(
         &mut self,
         decoder: &Decoder,
-        cache: &mut SlotCache,
+        cache: &mut PagedKv,
     ) -> Result<(), GraphError> {
         let fused = decoder.decode_attention_fused();
-        let len = key_bucket(1, fused, cache.max_len());
+        let len = key_bucket(1, fused, self.max_len);
         let mut rows = 1;
         while rows <= self.max_batch {
-            let key = (rows, len, false);
+            let key = (rows, len);
             self.ensure(decoder, cache, key)?;
             rows *= 2;
         }
@@ -83,39 +86,38 @@ impl DecodeGraphs {
         self.graphs.clear();
     }
 
-    /// One decode step: `tokens[i]` appended to slot `slots[i]` after `past[i]` tokens. Returns fp32
-    /// logits `[B, vocab]` (a view of the graph's output, valid until the next step).
+    /// One decode step: `tokens[i]` appended after `past[i]` tokens to the sequence in blocks
+    /// `tables[i]`. Returns fp32 logits `[B, vocab]` (a view of the graph's output, valid until
+    /// the next step).
     pub fn step(
         &mut self,
         decoder: &Decoder,
-        cache: &mut SlotCache,
+        cache: &mut PagedKv,
         tokens: &[i64],
-        slots: &[i64],
+        tables: &[&[i64]],
         past: &[i64],
     ) -> Result<Tensor, GraphError> {
         let b = tokens.len() as i64;
         let needed = past.iter().max().copied().unwrap_or(0) + 1;
         let fused = decoder.decode_attention_fused();
-        let len = key_bucket(needed, fused, cache.max_len());
-        // A batch sitting in slots 0..B in order reads the slots as a view instead of gathering.
-        // (Padding rows then read slots B..rows, so those must exist.) The fused kernel reads
-        // slots by index either way.
+        let len = key_bucket(needed, fused, self.max_len);
         let rows = bucket(b, 1).min(self.max_batch);
-        let in_order = !fused
-            && rows <= cache.slots()
-            && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
-        let key = (rows, len, in_order);
+        let key = (rows, len);
         self.ensure(decoder, cache, key)?;
         let g = &self.graphs[&key];
-        let rows = key.0 as usize;
-        let mut host = Vec::with_capacity(3 * rows);
-        for (values, fill) in [(tokens, 0), (slots, self.scratch_slot), (past, 0)] {
+        let (rows, width) = (rows as usize, g.width as usize);
+        let mut host = Vec::with_capacity(rows * (2 + width));
+        for values in [tokens, past] {
             host.extend_from_slice(values);
-            host.resize(host.len() + rows - values.len(), fill);
+            host.resize(host.len() + rows - values.len(), 0);
         }
-        g.inputs
-            .shallow_clone()
-            .copy_(&Tensor::from_slice(&host).view([3, key.0]));
+        for table in tables {
+            let start = host.len();
+            host.extend_from_slice(&table[..table.len().min(width)]);
+            host.resize(start + width, cache.scratch());
+        }
+        host.resize(rows * (2 + width), cache.scratch());
+        g.inputs.shallow_clone().copy_(&Tensor::from_slice(&host));
         g.graph.replay()?;
         Ok(g.logits.narrow(0, 0, b))
     }
@@ -124,8 +126,8 @@ impl DecodeGraphs {
     fn ensure(
         &mut self,
         decoder: &Decoder,
-        cache: &mut SlotCache,
-        key: (i64, i64, bool),
+        cache: &mut PagedKv,
+        key: (i64, i64),
     ) -> Result<(), GraphError> {
         if !self.graphs.contains_key(&key) {
             let captured = self.capture(decoder, cache, key)?;
@@ -137,24 +139,28 @@ impl DecodeGraphs {
     fn capture(
         &self,
         decoder: &Decoder,
-        cache: &mut SlotCache,
-        (rows, len, rows_are_slots): (i64, i64, bool),
+        cache: &mut PagedKv,
+        (rows, len): (i64, i64),
     ) -> Result<Captured, GraphError> {
         let device = Device::Cuda(self.device);
-        let inputs = Tensor::zeros([3, rows], (Kind::Int64, device));
-        let _ = inputs.get(1).fill_(self.scratch_slot);
-        let (tokens, slots, past) = (inputs.get(0).unsqueeze(1), inputs.get(1), inputs.get(2));
-        let run = |cache: &mut SlotCache| {
+        let width = (len + cache.block_size() - 1) / cache.block_size();
+        let inputs = Tensor::zeros([rows * (2 + width)], (Kind::Int64, device));
+        let _ = inputs
+            .narrow(0, 2 * rows, rows * width)
+            .fill_(cache.scratch());
+        let tokens = inputs.narrow(0, 0, rows).unsqueeze(1);
+        let past = inputs.narrow(0, rows, rows);
+        let tables = inputs.narrow(0, 2 * rows, rows * width).view([rows, width]);
+        let run = |cache: &mut PagedKv| {
             let positions = past.unsqueeze(1);
             let hidden = decoder.hidden_states(
                 &tokens,
                 &positions,
-                Attention::SlotDecode {
+                Attention::PagedDecode {
                     cache,
-                    slots: &slots,
+                    tables: &tables,
                     past: &past,
                     read_len: len,
-                    rows_are_slots,
                 },
             );
             decoder.logits_f32(&hidden.select(1, 0))
@@ -166,6 +172,7 @@ impl DecodeGraphs {
         let (graph, logits) = CudaGraph::capture(self.device, share, || run(cache))?;
         Ok(Captured {
             inputs,
+            width,
             logits,
             graph,
         })

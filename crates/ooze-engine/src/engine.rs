@@ -1,17 +1,21 @@
-//! The engine thread: it owns the model and the KV slots and runs continuous batching; callers
-//! talk to it through a cloneable [`EngineHandle`] ([`crate::handle`]) over channels (async-friendly,
-//! no locks held across the model).
+//! The engine thread: it owns the model and the paged KV memory and runs continuous batching;
+//! callers talk to it through a cloneable [`EngineHandle`] ([`crate::handle`]) over channels
+//! (async-friendly, no locks held across the model).
 //!
-//! Each loop iteration: take new commands (submit, abort); admit waiting requests while a slot is
-//! free, prefilling each and drawing its first token; then one decode step for every running
-//! request together. Requests join and leave between steps. A request that cannot fit a slot
-//! (prompt + max_new_tokens > slot length) is refused at submission; one that finds no free slot
-//! waits — admission control, so memory never runs out.
+//! Each loop iteration: take new commands (submit, abort); admit waiting requests while blocks
+//! and batch rows allow ([`crate::admit`]), prefilling each and drawing its first token; then one
+//! decode step for every running request together. Requests join and leave between steps. A
+//! request longer than the context length (prompt + max_new_tokens) is refused at submission.
 //!
-//! Preemption: a retracting pause or a memory release takes running requests out of their slots
-//! and puts them back at the head of the queue with what they have drawn so far; when admitted
-//! again they prefill prompt + output (from the kept prefix where it survived) and go on drawing
-//! at the step they had reached.
+//! KV memory is blocks ([`crate::kv_blocks`]): a sequence holds the blocks its length needs, so
+//! memory follows actual lengths, and a new request shares the blocks the prefix tree keeps of
+//! its tokens (another sample's prompt, an agent's earlier turn).
+//!
+//! Preemption: a retracting pause, a memory release, or running out of blocks for the next
+//! decode step (the most recently admitted requests go first) takes running requests out of
+//! memory and puts them back at the head of the queue with what they have drawn so far; when
+//! admitted again they prefill prompt + output (from the kept prefix where it survived) and go on
+//! drawing at the step they had reached.
 //!
 //! A request with `max_new_tokens` 0 is prefilled and finishes there, drawing nothing. One
 //! submitted with prompt log-probs has them computed in its prefill pass from the same hidden
@@ -23,62 +27,69 @@ use crate::handle::{
     Command, EngineConfig, EngineHandle, EngineStats, Event, Output, PauseMode, Request, RequestId,
     WeightSource,
 };
+use crate::kv_blocks::KvBlocks;
 use crate::params::Sampling;
-use crate::prefix_cache::{common_prefix, PrefixCache};
-use crate::prompt_scores;
 use crate::sampler::{draw, RowSampling};
-use crate::waiting::{Planned, Progress, Reuse, Waiting};
+use crate::waiting::{Progress, Waiting};
 use ooze_core::{FinishReason, StopMatch};
-use ooze_model::{Attention, Decoder, SlotCache, Tokenizer};
+use ooze_model::{Decoder, PagedKv, Tokenizer};
 use ooze_torch::tch::{self, Tensor};
-use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
 use tokio::sync::{mpsc as async_mpsc, oneshot};
 
-struct Running {
-    id: RequestId,
-    events: async_mpsc::UnboundedSender<Event>,
-    sampling: Sampling,
-    seed: u64,
-    slot: i64,
-    input_ids: Vec<u32>,
-    prompt_len: usize,
+pub(crate) struct Running {
+    pub(crate) id: RequestId,
+    pub(crate) events: async_mpsc::UnboundedSender<Event>,
+    pub(crate) sampling: Sampling,
+    pub(crate) seed: u64,
+    /// The KV blocks holding this sequence, in position order.
+    pub(crate) table: Vec<i64>,
+    /// The KV memory's flush count when the request started: keys/values from before a flush
+    /// are not kept for later requests.
+    pub(crate) epoch: u64,
+    /// Admission order: when blocks run out, the latest admitted are preempted first.
+    pub(crate) admitted: u64,
+    pub(crate) input_ids: Vec<u32>,
+    pub(crate) prompt_len: usize,
     /// Prompt tokens whose keys/values were reused instead of computed.
-    reused: usize,
-    /// Tokens whose keys/values are in the slot.
-    cached: i64,
-    output: Vec<u32>,
-    log_probs: Vec<f32>,
-    prompt_log_probs: Vec<f32>,
+    pub(crate) reused: usize,
+    /// Tokens whose keys/values are in the blocks.
+    pub(crate) cached: i64,
+    pub(crate) output: Vec<u32>,
+    pub(crate) log_probs: Vec<f32>,
+    pub(crate) prompt_log_probs: Vec<f32>,
 }
 
-/// Token budget of one prefill pass (rows × longest new prompt, padding included).
-const PREFILL_TOKENS: i64 = 16_384;
+impl Running {
+    /// The tokens whose keys/values the blocks hold.
+    pub(crate) fn held_tokens(&self) -> Vec<u32> {
+        let in_memory = (self.cached as usize).saturating_sub(self.prompt_len);
+        [&self.input_ids[..], &self.output[..in_memory]].concat()
+    }
+}
 
 /// The engine thread's state.
-struct EngineLoop {
-    decoder: Decoder,
+pub(crate) struct EngineLoop {
+    pub(crate) decoder: Decoder,
     tokenizer: Option<Arc<Tokenizer>>,
-    config: EngineConfig,
+    pub(crate) config: EngineConfig,
     /// `None` while released (see [`EngineHandle::release_memory`]); allocated again on demand.
-    cache: Option<SlotCache>,
-    /// Lowest slot first, so running requests stay packed into a consecutive run of slots (read
-    /// as one view instead of gathered).
-    free_slots: BinaryHeap<Reverse<i64>>,
-    waiting: VecDeque<Waiting>,
-    running: Vec<Running>,
+    pub(crate) cache: Option<PagedKv>,
+    /// Which blocks each sequence uses, and the kept prefixes.
+    pub(crate) kv: KvBlocks,
+    pub(crate) waiting: VecDeque<Waiting>,
+    pub(crate) running: Vec<Running>,
     weight_version: u64,
-    seed_counter: u64,
+    pub(crate) seed_counter: u64,
+    pub(crate) admissions: u64,
     paused: bool,
     preempted: u64,
-    prefix_cache: PrefixCache,
     /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
     graphs: Option<DecodeGraphs>,
     /// Events drawn but not yet sent. A decode step sends them once the next forward pass is
     /// launched, so waking the callers overlaps with the GPU instead of delaying it.
-    outbox: Vec<(async_mpsc::UnboundedSender<Event>, Event)>,
+    pub(crate) outbox: Vec<(async_mpsc::UnboundedSender<Event>, Event)>,
 }
 
 /// Starts an engine on its own thread. `tokenizer` is needed for stop strings.
@@ -90,10 +101,9 @@ pub fn start(
     let (tx, rx) = mpsc::channel();
     let mut cache = None;
     kv_memory(&mut cache, &decoder, &config);
-    let handle = EngineHandle::new(tx, config.slot_len, decoder.config.vocab_size);
-    // Slot `slots` (one past the last) is the scratch slot padded graph rows write into.
+    let handle = EngineHandle::new(tx, config.context_len, decoder.config.vocab_size);
     let graphs = if config.cuda_graphs {
-        DecodeGraphs::new(decoder.device(), config.slots, config.slots)
+        DecodeGraphs::new(decoder.device(), config.max_running, config.context_len)
     } else {
         None
     };
@@ -101,16 +111,16 @@ pub fn start(
     let state = EngineLoop {
         decoder,
         tokenizer,
-        free_slots: (0..config.slots).map(Reverse).collect(),
+        kv: KvBlocks::new(config.kv_blocks(), config.kv_block_size),
         config,
         cache,
         waiting: VecDeque::new(),
         running: Vec::new(),
         weight_version,
         seed_counter: 0,
+        admissions: 0,
         paused: false,
         preempted: 0,
-        prefix_cache: PrefixCache::default(),
         graphs,
         outbox: Vec::new(),
     };
@@ -174,7 +184,7 @@ impl EngineLoop {
         let _ = reply.send(());
     }
 
-    fn send_outbox(&mut self) {
+    pub(crate) fn send_outbox(&mut self) {
         for (events, event) in self.outbox.drain(..) {
             let _ = events.send(event);
         }
@@ -209,9 +219,11 @@ impl EngineLoop {
             Command::AbortAll => self.abort_everything(),
             Command::Stats(reply) => {
                 let _ = reply.send(EngineStats {
-                    free_slots: (self.free_slots.len() + self.prefix_cache.len()) as i64,
-                    cached_slots: self.prefix_cache.len() as i64,
-                    total_slots: self.config.slots,
+                    kv_blocks_total: self.kv.total() as i64,
+                    kv_block_size: self.kv.block_size() as i64,
+                    kv_blocks_free: self.kv.available() as i64,
+                    kv_blocks_cached: self.kv.cached() as i64,
+                    max_running: self.config.max_running,
                     running: self.running.len(),
                     waiting: self.waiting.len(),
                     weight_version: self.weight_version,
@@ -271,11 +283,9 @@ impl EngineLoop {
         }
     }
 
-    /// Forgets every kept sequence (after a weight update, or on request).
+    /// Forgets every kept prefix (after a weight update, or on request).
     fn flush_prefixes(&mut self) {
-        for slot in self.prefix_cache.clear() {
-            self.free_slots.push(Reverse(slot));
-        }
+        self.kv.flush();
     }
 
     fn abort_everything(&mut self) {
@@ -287,7 +297,7 @@ impl EngineLoop {
         }
     }
 
-    /// Ends a request that holds no slot (never started, or preempted) with what it has.
+    /// Ends a request that holds no KV blocks (never started, or preempted) with what it has.
     fn finish_waiting(&mut self, w: Waiting, finish: FinishReason) {
         let progress = w.progress.unwrap_or(Progress {
             seed: w.request.sampling.seed.unwrap_or(0),
@@ -310,46 +320,51 @@ impl EngineLoop {
         self.outbox.push((w.events, Event::Done(output)));
     }
 
-    /// Preempts every running request: each gives up its slot (left as a kept prefix, so that it
-    /// can continue in place if nothing takes the slot meanwhile) and waits at the head of the
-    /// queue, in its running order, with its output so far. Returns how many were preempted.
+    /// Preempts every running request (see [`EngineLoop::preempt`]), keeping their order at the
+    /// head of the queue. Returns how many were preempted.
     fn retract_all(&mut self) -> usize {
         let n = self.running.len();
-        self.running.sort_by_key(|r| r.slot);
+        self.running.sort_by_key(|r| r.admitted);
         while let Some(r) = self.running.pop() {
-            self.keep_prefix(&r);
-            self.waiting.push_front(Waiting {
-                id: r.id,
-                request: Request {
-                    input_ids: r.input_ids,
-                    sampling: r.sampling,
-                    session: None,
-                },
-                prompt_log_probs_from: None,
-                events: r.events,
-                progress: Some(Progress {
-                    seed: r.seed,
-                    output: r.output,
-                    log_probs: r.log_probs,
-                    prompt_log_probs: r.prompt_log_probs,
-                    reused: r.reused,
-                }),
-            });
+            self.preempt(r);
         }
-        self.preempted += n as u64;
         n
     }
 
-    /// Leaves a request's slot keeping what it holds, for a later request that starts the same way.
-    fn keep_prefix(&mut self, r: &Running) {
-        let in_slot = (r.cached as usize).saturating_sub(r.prompt_len);
-        let mut kept = r.input_ids.clone();
-        kept.extend_from_slice(&r.output[..in_slot]);
-        self.prefix_cache.retain(r.slot, kept);
+    /// Takes a running request out of memory: its blocks are kept as a prefix (so that it goes on
+    /// from there when nothing evicted them meanwhile) and it waits at the head of the queue with
+    /// its output so far.
+    fn preempt(&mut self, mut r: Running) {
+        self.release_blocks(&mut r);
+        self.waiting.push_front(Waiting {
+            id: r.id,
+            request: Request {
+                input_ids: r.input_ids,
+                sampling: r.sampling,
+                session: None,
+            },
+            prompt_log_probs_from: None,
+            events: r.events,
+            progress: Some(Progress {
+                seed: r.seed,
+                output: r.output,
+                log_probs: r.log_probs,
+                prompt_log_probs: r.prompt_log_probs,
+                reused: r.reused,
+            }),
+        });
+        self.preempted += 1;
     }
 
-    fn finish(&mut self, r: Running, finish: FinishReason) {
-        self.keep_prefix(&r);
+    /// Gives a request's blocks back, the prefix tree keeping what they hold for later requests
+    /// that start the same way.
+    fn release_blocks(&mut self, r: &mut Running) {
+        let table = std::mem::take(&mut r.table);
+        self.kv.release(table, &r.held_tokens(), r.epoch);
+    }
+
+    pub(crate) fn finish(&mut self, mut r: Running, finish: FinishReason) {
+        self.release_blocks(&mut r);
         let output = Output {
             id: r.id,
             tokens: r.output,
@@ -364,259 +379,29 @@ impl EngineLoop {
         self.outbox.push((r.events, Event::Done(output)));
     }
 
-    /// Prefills waiting requests into free slots and draws their first tokens, several requests per
-    /// forward pass. A request that shares a prefix with a running or kept sequence starts after
-    /// it: in the kept sequence's own slot when that is free to take, otherwise in a new slot with
-    /// the prefix copied over.
-    fn admit(&mut self) {
-        loop {
-            let batch = self.plan_prefill();
-            if batch.is_empty() {
-                return;
-            }
-            self.prefill(batch);
-            // First tokens go out at once: the next prefill pass may take a while.
-            self.send_outbox();
-        }
-    }
-
-    /// Takes waiting requests for one prefill pass, giving each a slot and its reusable prefix. Stops
-    /// at the token budget, when slots run out, or before a request that shares a prefix with one
-    /// already planned (it reuses that one's keys/values in the next pass instead).
-    fn plan_prefill(&mut self) -> Vec<Planned> {
-        let mut planned: Vec<Planned> = Vec::new();
-        let (mut rows, mut longest) = (0i64, 0i64);
-        while let Some(front) = self.waiting.front() {
-            if front.events.is_closed() {
-                self.waiting.pop_front();
-                continue;
-            }
-            if self.free_slots.is_empty() && self.prefix_cache.is_empty() {
-                break;
-            }
-            let sequence = front.sequence();
-            let prompt: &[u32] = &sequence;
-            let min = self.config.min_prefix_reuse;
-            if planned
-                .iter()
-                .any(|p| common_prefix(&p.waiting.sequence(), prompt) >= min)
-            {
-                break;
-            }
-            // At least the last prompt token is computed: its logits start the output. Scored
-            // prompt positions are computed too.
-            let scored_from = match (&front.progress, front.prompt_log_probs_from) {
-                (None, Some(from)) => from,
-                _ => usize::MAX,
-            };
-            let usable = |n: usize| n.min(prompt.len() - 1).min(scored_from);
-            let from_running = self
-                .running
-                .iter()
-                .map(|r| {
-                    let in_slot = r.cached as usize - r.prompt_len;
-                    let n = common_prefix(&r.input_ids, prompt);
-                    let n = if n == r.prompt_len {
-                        n + common_prefix(&r.output[..in_slot], &prompt[n..])
-                    } else {
-                        n
-                    };
-                    (r.slot, usable(n))
-                })
-                .max_by_key(|&(_, n)| n);
-            let from_kept = self
-                .prefix_cache
-                .best_match(prompt)
-                .map(|(slot, n)| (slot, usable(n)));
-            let reuse = match (from_kept, from_running) {
-                // Continue in the kept slot itself: nothing to copy.
-                (Some((slot, len)), other) if len >= min && len >= other.map_or(0, |o| o.1) => {
-                    Reuse::InPlace { slot, len }
-                }
-                (_, Some((from, len))) if len >= min => Reuse::Copy { from, len },
-                _ => Reuse::Nothing,
-            };
-            let reused = reuse.len();
-            let new_tokens = (prompt.len() - reused) as i64;
-            drop(sequence);
-            let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
-            if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
-                break;
-            }
-            let slot = match reuse {
-                Reuse::InPlace { slot, .. } => {
-                    self.prefix_cache.take(slot);
-                    slot
-                }
-                Reuse::Copy { from, len } => {
-                    let Some(slot) = self.take_slot(Some(from)) else {
-                        break;
-                    };
-                    self.cache
-                        .as_mut()
-                        .expect("invariant: a running request implies allocated memory")
-                        .copy_prefix(from, slot, len as i64);
-                    slot
-                }
-                Reuse::Nothing => match self.take_slot(None) {
-                    Some(slot) => slot,
-                    None => break,
-                },
-            };
-            let waiting = self.waiting.pop_front().expect("invariant: front exists");
-            let seed = match (&waiting.progress, waiting.request.sampling.seed) {
-                (Some(progress), _) => progress.seed,
-                (None, Some(seed)) => seed,
-                (None, None) => {
-                    self.seed_counter += 1;
-                    crate::sampler::uniform(0x00e0_0ae0, self.seed_counter).to_bits()
-                }
-            };
-            (rows, longest) = (next_rows, next_longest);
-            planned.push(Planned {
-                waiting,
-                slot,
-                reused,
-                seed,
-            });
-        }
-        planned
-    }
-
-    /// One forward pass over the planned prompts (right-padded to the longest), then each one's
-    /// first token.
-    fn prefill(&mut self, planned: Vec<Planned>) {
-        let sequences: Vec<Cow<'_, [u32]>> = planned.iter().map(|p| p.waiting.sequence()).collect();
-        let width = planned
-            .iter()
-            .zip(&sequences)
-            .map(|(p, s)| s.len() - p.reused)
-            .max()
-            .expect("invariant: non-empty plan");
-        let mut ids = Vec::with_capacity(planned.len() * width);
-        let mut positions = Vec::with_capacity(planned.len() * width);
-        let mut last = Vec::with_capacity(planned.len());
-        for (p, sequence) in planned.iter().zip(&sequences) {
-            let new = &sequence[p.reused..];
-            ids.extend(new.iter().map(|&t| t as i64));
-            ids.extend(std::iter::repeat_n(0, width - new.len()));
-            positions.extend((0..width).map(|i| (p.reused + i) as i64));
-            last.push((new.len() - 1) as i64);
-        }
-        let cached: Vec<i64> = sequences.iter().map(|s| s.len() as i64).collect();
-        drop(sequences);
-        let slots: Vec<i64> = planned.iter().map(|p| p.slot).collect();
-        let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
-        let hidden = self.slot_hidden(&ids, &positions, width as i64, &slots, &past);
-        let logits = self.last_logits(&hidden, &last);
-        let first = self.running.len();
-        // Rows of `logits` whose request draws a token now.
-        let mut drawing = Vec::with_capacity(planned.len());
-        for (b, (p, cached)) in planned.into_iter().zip(cached).enumerate() {
-            let prompt_len = p.waiting.request.input_ids.len();
-            let (output, log_probs, prompt_log_probs, reused) = match p.waiting.progress {
-                Some(progress) => (
-                    progress.output,
-                    progress.log_probs,
-                    progress.prompt_log_probs,
-                    progress.reused,
-                ),
-                None => {
-                    let scores = p.waiting.prompt_log_probs_from.map(|from| {
-                        prompt_scores::prompt_log_probs(
-                            &self.decoder,
-                            &hidden.get(b as i64),
-                            p.reused,
-                            from,
-                            &p.waiting.request.input_ids,
-                            p.waiting.request.sampling.log_prob_temperature(),
-                        )
-                    });
-                    (Vec::new(), Vec::new(), scores.unwrap_or_default(), p.reused)
-                }
-            };
-            let r = Running {
-                id: p.waiting.id,
-                events: p.waiting.events,
-                sampling: p.waiting.request.sampling,
-                seed: p.seed,
-                slot: p.slot,
-                input_ids: p.waiting.request.input_ids,
-                prompt_len,
-                reused,
-                cached,
-                output,
-                log_probs,
-                prompt_log_probs,
-            };
-            if r.output.len() >= r.sampling.max_new_tokens {
-                // max_new_tokens 0: prefilled (and scored), nothing to draw.
-                self.finish(r, FinishReason::Length);
+    /// Gives every running request the block its next token goes into. When blocks run out, the
+    /// most recently admitted requests are preempted until the others fit (one alone always fits:
+    /// the memory holds a whole context).
+    fn reserve_next_positions(&mut self) {
+        self.running.sort_by_key(|r| r.admitted);
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &mut self.running[i];
+            if self.kv.grow(&mut r.table, r.cached as usize + 1) {
+                i += 1;
             } else {
-                self.running.push(r);
-                drawing.push(b as i64);
+                let newest = self.running.pop().expect("invariant: i < len");
+                self.preempt(newest);
             }
-        }
-        if drawing.is_empty() {
-            return;
-        }
-        let logits = if drawing.len() == slots.len() {
-            logits
-        } else {
-            logits.index_select(0, &Tensor::from_slice(&drawing).to_device(logits.device()))
-        };
-        let rows: Vec<usize> = (first..self.running.len()).collect();
-        self.draw_and_check(&logits, &rows);
-    }
-
-    /// An eager forward over slot rows: `ids` and `positions` are `[B, width]`, row-major, on the
-    /// host; row `b` goes into slot `slots[b]` after `past[b]` tokens. Returns the hidden states
-    /// `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
-    fn slot_hidden(
-        &mut self,
-        ids: &[i64],
-        positions: &[i64],
-        width: i64,
-        slots: &[i64],
-        past: &[i64],
-    ) -> Tensor {
-        let device = self.decoder.device();
-        let b = slots.len() as i64;
-        let tokens = Tensor::from_slice(ids).view([b, width]).to_device(device);
-        let positions = Tensor::from_slice(positions)
-            .view([b, width])
-            .to_device(device);
-        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-        self.decoder
-            .hidden_states(&tokens, &positions, Attention::Slots { cache, slots, past })
-    }
-
-    /// fp32 logits `[B, vocab]` at each row's position `last[b]` of `hidden [B, width, hidden]`.
-    fn last_logits(&self, hidden: &Tensor, last: &[i64]) -> Tensor {
-        let (b, h) = (hidden.size()[0], hidden.size()[2]);
-        let index = Tensor::from_slice(last)
-            .to_device(hidden.device())
-            .view([b, 1, 1])
-            .expand([b, 1, h], false);
-        self.decoder
-            .logits_f32(&hidden.gather(1, &index, false).squeeze_dim(1))
-    }
-
-    /// A free slot, evicting the least recently used kept sequence (other than `keep`) if needed.
-    fn take_slot(&mut self, keep: Option<i64>) -> Option<i64> {
-        match self.free_slots.pop() {
-            Some(Reverse(slot)) => Some(slot),
-            None => self.prefix_cache.evict(keep),
         }
     }
 
     /// One decode step for every running request.
     fn decode_step(&mut self) {
+        self.reserve_next_positions();
         if self.running.is_empty() {
             return;
         }
-        // Slot order: consecutive slots are read as one view.
-        self.running.sort_by_key(|r| r.slot);
         let profile = self.config.profile_steps;
         let t0 = std::time::Instant::now();
         let last: Vec<i64> = self
@@ -628,11 +413,12 @@ impl EngineLoop {
                     .expect("invariant: running requests have a token") as i64
             })
             .collect();
-        let slots: Vec<i64> = self.running.iter().map(|r| r.slot).collect();
         let past: Vec<i64> = self.running.iter().map(|r| r.cached).collect();
+        let batch = self.running.len();
+        let tables: Vec<&[i64]> = self.running.iter().map(|r| &r.table[..]).collect();
         let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
         let graphed = match self.graphs.as_mut() {
-            Some(graphs) => match graphs.step(&self.decoder, cache, &last, &slots, &past) {
+            Some(graphs) => match graphs.step(&self.decoder, cache, &last, &tables, &past) {
                 Ok(logits) => Some(logits),
                 Err(err) => {
                     eprintln!("ooze-engine: CUDA graphs turned off: {err}");
@@ -645,8 +431,11 @@ impl EngineLoop {
         let logits = match graphed {
             Some(logits) => logits,
             None => {
-                let hidden = self.slot_hidden(&last, &past, 1, &slots, &past);
-                self.last_logits(&hidden, &vec![0; slots.len()])
+                // The eager forward borrows the engine mutably: the tables are copied out first.
+                let tables: Vec<Vec<i64>> = tables.iter().map(|t| t.to_vec()).collect();
+                let tables: Vec<&[i64]> = tables.iter().map(|t| &t[..]).collect();
+                let hidden = self.paged_hidden(&last, &past, 1, &tables, &past);
+                self.last_logits(&hidden, &vec![0; batch])
             }
         };
         // The forward pass is queued on the GPU: deliver the previous step's tokens meanwhile.
@@ -663,7 +452,7 @@ impl EngineLoop {
         if profile {
             eprintln!(
                 "engine step: batch {} forward {:.2} ms ({}), sample+host {:.2} ms",
-                slots.len(),
+                batch,
                 (t1 - t0).as_secs_f64() * 1e3,
                 if self.graphs.is_some() {
                     "graph"
@@ -677,7 +466,7 @@ impl EngineLoop {
 
     /// Draws one token for each listed running request (row `i` of `logits` belongs to `rows[i]`),
     /// streams it, and finishes the requests that stop.
-    fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
+    pub(crate) fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
         let banned: Vec<Vec<u32>> = rows
             .iter()
             .map(|&i| {
@@ -735,18 +524,17 @@ impl EngineLoop {
     }
 }
 
-/// The KV slots, allocated again if they were released.
-fn kv_memory<'a>(
-    cache: &'a mut Option<SlotCache>,
+/// The KV memory, allocated again if it was released.
+pub(crate) fn kv_memory<'a>(
+    cache: &'a mut Option<PagedKv>,
     decoder: &Decoder,
     config: &EngineConfig,
-) -> &'a mut SlotCache {
-    // One slot more than requests can take: the scratch slot of padded CUDA-graph rows.
+) -> &'a mut PagedKv {
     cache.get_or_insert_with(|| {
-        SlotCache::new(
+        PagedKv::new(
             &decoder.config,
-            config.slots + 1,
-            config.slot_len,
+            config.kv_blocks(),
+            config.kv_block_size,
             decoder.device(),
             decoder.kind(),
         )
@@ -781,7 +569,7 @@ fn stop_reason(
             }
         }
     }
-    if r.output.len() >= s.max_new_tokens || r.cached + 1 >= config.slot_len {
+    if r.output.len() >= s.max_new_tokens || r.cached + 1 >= config.context_len {
         return Some(FinishReason::Length);
     }
     None

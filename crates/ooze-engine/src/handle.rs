@@ -13,13 +13,20 @@ use tokio::sync::{mpsc as async_mpsc, oneshot};
 /// Engine-wide settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Sequences generated at once.
-    pub slots: i64,
-    /// Longest sequence (prompt + output) a slot holds.
-    pub slot_len: i64,
+    /// Sequences generated at once (the decode batch's limit).
+    pub max_running: i64,
+    /// Longest sequence (prompt + output) the engine takes.
+    pub context_len: i64,
+    /// Tokens per KV block: a multiple of [`ooze_model::decoder::KEY_ALIGN`], at most
+    /// `context_len`. `context_len` itself is the fixed-slot layout (one block per sequence).
+    pub kv_block_size: i64,
+    /// Tokens of KV memory in all (rounded down to whole blocks): sequences draw blocks from it as
+    /// they grow, and kept prefixes live in what they leave. At least `context_len`.
+    pub kv_tokens: i64,
     /// Tokens that end a sequence unless `ignore_eos` (generation_config's `eos_token_id`).
     pub eos_token_ids: Vec<u32>,
-    /// Shortest shared prefix worth copying from another slot instead of recomputing.
+    /// Shortest kept prefix worth copying out of a shared block instead of recomputing (whole
+    /// blocks are shared without copying, and a kept tail nobody else uses is taken over).
     pub min_prefix_reuse: usize,
     /// Replay decode steps from CUDA graphs on a GPU (set `OOZE_CUDA_GRAPHS=0` to turn off).
     pub cuda_graphs: bool,
@@ -32,21 +39,27 @@ pub struct EngineConfig {
     pub initial_weight_version: u64,
 }
 
+/// Tokens per KV block unless set otherwise.
+pub const DEFAULT_KV_BLOCK_SIZE: i64 = 16;
+
 impl EngineConfig {
-    /// The slot length the engine uses for `tokens`: rounded up to the attention kernels' key
+    /// The context length the engine uses for `tokens`: rounded up to the attention kernels' key
     /// alignment.
-    pub fn aligned_slot_len(tokens: i64) -> i64 {
+    pub fn aligned_context_len(tokens: i64) -> i64 {
         let align = ooze_model::decoder::KEY_ALIGN;
-        (tokens + align - 1) / align * align
+        (tokens.max(1) + align - 1) / align * align
     }
 
-    /// `slot_len` is rounded up to a multiple of [`ooze_model::decoder::KEY_ALIGN`]: the fused attention
-    /// kernels need aligned key lengths, and a continuation that reads a whole slot reads
-    /// `slot_len` keys.
-    pub fn new(slots: i64, slot_len: i64, eos_token_ids: Vec<u32>) -> EngineConfig {
+    /// `max_running` sequences of up to `context_len` tokens (rounded up to a multiple of
+    /// [`ooze_model::decoder::KEY_ALIGN`]), with KV memory for all of them at full length in blocks
+    /// of [`DEFAULT_KV_BLOCK_SIZE`] tokens.
+    pub fn new(max_running: i64, context_len: i64, eos_token_ids: Vec<u32>) -> EngineConfig {
+        let context_len = EngineConfig::aligned_context_len(context_len);
         EngineConfig {
-            slots,
-            slot_len: EngineConfig::aligned_slot_len(slot_len),
+            max_running,
+            context_len,
+            kv_block_size: DEFAULT_KV_BLOCK_SIZE.min(context_len),
+            kv_tokens: max_running.max(1) * context_len,
             eos_token_ids,
             min_prefix_reuse: 16,
             cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
@@ -61,6 +74,41 @@ impl EngineConfig {
             initial_weight_version: version,
             ..self
         }
+    }
+
+    /// This config with `block_size` tokens per KV block (`None`: keep it; a size at least the
+    /// context length gives fixed slots) and `tokens` of KV memory (`None`: keep it).
+    pub fn with_kv(
+        self,
+        block_size: Option<i64>,
+        tokens: Option<i64>,
+    ) -> Result<EngineConfig, String> {
+        let align = ooze_model::decoder::KEY_ALIGN;
+        let block_size = block_size.unwrap_or(self.kv_block_size);
+        if block_size < align || block_size % align != 0 {
+            return Err(format!(
+                "the KV block size must be a positive multiple of {align} tokens, got {block_size}"
+            ));
+        }
+        let block_size = block_size.min(self.context_len);
+        let tokens = tokens.unwrap_or(self.kv_tokens);
+        if tokens < self.context_len {
+            return Err(format!(
+                "KV memory of {tokens} tokens cannot hold one sequence of the context length \
+                 ({} tokens)",
+                self.context_len
+            ));
+        }
+        Ok(EngineConfig {
+            kv_block_size: block_size,
+            kv_tokens: tokens,
+            ..self
+        })
+    }
+
+    /// Blocks of KV memory.
+    pub fn kv_blocks(&self) -> i64 {
+        self.kv_tokens / self.kv_block_size
     }
 }
 
@@ -154,30 +202,34 @@ pub fn room(prompt: usize, limit: i64, field: &str, lowest: usize) -> String {
 pub enum PauseMode {
     /// Every waiting and running request finishes with `FinishReason::Abort` and its partial output.
     Abort,
-    /// Running requests are preempted: their slots are given up (kept as reusable prefixes while
-    /// nothing else needs them) and they wait, ahead of new requests, to be recomputed and
+    /// Running requests are preempted: their KV blocks are given up (kept as reusable prefixes
+    /// while nothing else needs them) and they wait, ahead of new requests, to be recomputed and
     /// continued after [`EngineHandle::resume`]. Their tokens are the ones they would have drawn
     /// uninterrupted: sampling depends only on the seed and the token's position.
     Retract,
-    /// Running requests keep their slots and stop between two steps.
+    /// Running requests keep their KV blocks and stop between two steps.
     InPlace,
 }
 
 /// Live counters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
-    /// Slots a new request can take: free ones plus those only keeping a finished prefix.
-    pub free_slots: i64,
-    /// Of those, slots keeping a finished sequence for prefix reuse.
-    pub cached_slots: i64,
-    pub total_slots: i64,
+    /// Blocks of KV memory in all, and tokens per block.
+    pub kv_blocks_total: i64,
+    pub kv_block_size: i64,
+    /// Blocks a sequence can get: free ones plus those only keeping a prefix (evicted on demand).
+    pub kv_blocks_free: i64,
+    /// Of those, blocks keeping a prefix for reuse.
+    pub kv_blocks_cached: i64,
+    pub max_running: i64,
     pub running: usize,
     pub waiting: usize,
     pub weight_version: u64,
     pub paused: bool,
     /// Whether the KV memory is allocated (false after a release, until the next request).
     pub kv_allocated: bool,
-    /// Requests preempted so far (each time counts).
+    /// Requests preempted so far (each time counts): by a retracting pause, a memory release, or
+    /// running out of KV blocks.
     pub preempted: u64,
 }
 
@@ -210,18 +262,18 @@ pub enum Command {
 pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     next_id: Arc<AtomicU64>,
-    slot_len: i64,
+    context_len: i64,
     vocab: i64,
 }
 
 impl EngineHandle {
     /// A handle sending to `commands` (a worker serving [`Command`]s); requests are checked
-    /// against the slot length and vocabulary.
-    pub fn new(commands: mpsc::Sender<Command>, slot_len: i64, vocab: i64) -> EngineHandle {
+    /// against the context length and vocabulary.
+    pub fn new(commands: mpsc::Sender<Command>, context_len: i64, vocab: i64) -> EngineHandle {
         EngineHandle {
             commands,
             next_id: Arc::new(AtomicU64::new(0)),
-            slot_len,
+            context_len,
             vocab,
         }
     }
@@ -269,12 +321,12 @@ impl EngineHandle {
         let fits = prompt
             .checked_add(max_new)
             .and_then(|n| i64::try_from(n).ok())
-            .is_some_and(|n| n <= self.slot_len);
+            .is_some_and(|n| n <= self.context_len);
         if !fits {
             return Err(EngineError::TooLong {
                 prompt,
                 max_new,
-                limit: self.slot_len,
+                limit: self.context_len,
             });
         }
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
@@ -311,7 +363,7 @@ impl EngineHandle {
         let _ = self.commands.send(Command::AbortAll);
     }
 
-    /// Forgets every kept prefix (their slots become free).
+    /// Forgets every kept prefix (their blocks become free).
     pub async fn flush_cache(&self) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
         self.commands

@@ -2,20 +2,27 @@
 //!
 //! - [`params`]: sampling parameters, wire form and validated form.
 //! - [`sampler`]: seeded, batch-independent token selection and the shared log-prob definition.
-//! - [`engine`]: the engine thread (continuous batching over slot KV memory).
-//! - `waiting`: requests waiting for a slot, and the prefix a planned prefill reuses.
+//! - [`engine`]: the engine thread (continuous batching over paged KV memory).
+//! - `admit`: waiting requests given KV blocks and prefilled.
+//! - `waiting`: requests waiting to start, and a request planned for the next prefill.
 //! - `prompt_scores`: prompt log-probs from a prefill pass.
 //! - [`handle`]: settings, requests, outputs, events, errors and the handle callers use.
 //!
-//! - [`prefix_cache`]: finished sequences kept in their slots for prefix reuse.
+//! KV memory in blocks:
+//! - [`block_pool`]: reference counts, the free list, cached blocks.
+//! - [`prefix_tree`]: the radix tree of kept token prefixes, LRU eviction.
+//! - [`kv_blocks`]: the two together: what a sequence claims, grows and gives back.
 //!
 //! - [`decode_graph`]: decode steps captured in CUDA graphs and replayed.
 
+mod admit;
+pub mod block_pool;
 pub mod decode_graph;
 pub mod engine;
 pub mod handle;
+pub mod kv_blocks;
 pub mod params;
-pub mod prefix_cache;
+pub mod prefix_tree;
 mod prompt_scores;
 pub mod sampler;
 mod waiting;

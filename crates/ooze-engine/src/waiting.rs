@@ -1,44 +1,20 @@
-//! Requests waiting for a slot: a new one, or one preempted with what it had drawn; the prefix a
-//! planned prefill reuses; a waiting request given a slot for the next pass.
+//! Requests waiting to start: a new one, or one preempted with what it had drawn; and a waiting
+//! request given its KV blocks for the next prefill pass.
 
 use crate::handle::{Event, Request, RequestId};
 use std::borrow::Cow;
 use tokio::sync::mpsc as async_mpsc;
 
-/// Where a new request's prompt prefix comes from.
-pub(crate) enum Reuse {
-    /// A kept sequence's slot, taken over: the prefix is already there.
-    InPlace {
-        slot: i64,
-        len: usize,
-    },
-    /// Another slot's first `len` positions, copied into a new slot.
-    Copy {
-        from: i64,
-        len: usize,
-    },
-    Nothing,
-}
-
-impl Reuse {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Reuse::InPlace { len, .. } | Reuse::Copy { len, .. } => *len,
-            Reuse::Nothing => 0,
-        }
-    }
-}
-
-/// A waiting request given a slot for the next prefill pass.
+/// A waiting request given its KV blocks for the next prefill pass.
 pub(crate) struct Planned {
     pub(crate) waiting: Waiting,
-    pub(crate) slot: i64,
-    /// Prompt tokens whose keys/values are already in the slot.
+    pub(crate) table: Vec<i64>,
+    /// Tokens whose keys/values are already in the blocks.
     pub(crate) reused: usize,
     pub(crate) seed: u64,
 }
 
-/// A request not in a slot: new, or preempted.
+/// A request not running: new, or preempted.
 pub(crate) struct Waiting {
     pub(crate) id: RequestId,
     pub(crate) request: Request,
@@ -49,7 +25,7 @@ pub(crate) struct Waiting {
     pub(crate) progress: Option<Progress>,
 }
 
-/// What a preempted request had when it gave up its slot.
+/// What a preempted request had when it gave up its KV blocks.
 pub(crate) struct Progress {
     pub(crate) seed: u64,
     pub(crate) output: Vec<u32>,

@@ -256,8 +256,8 @@ fn abort_returns_partial_output_and_frees_the_slot() {
         assert!(matches!(last, Some(Event::Done(ref o)) if o.finish == FinishReason::Abort));
         let stats = handle.stats().await.unwrap();
         assert_eq!(
-            (stats.free_slots, stats.running, stats.waiting),
-            (2, 0, 0),
+            (stats.kv_blocks_free, stats.running, stats.waiting),
+            (stats.kv_blocks_total, 0, 0),
             "{stats:?}"
         );
     });
@@ -472,14 +472,20 @@ fn retracted_requests_continue_with_the_same_tokens() {
             handle.pause(PauseMode::Retract);
             let stats = handle.stats().await.unwrap();
             assert_eq!((stats.running, stats.waiting, stats.preempted), (0, 4, 4));
-            assert_eq!(stats.cached_slots, 4, "their slots are kept for them");
+            assert!(
+                stats.kv_blocks_cached >= 4,
+                "their blocks are kept for them: {stats:?}"
+            );
             if flush {
                 handle.flush_cache().await.unwrap();
             }
             handle.resume();
             let outs = outputs(streams).await;
             let stats = handle.stats().await.unwrap();
-            assert_eq!((stats.free_slots, stats.running), (4, 0));
+            assert_eq!(
+                (stats.kv_blocks_free, stats.running),
+                (stats.kv_blocks_total, 0)
+            );
             outs
         });
         for (got, want) in resumed.iter().zip(&reference) {
@@ -513,7 +519,10 @@ fn aborting_pause_ends_running_and_waiting_requests() {
         let outs = outputs(streams).await;
         let stats = handle.stats().await.unwrap();
         assert!(stats.paused);
-        assert_eq!((stats.running, stats.waiting, stats.free_slots), (0, 0, 1));
+        assert_eq!(
+            (stats.running, stats.waiting, stats.kv_blocks_free),
+            (0, 0, stats.kv_blocks_total)
+        );
         outs
     });
     assert!(outs.iter().all(|o| o.finish == FinishReason::Abort));
@@ -631,9 +640,9 @@ fn samples_of_one_prompt_share_its_prefill_exactly() {
     let alone = rt.block_on(all(&fresh, requests()));
     let cached: Vec<usize> = shared.iter().map(|o| o.cached_tokens).collect();
     assert_eq!(
-        cached.iter().filter(|&&c| c == 39).count(),
+        cached.iter().filter(|&&c| c == 32).count(),
         3,
-        "three samples reuse the first one's prompt: {cached:?}"
+        "three samples share the first one's two whole blocks of 16: {cached:?}"
     );
     assert!(alone.iter().all(|o| o.cached_tokens == 0));
     for (a, b) in shared.iter().zip(&alone) {
@@ -678,11 +687,18 @@ fn the_next_turn_continues_from_the_kept_sequence() {
     let recomputed = rt.block_on(fresh.generate(request(&next, greedy))).unwrap();
     assert_eq!(turn2.tokens, recomputed.tokens);
     rt.block_on(async {
+        // Kept: the two turns' three whole blocks and the second turn's last, partial one.
         let stats = reuse.stats().await.unwrap();
-        assert_eq!((stats.free_slots, stats.cached_slots), (2, 1));
+        assert_eq!(
+            (stats.kv_blocks_free, stats.kv_blocks_cached),
+            (stats.kv_blocks_total, 4)
+        );
         reuse.flush_cache().await.unwrap();
         let stats = reuse.stats().await.unwrap();
-        assert_eq!((stats.free_slots, stats.cached_slots), (2, 0));
+        assert_eq!(
+            (stats.kv_blocks_free, stats.kv_blocks_cached),
+            (stats.kv_blocks_total, 0)
+        );
     });
 }
 
@@ -727,7 +743,7 @@ fn kv_memory_is_released_between_rollouts_and_comes_back_on_demand() {
         let stats = handle.stats().await.unwrap();
         assert!(!stats.kv_allocated);
         assert_eq!(
-            (stats.cached_slots, stats.running, stats.waiting),
+            (stats.kv_blocks_cached, stats.running, stats.waiting),
             (0, 0, 1)
         );
         handle.resume();
@@ -738,7 +754,7 @@ fn kv_memory_is_released_between_rollouts_and_comes_back_on_demand() {
         handle.release_memory().await.unwrap();
         let stats = handle.stats().await.unwrap();
         assert!(!stats.kv_allocated);
-        assert_eq!(stats.cached_slots, 0);
+        assert_eq!(stats.kv_blocks_cached, 0);
         let after = handle
             .generate(request(&prompt(2, 5), greedy))
             .await
@@ -853,10 +869,10 @@ fn shutdown_aborts_what_runs_and_stops_the_engine() {
     });
 }
 
-/// Continuations read whole slots; the fused GPU attention kernels need the key length aligned.
+/// The fused GPU attention kernels need key lengths (and so blocks) aligned to 16 positions.
 #[test]
-fn slot_lengths_are_aligned_for_the_attention_kernels() {
-    assert_eq!(EngineConfig::new(1, 700, vec![]).slot_len, 704);
-    assert_eq!(EngineConfig::new(1, 512, vec![]).slot_len, 512);
-    assert_eq!(EngineConfig::new(1, 1, vec![]).slot_len, 16);
+fn context_lengths_are_aligned_for_the_attention_kernels() {
+    assert_eq!(EngineConfig::new(1, 700, vec![]).context_len, 704);
+    assert_eq!(EngineConfig::new(1, 512, vec![]).context_len, 512);
+    assert_eq!(EngineConfig::new(1, 1, vec![]).context_len, 16);
 }

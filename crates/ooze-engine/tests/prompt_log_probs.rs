@@ -146,7 +146,11 @@ fn prompt_log_probs_equal_full_sequence_scoring() {
         );
     }
     let stats = rt.block_on(handle.stats()).unwrap();
-    assert_eq!((stats.free_slots, stats.running), (4, 0), "{stats:?}");
+    assert_eq!(
+        (stats.kv_blocks_free, stats.running),
+        (stats.kv_blocks_total, 0),
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -192,5 +196,9 @@ fn zero_new_tokens_draw_nothing_and_bad_lengths_are_refused() {
         "logprob_start_len 12 must be below the prompt length 12"
     );
     let stats = rt.block_on(handle.stats()).unwrap();
-    assert_eq!((stats.free_slots, stats.running), (2, 0), "{stats:?}");
+    assert_eq!(
+        (stats.kv_blocks_free, stats.running),
+        (stats.kv_blocks_total, 0),
+        "{stats:?}"
+    );
 }

@@ -1,17 +1,21 @@
 //! Where attention reads and writes: the KV memory the callers own ([`KvCache`] for one batch of
-//! equal-length sequences, [`SlotCache`] for the engine's fixed slots), the attention layouts a
+//! equal-length sequences, [`PagedKv`] for the engine's blocks), the attention layouts a
 //! forward pass can use ([`Attention`]), and the masks and one-token decode attention they need.
 
 use crate::config::ModelConfig;
 use ooze_torch::tch::{Device, Kind, Tensor};
 
-/// Positions `[.., 0..read_len]` of the slots `read` selects, as `[B, kv_heads, read_len, head_dim]`.
-pub(crate) fn read_slots(layer: &Tensor, read: &SlotRead, read_len: i64) -> Tensor {
-    let rows = match read {
-        SlotRead::Range { start, count } => layer.narrow(0, *start, *count),
-        SlotRead::Gather(index) => layer.index_select(0, index),
-    };
-    rows.narrow(1, 0, read_len).transpose(1, 2)
+/// The keys (or values) of `cells [B, L]` in a layer's paged memory `[blocks, block_size, kv_heads,
+/// head_dim]`, as `[B, kv_heads, L, head_dim]`.
+pub(crate) fn gather_cells(layer: &Tensor, cells: &Tensor) -> Tensor {
+    let size = layer.size();
+    let (kv, d) = (size[2], size[3]);
+    let (b, l) = (cells.size()[0], cells.size()[1]);
+    layer
+        .view([-1, kv, d])
+        .index_select(0, &cells.view([-1]))
+        .view([b, l, kv, d])
+        .transpose(1, 2)
 }
 
 /// Key/value tensors of one layer for a batch of sequences that all have `len` cached tokens.
@@ -36,32 +40,36 @@ impl KvCache {
     }
 }
 
-/// Key/value memory in fixed slots, one sequence per slot: per layer `[slots, max_len, kv_heads,
-/// head_dim]` for keys and for values. The engine owns it and decides which slot a request uses;
-/// a row of a batch names its slot and how many tokens the slot already holds.
-pub struct SlotCache {
+/// Key/value memory in fixed-size blocks: per layer `[blocks + 1, block_size, kv_heads, head_dim]`
+/// for keys and for values. A sequence's positions live in the blocks its block table lists
+/// (position `p` at offset `p % block_size` of block `table[p / block_size]`), so memory follows
+/// actual lengths and sequences that start alike can share blocks. The engine owns it and decides
+/// which blocks a sequence uses; the last block (index `blocks`) is scratch that padding rows write
+/// into and nobody reads. One block of a sequence's whole length is the fixed-slot layout.
+pub struct PagedKv {
     pub(crate) k: Vec<Tensor>,
     pub(crate) v: Vec<Tensor>,
-    slots: i64,
-    pub(crate) max_len: i64,
+    blocks: i64,
+    block_size: i64,
 }
 
-impl SlotCache {
-    /// Allocates `slots × max_len` tokens of KV memory for `config` on `device` in `kind`.
+impl PagedKv {
+    /// Allocates `blocks` blocks of `block_size` tokens (plus the scratch block) for `config` on
+    /// `device` in `kind`.
     pub fn new(
         config: &ModelConfig,
-        slots: i64,
-        max_len: i64,
+        blocks: i64,
+        block_size: i64,
         device: Device,
         kind: Kind,
-    ) -> SlotCache {
-        let shape = [slots, max_len, config.num_kv_heads, config.head_dim];
+    ) -> PagedKv {
+        let shape = [blocks + 1, block_size, config.num_kv_heads, config.head_dim];
         let layer = || Tensor::zeros(shape, (kind, device));
-        SlotCache {
+        PagedKv {
             k: (0..config.num_layers).map(|_| layer()).collect(),
             v: (0..config.num_layers).map(|_| layer()).collect(),
-            slots,
-            max_len,
+            blocks,
+            block_size,
         }
     }
 
@@ -73,24 +81,31 @@ impl SlotCache {
             * kind.elt_size_in_bytes() as i64
     }
 
-    pub fn slots(&self) -> i64 {
-        self.slots
+    /// Blocks sequences can use (the scratch block not counted).
+    pub fn blocks(&self) -> i64 {
+        self.blocks
     }
 
-    /// Copies the first `len` positions of slot `from` into slot `to` (a shared prompt prefix).
-    pub fn copy_prefix(&mut self, from: i64, to: i64, len: i64) {
+    pub fn block_size(&self) -> i64 {
+        self.block_size
+    }
+
+    /// The scratch block: padding rows write here, and table entries past a sequence's end name it.
+    pub fn scratch(&self) -> i64 {
+        self.blocks
+    }
+
+    /// Copies the first `len` positions of block `from` into block `to` (a shared block that a
+    /// sequence goes on writing into: copy on write).
+    pub fn copy_block(&mut self, from: i64, to: i64, len: i64) {
         for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
             let src = layer.narrow(0, from, 1).narrow(1, 0, len);
             layer.narrow(0, to, 1).narrow(1, 0, len).copy_(&src);
         }
     }
-
-    pub fn max_len(&self) -> i64 {
-        self.max_len
-    }
 }
 
-/// Keys read from slots are padded to a multiple of this many positions: the fused attention
+/// Keys read from paged memory are padded to a multiple of this many positions: the fused attention
 /// kernels want an aligned bias, and fewer distinct shapes means fewer kernel plans.
 pub const KEY_ALIGN: i64 = 16;
 
@@ -107,24 +122,24 @@ pub enum Attention<'a> {
     Packed { lengths: &'a [i64] },
     /// New tokens `[B, T]` appended to the cache; they see the whole cache and causally each other.
     Cached(&'a mut KvCache),
-    /// New tokens `[B, T]`, row `b` appended to slot `slots[b]` after its `past[b]` cached tokens;
-    /// they see their own slot's history and causally each other.
-    Slots {
-        cache: &'a mut SlotCache,
-        slots: &'a [i64],
+    /// New tokens `[B, T]`, row `b` appended to its sequence after its `past[b]` cached tokens, in
+    /// the blocks `tables[b]` lists (which must cover the row's real new tokens; padding at the end
+    /// of a row goes to the scratch block); they see their own sequence's history and causally
+    /// each other.
+    Paged {
+        cache: &'a mut PagedKv,
+        tables: &'a [&'a [i64]],
         past: &'a [i64],
     },
-    /// One new token per row (`[B, 1]`), everything on the device: row `b` is appended to slot
-    /// `slots[b]` after `past[b]` tokens and attends over the slot's first `read_len` positions.
-    /// Nothing here synchronises with the host, so a step can be captured in a CUDA graph.
-    SlotDecode {
-        cache: &'a mut SlotCache,
-        slots: &'a Tensor,
+    /// One new token per row (`[B, 1]`), everything on the device: row `b` is appended after
+    /// `past[b]` tokens to the sequence whose blocks are `tables[b]` (`[B, W]`, padded with the
+    /// scratch block) and attends over its first `read_len` positions (`read_len ≤ W · block
+    /// size`). Nothing here synchronises with the host, so a step can be captured in a CUDA graph.
+    PagedDecode {
+        cache: &'a mut PagedKv,
+        tables: &'a Tensor,
         past: &'a Tensor,
         read_len: i64,
-        /// Row `b` reads slot `b` (the batch occupies slots `0..B` in order): a view, no gather.
-        /// Writes still go to `slots`.
-        rows_are_slots: bool,
     },
 }
 
@@ -132,21 +147,50 @@ pub enum Attention<'a> {
 pub(crate) enum KvTarget<'a> {
     None,
     Contiguous(&'a mut KvCache),
-    Slots {
-        cache: &'a mut SlotCache,
-        /// `[B, T]` slot and position of every new token (where to write).
-        write_slot: Tensor,
-        write_pos: Tensor,
-        /// Which slots to read, and how many positions of them.
-        read: SlotRead,
+    Paged {
+        cache: &'a mut PagedKv,
+        /// `[B, T]` flat cell (block · block size + offset) of every new token: where to write.
+        write_cells: Tensor,
+        /// `[B, L]` cells of the positions each row reads.
+        read_cells: Tensor,
+        /// `[B, W]` block tables and `[B]` cached lengths, for the fused decode kernels.
+        tables: Tensor,
+        past: Tensor,
         read_len: i64,
     },
 }
 
-/// The slots a batch reads: a run of consecutive slots is a view; anything else is gathered.
-pub(crate) enum SlotRead {
-    Range { start: i64, count: i64 },
-    Gather(Tensor),
+impl KvTarget<'_> {
+    /// The paged target of `t` new tokens per row after `past [B]` cached ones, for block tables
+    /// `tables [B, W]` (device tensors), reading `read_len ≤ W · block size` positions.
+    pub(crate) fn paged(
+        cache: &mut PagedKv,
+        tables: Tensor,
+        past: Tensor,
+        t: i64,
+        read_len: i64,
+    ) -> KvTarget<'_> {
+        let bs = cache.block_size();
+        let device = tables.device();
+        let b = tables.size()[0];
+        // positions [B, N] → cells [B, N]
+        let cells_of = |positions: &Tensor| {
+            tables.gather(1, &positions.divide_scalar_mode(bs, "floor"), false) * bs
+                + positions.remainder(bs)
+        };
+        let new = past.unsqueeze(1) + Tensor::arange(t, (Kind::Int64, device)).unsqueeze(0);
+        let read = Tensor::arange(read_len, (Kind::Int64, device))
+            .unsqueeze(0)
+            .expand([b, read_len], false);
+        KvTarget::Paged {
+            write_cells: cells_of(&new),
+            read_cells: cells_of(&read),
+            tables,
+            past,
+            read_len,
+            cache,
+        }
+    }
 }
 
 /// `[B, KV, H/KV, L]` additive bias (0 where attending, −∞ elsewhere) from a `[B, 1, 1, L]` mask.

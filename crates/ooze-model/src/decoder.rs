@@ -10,15 +10,15 @@
 //! Attention layouts ([`Attention`], in [`crate::attention`]): right-padded batches use the causal
 //! kernel directly (padding sits after every real token, so causality already hides it); packed
 //! batches use FlashAttention over variable lengths on a GPU and a block-diagonal causal mask
-//! elsewhere; incremental decoding attends to the cache plus the new tokens; slot decoding runs
-//! ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
+//! elsewhere; incremental decoding attends to the cache plus the new tokens; paged decoding (the
+//! engine's block tables) runs ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
 use crate::attention::{
-    decode_attention, decode_bias, offset_causal_mask, packed_mask, read_slots, round_up, KvTarget,
-    PaddedPacking, SlotRead,
+    decode_attention, decode_bias, gather_cells, offset_causal_mask, packed_mask, round_up,
+    KvTarget, PaddedPacking,
 };
-pub use crate::attention::{Attention, KvCache, SlotCache, KEY_ALIGN};
+pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -498,80 +498,57 @@ impl Decoder {
                 let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
                 (mask, KvTarget::Contiguous(cache), false)
             }
-            Attention::SlotDecode {
+            Attention::PagedDecode {
                 cache,
-                slots,
+                tables,
                 past,
                 read_len,
-                rows_are_slots,
             } => {
-                let write_pos = past.unsqueeze(1);
-                let keys =
-                    Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
-                let mask = keys.le_tensor(&write_pos.unsqueeze(-1)).unsqueeze(1);
-                let read = if rows_are_slots {
-                    SlotRead::Range { start: 0, count: b }
-                } else {
-                    SlotRead::Gather(slots.shallow_clone())
-                };
-                let target = KvTarget::Slots {
+                let target = KvTarget::paged(
                     cache,
-                    write_slot: slots.unsqueeze(1),
-                    write_pos,
-                    read,
+                    tables.shallow_clone(),
+                    past.shallow_clone(),
+                    1,
                     read_len,
-                };
-                (Some(mask), target, false)
+                );
+                (Some(self.paged_mask(past, 1, read_len)), target, false)
             }
-            Attention::Slots { cache, slots, past } => {
-                let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN)
-                    .min(cache.max_len);
-                let dev = |v: Vec<i64>| Tensor::from_slice(&v).to_device(self.device);
-                let write_slot = dev(slots
-                    .iter()
-                    .flat_map(|&s| std::iter::repeat_n(s, t as usize))
-                    .collect())
-                .view([b, t]);
-                // Rows padded to a common length write their padding past their own tokens; clamped,
-                // so it stays inside the slot (later tokens overwrite it before anyone reads it).
-                let last = cache.max_len - 1;
-                let write_pos = dev(past
-                    .iter()
-                    .flat_map(|&p| (p..p + t).map(move |x| x.min(last)))
-                    .collect())
-                .view([b, t]);
-                // Query i of row r sees key j when j ≤ past[r] + i.
-                let limit = write_pos.unsqueeze(-1);
-                let keys =
-                    Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
-                let mask = keys.le_tensor(&limit).unsqueeze(1);
-                let consecutive = slots.windows(2).all(|w| w[1] == w[0] + 1);
-                let read = match slots.first() {
-                    Some(&start) if consecutive => SlotRead::Range { start, count: b },
-                    _ => SlotRead::Gather(dev(slots.to_vec())),
-                };
-                let target = KvTarget::Slots {
-                    cache,
-                    write_slot,
-                    write_pos,
-                    read,
-                    read_len,
-                };
+            Attention::Paged {
+                cache,
+                tables,
+                past,
+            } => {
+                let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN);
+                let bs = cache.block_size();
+                let width = (read_len + bs - 1) / bs;
+                // Entries past a row's own blocks name the scratch block: the row's padding
+                // writes there, and its reads there are masked.
+                let mut flat = Vec::with_capacity((b * width) as usize);
+                for table in tables {
+                    let start = flat.len();
+                    flat.extend_from_slice(&table[..table.len().min(width as usize)]);
+                    flat.resize(start + width as usize, cache.scratch());
+                }
+                let dev = |v: &[i64]| Tensor::from_slice(v).to_device(self.device);
+                let tables = dev(&flat).view([b, width]);
+                let past = dev(past);
+                let mask = self.paged_mask(&past, t, read_len);
+                let target = KvTarget::paged(cache, tables, past, t, read_len);
                 (Some(mask), target, false)
             }
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let group = c.num_heads / c.num_kv_heads;
-        let one_token_slots =
-            matches!(target, KvTarget::Slots { .. }) && t == 1 && self.device.is_cuda();
+        let one_token_paged =
+            matches!(target, KvTarget::Paged { .. }) && t == 1 && self.device.is_cuda();
         // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
         // (bf16) ooze's split-key attention kernel.
-        let fused_rope = one_token_slots && kernels_apply(&x) && self.rope_kernel_fits();
+        let fused_rope = one_token_paged && kernels_apply(&x) && self.rope_kernel_fits();
         let fused_attention = fused_rope && self.decode_attention_kernel_fits();
-        // Otherwise one-token decode over slots on a GPU calls the memory-efficient kernel with an
+        // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
         // additive bias, built once for all layers.
         let decode_bias = match &mask {
-            Some(mask) if one_token_slots && !fused_attention => {
+            Some(mask) if one_token_paged && !fused_attention => {
                 Some(decode_bias(mask, c.num_kv_heads, group, self.kind))
             }
             _ => None,
@@ -586,11 +563,12 @@ impl Decoder {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
             let attn = match &mut target {
-                KvTarget::Slots {
+                KvTarget::Paged {
                     cache,
-                    write_slot,
-                    write_pos,
-                    read,
+                    write_cells,
+                    read_cells,
+                    tables,
+                    past,
                     read_len,
                 } if fused_rope => {
                     let args = RopeStore {
@@ -604,20 +582,20 @@ impl Decoder {
                     };
                     let q = kernels::rope_store(
                         &qkv.view([b, -1]),
-                        &write_pos.view([b]),
-                        &write_slot.view([b]),
+                        past,
+                        &write_cells.view([b]),
                         &mut cache.k[i],
                         &mut cache.v[i],
                         &args,
                     )
-                    .expect("invariant: decode rows and slot memory are valid for rope_store");
+                    .expect("invariant: decode rows and paged memory are valid for rope_store");
                     if fused_attention {
                         kernels::decode_attention(
                             &q,
                             &cache.k[i],
                             &cache.v[i],
-                            &write_slot.view([b]),
-                            &write_pos.view([b]),
+                            tables,
+                            past,
                             *read_len,
                             scale,
                         )
@@ -629,8 +607,8 @@ impl Decoder {
                             .expect("invariant: built when not fused");
                         decode_attention(
                             &q.view([b, c.num_heads, t, c.head_dim]),
-                            &read_slots(&cache.k[i], read, *read_len),
-                            &read_slots(&cache.v[i], read, *read_len),
+                            &gather_cells(&cache.k[i], read_cells),
+                            &gather_cells(&cache.v[i], read_cells),
                             bias,
                             scale,
                         )
@@ -764,28 +742,39 @@ impl Decoder {
                     cache.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
                     (k, v)
                 }
-                KvTarget::Slots {
+                KvTarget::Paged {
                     cache,
-                    write_slot,
-                    write_pos,
-                    read,
-                    read_len,
+                    write_cells,
+                    read_cells,
+                    ..
                 } => {
-                    let index = [
-                        Some(write_slot.shallow_clone()),
-                        Some(write_pos.shallow_clone()),
-                    ];
-                    // [B, kv, T, D] → [B, T, kv, D], the slot layout.
-                    let _ = cache.k[i].index_put_(&index, &k.transpose(1, 2), false);
-                    let _ = cache.v[i].index_put_(&index, &v.transpose(1, 2), false);
+                    let (kv, d) = (c.num_kv_heads, c.head_dim);
+                    let index = [Some(write_cells.view([-1]))];
+                    // [B, kv, T, D] → [B·T, kv, D], the cell layout.
+                    let rows = |x: &Tensor| x.transpose(1, 2).reshape([-1, kv, d]);
+                    let _ = cache.k[i]
+                        .view([-1, kv, d])
+                        .index_put_(&index, &rows(&k), false);
+                    let _ = cache.v[i]
+                        .view([-1, kv, d])
+                        .index_put_(&index, &rows(&v), false);
                     (
-                        read_slots(&cache.k[i], read, *read_len),
-                        read_slots(&cache.v[i], read, *read_len),
+                        gather_cells(&cache.k[i], read_cells),
+                        gather_cells(&cache.v[i], read_cells),
                     )
                 }
             };
             (q, k, v)
         }
+    }
+
+    /// `[B, 1, T, read_len]` mask of `T` new tokens per row after `past [B]` cached ones: query `i`
+    /// of row `b` sees key `j` when `j ≤ past[b] + i`.
+    fn paged_mask(&self, past: &Tensor, t: i64, read_len: i64) -> Tensor {
+        let limit =
+            past.view([-1, 1, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t, 1]);
+        let keys = Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
+        keys.le_tensor(&limit).unsqueeze(1)
     }
 
     fn rope_kernel_fits(&self) -> bool {
@@ -798,7 +787,7 @@ impl Decoder {
     }
 
     /// Whether one-token decode steps run ooze's split-key attention kernel: its cost follows
-    /// each row's own key count, not the number of positions read (see `SlotDecode::read_len`).
+    /// each row's own key count, not the number of positions read (see `PagedDecode::read_len`).
     pub fn decode_attention_fused(&self) -> bool {
         self.device.is_cuda()
             && kernels::available()

@@ -43,6 +43,9 @@ pub enum Size {
     Medium,
     /// The Qwen2.5-0.5B shape (24 layers, hidden 896, 14/2 heads, vocab 151,936): GPU benchmarks.
     Qwen05b,
+    /// The Qwen3-4B shape (36 layers, hidden 2560, 32/8 heads of 128, vocab 151,936; use it with
+    /// `--family qwen3`): single-GPU benchmarks at a mid size.
+    Qwen4b,
     /// The Qwen2.5-7B shape (28 layers, hidden 3584, 28/4 heads, vocab 152,064, untied head):
     /// multi-GPU benchmarks.
     Qwen7b,
@@ -56,9 +59,10 @@ impl std::str::FromStr for Size {
             "small" => Ok(Size::Small),
             "medium" => Ok(Size::Medium),
             "0.5b" | "0.5B" => Ok(Size::Qwen05b),
+            "4b" | "4B" => Ok(Size::Qwen4b),
             "7b" | "7B" => Ok(Size::Qwen7b),
             _ => Err(format!(
-                "unknown size `{s}`; expected tiny, small, medium or 0.5b"
+                "unknown size `{s}`; expected tiny, small, medium, 0.5b, 4b or 7b"
             )),
         }
     }
@@ -86,7 +90,7 @@ impl InitOptions {
             size,
             tokenizer_vocab: 1024,
             vocab_size: match size {
-                Size::Qwen05b => Some(151_936),
+                Size::Qwen05b | Size::Qwen4b => Some(151_936),
                 Size::Qwen7b => Some(152_064),
                 _ => None,
             },
@@ -318,7 +322,13 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
         Size::Small => (256, 768, 4, 8, 2),
         Size::Medium => (512, 1536, 8, 8, 2),
         Size::Qwen05b => (896, 4864, 24, 14, 2),
+        Size::Qwen4b => (2560, 9728, 36, 32, 8),
         Size::Qwen7b => (3584, 18944, 28, 28, 4),
+    };
+    // Qwen3-4B's heads are wider than hidden / heads.
+    let head_dim = match options.size {
+        Size::Qwen4b => 128,
+        _ => hidden / heads,
     };
     let family = options.family;
     let mut c = json!({
@@ -330,7 +340,7 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv,
-        "head_dim": hidden / heads,
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "initializer_range": 0.02,
         "tie_word_embeddings": options.tie_word_embeddings,

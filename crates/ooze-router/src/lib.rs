@@ -545,10 +545,13 @@ fn serve(shared: Arc<Shared>, commands: mpsc::Receiver<Command>) {
                     .iter()
                     .map(|e| e.outstanding.load(Ordering::SeqCst))
                     .sum();
+                // The engines' own KV memory is theirs to report (their /get_server_info).
                 let _ = reply.send(EngineStats {
-                    free_slots: 0,
-                    cached_slots: 0,
-                    total_slots: 0,
+                    kv_blocks_total: 0,
+                    kv_block_size: 0,
+                    kv_blocks_free: 0,
+                    kv_blocks_cached: 0,
+                    max_running: 0,
                     running,
                     waiting: 0,
                     weight_version: shared.weights.lock().expect("weights lock").1,

@@ -17,7 +17,7 @@ use ooze_agents::recipes::tool_orchestra::{OrchestraConfig, ToolOrchestraAgent};
 use ooze_agents::sandbox::{Sandbox, SandboxLimits};
 use ooze_agents::search::{Bm25Index, Searcher};
 use ooze_engine::{EngineConfig, EngineHandle};
-use ooze_model::{Decoder, SlotCache, Tokenizer};
+use ooze_model::{Decoder, PagedKv, Tokenizer};
 use ooze_rollout::agent::{Agent, AgentLimits, AgentRollout};
 use ooze_rollout::helpers::{Helper, HelperBackend, Helpers};
 use ooze_rollout::http_client::JsonClient;
@@ -532,7 +532,7 @@ pub struct LoadedHelper {
 impl LoadedHelper {
     /// The key/value cache its engine will hold: `slots` sequences of `slot_len` tokens.
     pub fn cache_bytes(&self, slot_len: i64, kind: Kind) -> i64 {
-        SlotCache::bytes_per_token(&self.decoder.config, kind) * slot_len * self.slots
+        PagedKv::bytes_per_token(&self.decoder.config, kind) * slot_len * self.slots
     }
 }
 

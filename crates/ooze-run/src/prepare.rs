@@ -15,7 +15,7 @@ use crate::run::Run;
 use anyhow::{bail, Context};
 use ooze_algo::Estimator;
 use ooze_engine::{EngineConfig, Sampling, SamplingParams, StopStrings};
-use ooze_model::{Decoder, SlotCache, Tokenizer};
+use ooze_model::{Decoder, PagedKv, Tokenizer};
 use ooze_rollout::data::{self, DataConfig, PromptOrder};
 use ooze_rollout::manager::RolloutSettings;
 use ooze_rollout::prompts::{prepare, task_rows, PromptFormat, PromptItem};
@@ -424,7 +424,7 @@ fn slot_len(recipe: &Recipe, prompts: &[PromptItem], evals: &[EvalSet]) -> i64 {
         .unwrap_or(1);
     // An agent's conversations: their own prompts and responses (observations included).
     let agent_context = agent_context_len(&recipe.agent);
-    EngineConfig::aligned_slot_len((longest_prompt + max_new.max(agent_context)) as i64)
+    EngineConfig::aligned_context_len((longest_prompt + max_new.max(agent_context)) as i64)
 }
 
 /// Sequences the policy's engine runs at once: `rollout.max_running`, or what fits in
@@ -452,7 +452,7 @@ fn engine_slots(
         (None, Device::Cuda(i)) => {
             let (free, _) =
                 ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
-            let per_slot = SlotCache::bytes_per_token(&decoder.config, kind) * slot_len;
+            let per_slot = PagedKv::bytes_per_token(&decoder.config, kind) * slot_len;
             let share = (free as f64 * r.mem_fraction) as i64 - helper_cache;
             if helper_cache > 0 && share < per_slot {
                 bail!(
@@ -497,7 +497,7 @@ fn sharding(
         reference: a.advantage.kl_coef != 0.0 || a.loss.kl_loss_coef != 0.0,
         critic: a.advantage.estimator == Estimator::Ppo,
         engine_sequence_bytes: (!external_engines)
-            .then(|| (SlotCache::bytes_per_token(&config, kind) * slot_len) as u64),
+            .then(|| (PagedKv::bytes_per_token(&config, kind) * slot_len) as u64),
     };
     let gpu = memory::gpu_of(device);
     let sharded = memory::choose(

@@ -384,6 +384,10 @@ pub async fn model_info(State(state): State<Arc<AppState>>) -> Json<Value> {
 pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let stats = state.engine.stats().await?;
     let mut info = state.server_info.clone();
+    // The KV memory's blocks at the top level too, where SGLang's clients look.
+    info["kv_blocks_total"] = json!(stats.kv_blocks_total);
+    info["kv_blocks_free"] = json!(stats.kv_blocks_free);
+    info["kv_block_size"] = json!(stats.kv_block_size);
     info["engine"] = serde_json::to_value(stats).unwrap_or_default();
     info["ignored_fields"] = json!(state.ignored_fields.snapshot());
     Ok(Json(info))

@@ -165,7 +165,11 @@ async fn streaming_control_and_weight_updates() {
     assert_eq!(get(addr, "/health_generate").await.0, 200);
     assert_eq!(get(addr, "/get_model_info").await.1["is_generation"], true);
     let (_, info) = get(addr, "/get_server_info").await;
-    assert_eq!(info["engine"]["total_slots"], 4);
+    // 4 sequences of 1024 tokens in blocks of 16, all free while nothing runs.
+    assert_eq!(info["kv_block_size"], 16);
+    assert_eq!(info["kv_blocks_total"], 256);
+    assert_eq!(info["kv_blocks_free"], 256);
+    assert_eq!(info["engine"]["max_running"], 4);
     assert_eq!(post(addr, "/flush_cache", json!({})).await.0, 200);
     assert_eq!(
         post(addr, "/release_memory_occupation", json!({})).await.0,
@@ -411,7 +415,7 @@ async fn a_thousand_concurrent_requests_with_aborts_leave_no_leak() {
     let mut info = Value::Null;
     for _ in 0..10_000 {
         info = get(addr, "/get_server_info").await.1;
-        if info["engine"]["free_slots"] == 32
+        if info["kv_blocks_free"] == info["kv_blocks_total"]
             && info["engine"]["running"] == 0
             && info["engine"]["waiting"] == 0
         {
@@ -419,7 +423,11 @@ async fn a_thousand_concurrent_requests_with_aborts_leave_no_leak() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(info["engine"]["free_slots"], 32, "KV slots leaked: {info}");
+    assert_eq!(
+        info["kv_blocks_free"], info["kv_blocks_total"],
+        "KV blocks leaked: {info}"
+    );
+    assert_eq!(info["kv_blocks_total"], 32 * 1024 / 16);
     assert_eq!(
         get(addr, "/health_generate").await.0,
         200,

@@ -3,11 +3,13 @@
 // checked, tensor-level entry points are in ops.cpp. Every launcher returns the launch error.
 //
 // - rope_store: rotary embedding of q and k (with Qwen3's per-head q/k RMSNorm when given), the
-//   rotated q written out, k and v written into their slot of the KV memory.
+//   rotated q written out, k and v written into their cell (block · block size + offset) of the
+//   paged KV memory.
 // - silu_mul: silu(gate) * up of the fused gate/up projection.
 // - sample: per row, the log-softmax statistics, then the greedy or inverse-CDF token and its
 //   log-prob, in one block per row (no full-vocabulary intermediate tensors).
-// - decode_attention: one new query token per row over its slot's keys, split along the keys
+// - decode_attention: one new query token per row over its keys (found through the row's block
+//   table), split along the keys
 //   (flash-decoding): the query heads that share a key head go through tensor cores together, and
 //   a second kernel merges the splits.
 
@@ -48,11 +50,11 @@ __device__ __forceinline__ float warp_sum(float x) {
 template <typename T>
 __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
                                   const int64_t* __restrict__ positions,
-                                  const int64_t* __restrict__ slots,
+                                  const int64_t* __restrict__ cells,
                                   const float* __restrict__ inv_freq, const T* __restrict__ q_norm,
                                   const T* __restrict__ k_norm, float eps, T* __restrict__ q_out,
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int rows,
-                                  int heads, int kv_heads, int dim, int64_t slot_len) {
+                                  int heads, int kv_heads, int dim) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int per_row = heads + 2 * kv_heads;
@@ -61,7 +63,7 @@ __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
   const int head = warp % per_row;
   const T* src = qkv + row * qkv_stride + head * dim;
   const int64_t pos = positions[row];
-  const int64_t cell = (slots[row] * slot_len + pos) * kv_heads;
+  const int64_t cell = cells[row] * kv_heads;
   if (head >= heads + kv_heads) {
     T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
     for (int i = lane; i < dim; i += 32) dst[i] = src[i];
@@ -455,7 +457,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, int64_t stride, 
 }
 
 // Decode attention, bf16. Block (split, kv head, row): keys [split·CHUNK, +CHUNK) of the row's
-// slot, for the G query heads of one key head (padded to 16 rows of a tensor-core tile).
+// sequence (its block table maps a position to a block of the paged memory), for the G query heads of one key head (padded to 16 rows of a tensor-core tile).
 // Pass A: scores S = Q·Kᵀ into shared memory (each warp a 16-key tile at a time). Softmax over the
 // chunk per query head (max, exp, sum), P rounded to bf16. Pass B: O = P·V (each warp 16 output
 // columns). The partial O (unnormalised), max and sum go out per split.
@@ -466,9 +468,9 @@ constexpr int ATT_PAD = 8;  // keeps shared-memory rows off the same banks, mult
 template <int D>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     decode_attention_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-                            const __nv_bfloat16* __restrict__ v_cache, const int64_t* __restrict__ slots,
-                            const int64_t* __restrict__ positions, int heads, int kv_heads,
-                            int64_t slot_len, float scale, float* __restrict__ part_o,
+                            const __nv_bfloat16* __restrict__ v_cache, const int64_t* __restrict__ tables,
+                            int table_width, const int64_t* __restrict__ positions, int heads,
+                            int kv_heads, int64_t block_size, float scale, float* __restrict__ part_o,
                             float* __restrict__ part_ml) {
   using namespace nvcuda;
   const int split = blockIdx.x, kv = blockIdx.y, row = blockIdx.z;
@@ -492,15 +494,24 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   __shared__ __align__(32) __nv_bfloat16 s_q[16][D + ATT_PAD];
   __shared__ __align__(32) float s_s[16][ATT_CHUNK + ATT_PAD];
   __shared__ __align__(32) __nv_bfloat16 s_p[16][ATT_CHUNK + ATT_PAD];
+  // Where each 16-key tile of the chunk starts: keys [first + 16t, +16) are one run inside one
+  // block (block sizes are multiples of 16), found through the row's block table once, up front.
+  __shared__ int64_t s_tile[ATT_CHUNK / 16];
   for (int i = tid; i < 16 * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     s_q[g][d] = g < group ? q[(static_cast<int64_t>(row) * heads + kv * group + g) * D + d]
                           : __float2bfloat16(0.f);
   }
-  __syncthreads();
   const int64_t key_stride = static_cast<int64_t>(kv_heads) * D;
-  const int64_t base = (slots[row] * slot_len + first) * key_stride + static_cast<int64_t>(kv) * D;
+  const int64_t* table = tables + static_cast<int64_t>(row) * table_width;
   const int tiles = (valid + 15) / 16;
+  for (int t = tid; t < tiles; t += blockDim.x) {
+    const int64_t p = first + static_cast<int64_t>(t) * 16;
+    s_tile[t] = (table[p / block_size] * block_size + p % block_size) * key_stride +
+                static_cast<int64_t>(kv) * D;
+  }
+  __syncthreads();
+  auto tile = [&](int t) -> int64_t { return s_tile[t]; };
   for (int t = warp; t < tiles; t += ATT_WARPS) {
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.f);
@@ -509,7 +520,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
       wmma::load_matrix_sync(a, &s_q[0][kk * 16], D + ATT_PAD);
-      wmma::load_matrix_sync(b, k_cache + base + t * 16 * key_stride + kk * 16,
+      wmma::load_matrix_sync(b, k_cache + tile(t) + kk * 16,
                              static_cast<unsigned>(key_stride));
       wmma::mma_sync(acc, a, b, acc);
     }
@@ -547,7 +558,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
       wmma::load_matrix_sync(a, &s_p[0][t * 16], ATT_CHUNK + ATT_PAD);
-      wmma::load_matrix_sync(b, v_cache + base + t * 16 * key_stride + n * 16,
+      wmma::load_matrix_sync(b, v_cache + tile(t) + n * 16,
                              static_cast<unsigned>(key_stride));
       wmma::mma_sync(acc, a, b, acc);
     }
@@ -583,14 +594,15 @@ __global__ void decode_attention_merge(const float* __restrict__ part_o,
 
 template <int D>
 int launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
-                            const int64_t* slots, const int64_t* positions, int rows, int heads,
-                            int kv_heads, int64_t slot_len, int read_len, float scale,
-                            float* part_o, float* part_ml, void* out, cudaStream_t stream) {
+                            const int64_t* tables, int table_width, const int64_t* positions,
+                            int rows, int heads, int kv_heads, int64_t block_size, int read_len,
+                            float scale, float* part_o, float* part_ml, void* out,
+                            cudaStream_t stream) {
   const int splits = (read_len + ATT_CHUNK - 1) / ATT_CHUNK;
   decode_attention_kernel<D><<<dim3(splits, kv_heads, rows), ATT_WARPS * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
-      static_cast<const __nv_bfloat16*>(v_cache), slots, positions, heads, kv_heads, slot_len,
-      scale, part_o, part_ml);
+      static_cast<const __nv_bfloat16*>(v_cache), tables, table_width, positions, heads, kv_heads,
+      block_size, scale, part_o, part_ml);
   decode_attention_merge<D><<<dim3(heads, rows), D, 0, stream>>>(
       part_o, part_ml, heads, kv_heads, splits, static_cast<__nv_bfloat16*>(out));
   return static_cast<int>(cudaGetLastError());
@@ -609,43 +621,43 @@ extern "C" {
 int ooze_attention_splits(int read_len) { return (read_len + ATT_CHUNK - 1) / ATT_CHUNK; }
 
 int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
-                                 const int64_t* slots, const int64_t* positions, int rows,
-                                 int heads, int kv_heads, int dim, int64_t slot_len, int read_len,
-                                 float scale, float* part_o, float* part_ml, void* out,
-                                 cudaStream_t stream) {
+                                 const int64_t* tables, int table_width,
+                                 const int64_t* positions, int rows, int heads, int kv_heads,
+                                 int dim, int64_t block_size, int read_len, float scale,
+                                 float* part_o, float* part_ml, void* out, cudaStream_t stream) {
   if (dim == 64) {
-    return launch_decode_attention<64>(q, k_cache, v_cache, slots, positions, rows, heads,
-                                       kv_heads, slot_len, read_len, scale, part_o, part_ml, out,
-                                       stream);
+    return launch_decode_attention<64>(q, k_cache, v_cache, tables, table_width, positions, rows,
+                                       heads, kv_heads, block_size, read_len, scale, part_o,
+                                       part_ml, out, stream);
   }
   if (dim == 128) {
-    return launch_decode_attention<128>(q, k_cache, v_cache, slots, positions, rows, heads,
-                                        kv_heads, slot_len, read_len, scale, part_o, part_ml, out,
-                                        stream);
+    return launch_decode_attention<128>(q, k_cache, v_cache, tables, table_width, positions, rows,
+                                        heads, kv_heads, block_size, read_len, scale, part_o,
+                                        part_ml, out, stream);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* positions,
-                           const int64_t* slots, const float* inv_freq, const void* q_norm,
+                           const int64_t* cells, const float* inv_freq, const void* q_norm,
                            const void* k_norm, float eps, void* q_out, void* k_cache,
                            void* v_cache, int rows, int heads, int kv_heads, int dim,
-                           int64_t slot_len, cudaStream_t stream) {
+                           cudaStream_t stream) {
   const int warps = rows * (heads + 2 * kv_heads);
   const int threads = 128;
   const int blocks = (warps * 32 + threads - 1) / threads;
   if (bf16) {
     using T = __nv_bfloat16;
     rope_store_kernel<T><<<blocks, threads, 0, stream>>>(
-        static_cast<const T*>(qkv), qkv_stride, positions, slots, inv_freq,
+        static_cast<const T*>(qkv), qkv_stride, positions, cells, inv_freq,
         static_cast<const T*>(q_norm), static_cast<const T*>(k_norm), eps, static_cast<T*>(q_out),
-        static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, heads, kv_heads, dim, slot_len);
+        static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, heads, kv_heads, dim);
   } else {
     rope_store_kernel<float><<<blocks, threads, 0, stream>>>(
-        static_cast<const float*>(qkv), qkv_stride, positions, slots, inv_freq,
+        static_cast<const float*>(qkv), qkv_stride, positions, cells, inv_freq,
         static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), eps,
         static_cast<float*>(q_out), static_cast<float*>(k_cache), static_cast<float*>(v_cache),
-        rows, heads, kv_heads, dim, slot_len);
+        rows, heads, kv_heads, dim);
   }
   return static_cast<int>(cudaGetLastError());
 }

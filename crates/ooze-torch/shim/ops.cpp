@@ -12,10 +12,10 @@
 
 extern "C" {
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* positions,
-                           const int64_t* slots, const float* inv_freq, const void* q_norm,
+                           const int64_t* cells, const float* inv_freq, const void* q_norm,
                            const void* k_norm, float eps, void* q_out, void* k_cache,
                            void* v_cache, int rows, int heads, int kv_heads, int dim,
-                           int64_t slot_len, cudaStream_t stream);
+                           cudaStream_t stream);
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream);
 int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,
@@ -35,10 +35,10 @@ int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16,
                                   cudaStream_t stream);
 int ooze_attention_splits(int read_len);
 int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
-                                 const int64_t* slots, const int64_t* positions, int rows,
-                                 int heads, int kv_heads, int dim, int64_t slot_len, int read_len,
-                                 float scale, float* part_o, float* part_ml, void* out,
-                                 cudaStream_t stream);
+                                 const int64_t* tables, int table_width,
+                                 const int64_t* positions, int rows, int heads, int kv_heads,
+                                 int dim, int64_t block_size, int read_len, float scale,
+                                 float* part_o, float* part_ml, void* out, cudaStream_t stream);
 }
 
 namespace {
@@ -210,11 +210,12 @@ extern "C" {
 
 const char* ooze_ops_last_error() { return last_error.c_str(); }
 
-// qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), positions and slots [rows] int64,
-// inv_freq [dim / 2] float32, q_norm / k_norm [dim] or null, k_cache / v_cache
-// [slots, slot_len, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
+// qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), positions and cells [rows] int64
+// (a row's rotary position, and the flat index block · block_size + offset its key and value go
+// to), inv_freq [dim / 2] float32, q_norm / k_norm [dim] or null, k_cache / v_cache
+// [blocks, block_size, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
 at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
-                            const at::Tensor* slots, const at::Tensor* inv_freq,
+                            const at::Tensor* cells, const at::Tensor* inv_freq,
                             const at::Tensor* q_norm, const at::Tensor* k_norm, double eps,
                             at::Tensor* k_cache, at::Tensor* v_cache, int64_t heads,
                             int64_t kv_heads, int64_t dim) {
@@ -226,9 +227,9 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
     TORCH_CHECK(qkv->dim() == 2 && qkv->stride(1) == 1 && qkv->size(1) == (heads + 2 * kv_heads) * dim,
                 "qkv must be [rows, (heads + 2 kv_heads) * head_dim] with unit last stride");
     TORCH_CHECK(dim % 2 == 0 && dim <= 256, "head_dim must be even and at most 256, got ", dim);
-    for (const at::Tensor* t : {positions, slots}) {
+    for (const at::Tensor* t : {positions, cells}) {
       TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
-                  "positions and slots must be contiguous int64 [rows]");
+                  "positions and cells must be contiguous int64 [rows]");
     }
     TORCH_CHECK(inv_freq->scalar_type() == at::kFloat && inv_freq->is_contiguous() &&
                     inv_freq->numel() == dim / 2,
@@ -236,7 +237,7 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
     for (const at::Tensor* t : {k_cache, v_cache}) {
       TORCH_CHECK(t->scalar_type() == qkv->scalar_type() && t->is_contiguous() && t->dim() == 4 &&
                       t->size(2) == kv_heads && t->size(3) == dim,
-                  "KV memory must be contiguous [slots, len, kv_heads, head_dim] of qkv's dtype");
+                  "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim] of qkv's dtype");
     }
     for (const at::Tensor* t : {q_norm, k_norm}) {
       TORCH_CHECK(t == nullptr || (t->scalar_type() == qkv->scalar_type() && t->is_contiguous() &&
@@ -246,11 +247,11 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
     at::Tensor q = at::empty({rows, heads, dim}, qkv->options());
     check_launch(ooze_launch_rope_store(
         bf16, qkv->data_ptr(), qkv->stride(0), positions->data_ptr<int64_t>(),
-        slots->data_ptr<int64_t>(), inv_freq->data_ptr<float>(),
+        cells->data_ptr<int64_t>(), inv_freq->data_ptr<float>(),
         q_norm ? q_norm->data_ptr() : nullptr, k_norm ? k_norm->data_ptr() : nullptr,
         static_cast<float>(eps), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
         static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(kv_heads),
-        static_cast<int>(dim), k_cache->size(1), at::cuda::getCurrentCUDAStream().stream()));
+        static_cast<int>(dim), at::cuda::getCurrentCUDAStream().stream()));
     return q;
   });
 }
@@ -292,12 +293,14 @@ at::Tensor* ooze_sample(const at::Tensor* logits, const at::Tensor* params) {
   });
 }
 
-// One new query per row: q [rows, heads, dim] bf16 (contiguous) over the first positions[r] + 1
-// keys of slot slots[r] in k_cache / v_cache [slots, len, kv_heads, dim] (bf16); read_len bounds
-// every row's key count (it fixes the number of key splits, so a CUDA graph can be captured for it).
-// Returns [rows, heads, dim] bf16. dim 64 or 128, at most 16 query heads per key head.
+// One new query per row, q [rows, heads, dim] (bf16), over the first positions[r] + 1 keys of row
+// r's sequence in k_cache / v_cache [blocks, block_size, kv_heads, dim] (bf16), found through
+// tables [rows, width] int64: position p is offset p % block_size of block tables[r][p / block_size].
+// read_len bounds every row's key count (it fixes the number of key splits, so a CUDA graph can be
+// captured for it). Returns [rows, heads, dim] bf16. dim 64 or 128, at most 16 query heads per key
+// head, block_size a multiple of 16.
 at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache,
-                                  const at::Tensor* v_cache, const at::Tensor* slots,
+                                  const at::Tensor* v_cache, const at::Tensor* tables,
                                   const at::Tensor* positions, int64_t read_len, double scale) {
   return guarded([&] {
     check_cuda(*q, "q");
@@ -308,17 +311,23 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
     for (const at::Tensor* t : {k_cache, v_cache}) {
       TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 4 &&
                       t->size(3) == dim && t->sizes() == k_cache->sizes(),
-                  "KV memory must be contiguous bfloat16 [slots, len, kv_heads, head_dim]");
+                  "KV memory must be contiguous bfloat16 [blocks, block_size, kv_heads, head_dim]");
     }
-    const int64_t kv_heads = k_cache->size(2), slot_len = k_cache->size(1);
+    const int64_t kv_heads = k_cache->size(2), block_size = k_cache->size(1);
     TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
     TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
                 "decode attention takes at most 16 query heads per key head");
-    TORCH_CHECK(read_len > 0 && read_len <= slot_len, "read_len must be in 1..=slot length");
-    for (const at::Tensor* t : {slots, positions}) {
-      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
-                  "slots and positions must be contiguous int64 [rows]");
-    }
+    TORCH_CHECK(block_size % 16 == 0, "decode attention takes block sizes that are multiples of 16, got ",
+                block_size);
+    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() && tables->dim() == 2 &&
+                    tables->size(0) == rows,
+                "block tables must be contiguous int64 [rows, width]");
+    const int64_t width = tables->size(1);
+    TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
+                "read_len must be in 1..=table width × block size");
+    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->is_contiguous() &&
+                    positions->numel() == rows,
+                "positions must be contiguous int64 [rows]");
     const int splits = ooze_attention_splits(static_cast<int>(read_len));
     auto f32 = q->options().dtype(at::kFloat);
     at::Tensor part_o = at::empty({rows, kv_heads, splits, 16, dim}, f32);
@@ -326,11 +335,11 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
     at::Tensor out = at::empty({rows, heads, dim}, q->options());
     if (rows > 0) {
       check_launch(ooze_launch_decode_attention(
-          q->data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(), slots->data_ptr<int64_t>(),
-          positions->data_ptr<int64_t>(), static_cast<int>(rows), static_cast<int>(heads),
-          static_cast<int>(kv_heads), static_cast<int>(dim), slot_len, static_cast<int>(read_len),
-          static_cast<float>(scale), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
-          out.data_ptr(), at::cuda::getCurrentCUDAStream().stream()));
+          q->data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(), tables->data_ptr<int64_t>(),
+          static_cast<int>(width), positions->data_ptr<int64_t>(), static_cast<int>(rows),
+          static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(dim), block_size,
+          static_cast<int>(read_len), static_cast<float>(scale), part_o.data_ptr<float>(),
+          part_ml.data_ptr<float>(), out.data_ptr(), at::cuda::getCurrentCUDAStream().stream()));
     }
     return out;
   });

@@ -3,11 +3,11 @@
 //! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
 //!
 //! - [`rope_store`]: rotary embedding of q and k (with Qwen3's q/k norms), q returned, k and v
-//!   written into their slots of the KV memory.
+//!   written into their cells of the paged KV memory.
 //! - [`silu_mul`]: `silu(gate) · up` of a fused gate/up projection.
 //! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
 //!   intermediates.
-//! - [`decode_attention`]: one query token per row over its slot's keys, split along the keys,
+//! - [`decode_attention`]: one query token per row over its keys (through its block table),
 //!   grouped query heads on tensor cores (bf16).
 
 use crate::tch::Tensor;
@@ -70,7 +70,7 @@ mod ffi {
         pub fn ooze_rope_store(
             qkv: *const CTensor,
             positions: *const CTensor,
-            slots: *const CTensor,
+            cells: *const CTensor,
             inv_freq: *const CTensor,
             q_norm: *const CTensor,
             k_norm: *const CTensor,
@@ -111,7 +111,7 @@ mod ffi {
             q: *const CTensor,
             k_cache: *const CTensor,
             v_cache: *const CTensor,
-            slots: *const CTensor,
+            tables: *const CTensor,
             positions: *const CTensor,
             read_len: i64,
             scale: f64,
@@ -135,14 +135,15 @@ mod ffi {
 }
 
 /// Rotates q and k of `qkv [rows, (heads + 2·kv_heads)·head_dim]` (rows may be strided, with unit
-/// last stride) at `positions [rows]`, writes k and v into `k_cache` / `v_cache [slots, len,
-/// kv_heads, head_dim]` at (`slots[r]`, `positions[r]`), and returns q `[rows, heads, head_dim]`.
+/// last stride) at `positions [rows]`, writes k and v into `k_cache` / `v_cache [blocks,
+/// block_size, kv_heads, head_dim]` at the flat cell `cells[r]` (block · block_size + offset), and
+/// returns q `[rows, heads, head_dim]`.
 /// With q/k norm weights, each head is RMS-normalised first (Qwen3).
 #[allow(unused_variables)]
 pub fn rope_store(
     qkv: &Tensor,
     positions: &Tensor,
-    slots: &Tensor,
+    cells: &Tensor,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
     args: &RopeStore<'_>,
@@ -156,7 +157,7 @@ pub fn rope_store(
             ffi::ooze_rope_store(
                 qkv.as_ptr().cast(),
                 positions.as_ptr().cast(),
-                slots.as_ptr().cast(),
+                cells.as_ptr().cast(),
                 args.inv_freq.as_ptr().cast(),
                 norm(args.q_norm),
                 norm(args.k_norm),
@@ -215,14 +216,16 @@ pub fn decode_attention_supports(kind: crate::tch::Kind, head_dim: i64, group: i
 }
 
 /// Attention of one new query per row, `q [rows, heads, head_dim]` (bf16, contiguous), over the
-/// first `positions[r] + 1` keys of slot `slots[r]` in `k_cache` / `v_cache [slots, len, kv_heads,
-/// head_dim]`; `read_len` bounds every row's key count. Returns `[rows, heads, head_dim]`.
+/// first `positions[r] + 1` keys of row `r`'s sequence in the paged `k_cache` / `v_cache [blocks,
+/// block_size, kv_heads, head_dim]`: position `p` is offset `p % block_size` of block
+/// `tables[r][p / block_size]` (`tables [rows, width]` int64; block_size a multiple of 16).
+/// `read_len` bounds every row's key count. Returns `[rows, heads, head_dim]`.
 #[allow(unused_variables)]
 pub fn decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
-    slots: &Tensor,
+    tables: &Tensor,
     positions: &Tensor,
     read_len: i64,
     scale: f64,
@@ -235,7 +238,7 @@ pub fn decode_attention(
                 q.as_ptr().cast(),
                 k_cache.as_ptr().cast(),
                 v_cache.as_ptr().cast(),
-                slots.as_ptr().cast(),
+                tables.as_ptr().cast(),
                 positions.as_ptr().cast(),
                 read_len,
                 scale,

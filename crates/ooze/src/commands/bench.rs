@@ -43,6 +43,19 @@ struct GenerateArgs {
     /// path and report the engine's log-prob error against it.
     #[arg(long, default_value_t = 0)]
     check_logprobs: usize,
+    /// The engine's context length (default: input + output), as a server would set it for its
+    /// longest request.
+    #[arg(long)]
+    context_len: Option<i64>,
+    /// Sequences generated at once (default: --batch).
+    #[arg(long)]
+    max_running: Option<i64>,
+    /// Tokens of KV memory (default: --max-running sequences of the whole context length).
+    #[arg(long)]
+    kv_tokens: Option<i64>,
+    /// Tokens per KV block, or `fixed` for one block of the context length per sequence.
+    #[arg(long, default_value = "16")]
+    kv_block_size: String,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -83,12 +96,26 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     use ooze_engine::{EngineConfig, Event, Request, SamplingParams};
     let decoder = load_decoder(&a.model, &a.compute)?;
     let vocab = decoder.config.vocab_size as u64;
-    let config = EngineConfig::new(
-        a.batch as i64,
-        (a.input_len + a.output_len) as i64,
-        Vec::new(),
+    let context_len = a.context_len.unwrap_or((a.input_len + a.output_len) as i64);
+    let max_running = a.max_running.unwrap_or(a.batch as i64);
+    let block_size = match a.kv_block_size.as_str() {
+        "fixed" => EngineConfig::aligned_context_len(context_len),
+        n => n.parse().map_err(|_| {
+            anyhow::anyhow!("--kv-block-size: expected a number of tokens or `fixed`, got {n:?}")
+        })?,
+    };
+    let config = EngineConfig::new(max_running, context_len, Vec::new())
+        .with_kv(Some(block_size), a.kv_tokens)
+        .map_err(|e| anyhow::anyhow!("--kv-block-size / --kv-tokens: {e}"))?;
+    let kv_line = format!(
+        "KV memory: {} blocks of {} tokens ({} tokens), at most {max_running} sequences of {} tokens",
+        config.kv_blocks(),
+        config.kv_block_size,
+        config.kv_blocks() * config.kv_block_size,
+        config.context_len
     );
     let engine = ooze_engine::start(decoder, None, config);
+    eprintln!("{kv_line}");
     let sampling = SamplingParams {
         temperature: Some(a.temperature),
         max_new_tokens: Some(a.output_len),
@@ -96,7 +123,9 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         ..Default::default()
     }
     .validate()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut prompt = || -> Vec<u32> {
         (0..a.input_len)
@@ -140,8 +169,21 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
                 .1,
         );
     }
-    // Every stream is read concurrently, so each first-token time is taken when it arrives.
-    let (mut first_tokens, outputs) = runtime.block_on(async {
+    // Every stream is read concurrently, so each first-token time is taken when it arrives; the
+    // engine's running count is sampled meanwhile.
+    let (mut first_tokens, outputs, peak_running) = runtime.block_on(async {
+        let watcher = engine.clone();
+        let peak = tokio::spawn(async move {
+            let mut peak = 0;
+            while let Ok(stats) = watcher.stats().await {
+                peak = peak.max(stats.running);
+                if stats.running + stats.waiting == 0 && peak > 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            peak
+        });
         let tasks: Vec<_> = streams
             .into_iter()
             .map(|mut rx| {
@@ -165,8 +207,9 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             firsts.push(first);
             outputs.extend(out);
         }
-        (firsts, outputs)
+        (firsts, outputs, peak.await.unwrap_or(0))
     });
+    let stats = runtime.block_on(engine.stats())?;
     let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
     let total = started.elapsed().as_secs_f64();
     first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
@@ -181,6 +224,10 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         generated as f64 / total,
         ttft * 1e3,
         (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
+    );
+    println!(
+        "concurrency: peak {peak_running} sequences running, {} preempted",
+        stats.preempted
     );
     runtime.block_on(engine.shutdown());
     if !prompts.is_empty() {

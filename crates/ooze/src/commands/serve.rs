@@ -4,7 +4,7 @@ use super::{load_decoder, load_tokenizer, ComputeArgs};
 use anyhow::Context;
 use ooze_engine::EngineConfig;
 use ooze_model::config::load_generation_eos;
-use ooze_model::SlotCache;
+use ooze_model::PagedKv;
 use ooze_server::serve::{Phase, ServeConfig, Shutdown};
 use ooze_server::AppState;
 use ooze_torch::tch::Device;
@@ -24,12 +24,19 @@ pub struct Args {
     /// Longest sequence (prompt + output) one request may have.
     #[arg(long, default_value_t = 4096)]
     context_len: i64,
-    /// Sequences generated at once (default: as many as fit in --mem-fraction of free GPU memory; 64 on CPU).
+    /// Sequences generated at once (default on a GPU: one per 1024 tokens of KV memory, at most
+    /// 1024, or with fixed slots as many whole contexts as fit; 64 on CPU).
     #[arg(long)]
     max_running: Option<i64>,
-    /// Share of the GPU memory free after loading the weights that the KV slots may take.
+    /// Share of the GPU memory free after loading the weights that the KV memory may take (on CPU
+    /// the KV memory holds --max-running whole contexts).
     #[arg(long, default_value_t = 0.8)]
     mem_fraction: f64,
+    /// Tokens per KV block (a multiple of 16). Sequences take blocks as they grow and share the
+    /// blocks of common prefixes; a size of at least --context-len gives one fixed slot per
+    /// sequence.
+    #[arg(long, default_value_t = ooze_engine::handle::DEFAULT_KV_BLOCK_SIZE)]
+    kv_block_size: i64,
     /// Name reported by /v1/models (default: the model directory's name).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -81,28 +88,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let eos =
         load_generation_eos(&args.model)?.unwrap_or_else(|| decoder.config.eos_token_ids.clone());
     let context_len = args.context_len.min(decoder.config.max_position_embeddings);
-    let per_slot = SlotCache::bytes_per_token(&decoder.config, decoder.kind()) * context_len;
-    let slots = match (args.max_running, decoder.device()) {
-        (Some(n), _) => n,
-        (None, Device::Cuda(i)) => {
+    let per_token = PagedKv::bytes_per_token(&decoder.config, decoder.kind());
+    let fixed = args.kv_block_size >= context_len;
+    let (max_running, kv_tokens) = match decoder.device() {
+        Device::Cuda(i) => {
             let (free, _) =
                 ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
-            let budget = (free as f64 * args.mem_fraction) as i64;
-            (budget / per_slot).clamp(1, 1024)
+            let tokens = (free as f64 * args.mem_fraction) as i64 / per_token;
+            if tokens < context_len {
+                anyhow::bail!(
+                    "--mem-fraction {} of the free GPU memory holds {tokens} tokens of KV memory, \
+                     less than one --context-len ({context_len}): raise --mem-fraction or lower \
+                     --context-len",
+                    args.mem_fraction
+                );
+            }
+            let per_sequence = if fixed { context_len } else { 1024 };
+            let running = args
+                .max_running
+                .unwrap_or((tokens / per_sequence).clamp(1, 1024));
+            (running, tokens)
         }
-        (None, _) => 64,
+        _ => {
+            let running = args.max_running.unwrap_or(64);
+            (running, running * context_len)
+        }
     };
+    let config = EngineConfig::new(max_running, context_len, eos)
+        .with_kv(Some(args.kv_block_size), Some(kv_tokens))
+        .map_err(|e| anyhow::anyhow!("--kv-block-size / --mem-fraction: {e}"))?;
     eprintln!(
-        "KV slots: {slots} × {context_len} tokens ({:.2} GiB)",
-        (slots * per_slot) as f64 / (1u64 << 30) as f64
+        "KV memory: {} blocks of {} tokens ({:.2} GiB), at most {max_running} sequences of {} tokens",
+        config.kv_blocks(),
+        config.kv_block_size,
+        (config.kv_blocks() * config.kv_block_size * per_token) as f64 / (1u64 << 30) as f64,
+        config.context_len
     );
-    let server_info = serde_json::json!({"model_path": args.model, "context_len": context_len, "max_running_requests": slots, "dtype": args.compute.dtype.to_string(), "device": format!("{:?}", decoder.device())});
+    let server_info = serde_json::json!({"model_path": args.model, "context_len": context_len, "max_running_requests": max_running, "dtype": args.compute.dtype.to_string(), "device": format!("{:?}", decoder.device())});
     let weights_device = decoder.device();
-    let engine = ooze_engine::start(
-        decoder,
-        Some(tokenizer.clone()),
-        EngineConfig::new(slots, context_len, eos),
-    );
+    let engine = ooze_engine::start(decoder, Some(tokenizer.clone()), config);
     let name = args.served_model_name.clone().unwrap_or_else(|| {
         args.model
             .file_name()
