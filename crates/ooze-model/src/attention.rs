@@ -160,7 +160,44 @@ pub(crate) enum KvTarget<'a> {
     },
 }
 
+/// `[B, 1, T, read_len]` mask of `T` new tokens per row after `past [B]` cached ones: query `i`
+/// of row `b` sees key `j` when `j ≤ past[b] + i`.
+pub(crate) fn paged_mask(past: &Tensor, t: i64, read_len: i64) -> Tensor {
+    let device = past.device();
+    let limit = past.view([-1, 1, 1]) + Tensor::arange(t, (Kind::Int64, device)).view([1, t, 1]);
+    let keys = Tensor::arange(read_len, (Kind::Int64, device)).view([1, 1, read_len]);
+    keys.le_tensor(&limit).unsqueeze(1)
+}
+
 impl KvTarget<'_> {
+    /// The paged target and mask of `t` new tokens per row after `past[b]` cached ones, block
+    /// tables on the host. Keys are read up to the longest row, rounded up to [`KEY_ALIGN`];
+    /// table entries past a row's own blocks name the scratch block (the row's padding writes
+    /// there, and its reads there are masked).
+    pub(crate) fn paged_from_host<'c>(
+        cache: &'c mut PagedKv,
+        tables: &[&[i64]],
+        past: &[i64],
+        t: i64,
+        device: Device,
+    ) -> (KvTarget<'c>, Tensor) {
+        let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN);
+        let bs = cache.block_size();
+        let width = ((read_len + bs - 1) / bs) as usize;
+        let mut flat = Vec::with_capacity(tables.len() * width);
+        for table in tables {
+            let start = flat.len();
+            flat.extend_from_slice(&table[..table.len().min(width)]);
+            flat.resize(start + width, cache.scratch());
+        }
+        let tables = Tensor::from_slice(&flat)
+            .to_device(device)
+            .view([-1, width as i64]);
+        let past = Tensor::from_slice(past).to_device(device);
+        let mask = paged_mask(&past, t, read_len);
+        (KvTarget::paged(cache, tables, past, t, read_len), mask)
+    }
+
     /// The paged target of `t` new tokens per row after `past [B]` cached ones, for block tables
     /// `tables [B, W]` (device tensors), reading `read_len ≤ W · block size` positions.
     pub(crate) fn paged(

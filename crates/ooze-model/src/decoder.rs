@@ -15,7 +15,7 @@
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
 use crate::attention::{
-    decode_attention, decode_bias, gather_cells, offset_causal_mask, packed_mask, round_up,
+    decode_attention, decode_bias, gather_cells, offset_causal_mask, packed_mask, paged_mask,
     KvTarget, PaddedPacking,
 };
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
@@ -504,6 +504,7 @@ impl Decoder {
                 past,
                 read_len,
             } => {
+                let mask = paged_mask(past, 1, read_len);
                 let target = KvTarget::paged(
                     cache,
                     tables.shallow_clone(),
@@ -511,29 +512,14 @@ impl Decoder {
                     1,
                     read_len,
                 );
-                (Some(self.paged_mask(past, 1, read_len)), target, false)
+                (Some(mask), target, false)
             }
             Attention::Paged {
                 cache,
                 tables,
                 past,
             } => {
-                let read_len = round_up(past.iter().max().copied().unwrap_or(0) + t, KEY_ALIGN);
-                let bs = cache.block_size();
-                let width = (read_len + bs - 1) / bs;
-                // Entries past a row's own blocks name the scratch block: the row's padding
-                // writes there, and its reads there are masked.
-                let mut flat = Vec::with_capacity((b * width) as usize);
-                for table in tables {
-                    let start = flat.len();
-                    flat.extend_from_slice(&table[..table.len().min(width as usize)]);
-                    flat.resize(start + width as usize, cache.scratch());
-                }
-                let dev = |v: &[i64]| Tensor::from_slice(v).to_device(self.device);
-                let tables = dev(&flat).view([b, width]);
-                let past = dev(past);
-                let mask = self.paged_mask(&past, t, read_len);
-                let target = KvTarget::paged(cache, tables, past, t, read_len);
+                let (target, mask) = KvTarget::paged_from_host(cache, tables, past, t, self.device);
                 (Some(mask), target, false)
             }
         };
@@ -766,15 +752,6 @@ impl Decoder {
             };
             (q, k, v)
         }
-    }
-
-    /// `[B, 1, T, read_len]` mask of `T` new tokens per row after `past [B]` cached ones: query `i`
-    /// of row `b` sees key `j` when `j ≤ past[b] + i`.
-    fn paged_mask(&self, past: &Tensor, t: i64, read_len: i64) -> Tensor {
-        let limit =
-            past.view([-1, 1, 1]) + Tensor::arange(t, (Kind::Int64, self.device)).view([1, t, 1]);
-        let keys = Tensor::arange(read_len, (Kind::Int64, self.device)).view([1, 1, read_len]);
-        keys.le_tensor(&limit).unsqueeze(1)
     }
 
     fn rope_kernel_fits(&self) -> bool {
