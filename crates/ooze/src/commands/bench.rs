@@ -114,6 +114,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         config.kv_blocks() * config.kv_block_size,
         config.context_len
     );
+    let roofline = Roofline::of(&decoder, a.batch, a.input_len, a.output_len);
     let engine = ooze_engine::start(decoder, None, config);
     eprintln!("{kv_line}");
     let sampling = SamplingParams {
@@ -229,6 +230,8 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         "concurrency: peak {peak_running} sequences running, {} preempted",
         stats.preempted
     );
+    let per_token = (total - ttft) / (a.output_len.max(2) - 1) as f64;
+    println!("{}", roofline.line(per_token));
     runtime.block_on(engine.shutdown());
     if !prompts.is_empty() {
         let scorer = load_decoder(&a.model, &a.compute)?;
@@ -261,6 +264,67 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
     }
     Ok(())
+}
+
+/// The memory roofline of a decode step: every weight the step reads (the input embedding only
+/// where the LM head is tied to it: otherwise a step gathers a few rows of it) and the keys and
+/// values of every running sequence, at the copy bandwidth measured on the device itself.
+struct Roofline {
+    weight_bytes: f64,
+    kv_bytes: f64,
+    bandwidth: f64,
+}
+
+impl Roofline {
+    /// For `batch` sequences of `input` prompt and `output` drawn tokens decoded together: the
+    /// average step reads `input + output / 2` positions of each.
+    fn of(decoder: &ooze_model::Decoder, batch: usize, input: usize, output: usize) -> Roofline {
+        let tied = decoder.config.tie_word_embeddings;
+        let weight_bytes: i64 = decoder
+            .named_parameters()
+            .iter()
+            .filter(|(name, _)| tied || name != "model.embed_tokens.weight")
+            .map(|(_, t)| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
+            .sum();
+        let per_token = ooze_model::PagedKv::bytes_per_token(&decoder.config, decoder.kind());
+        let positions = batch as f64 * (input as f64 + output as f64 / 2.0);
+        Roofline {
+            weight_bytes: weight_bytes as f64,
+            kv_bytes: positions * per_token as f64,
+            bandwidth: copy_bandwidth(decoder.device()),
+        }
+    }
+
+    /// The roofline step time and the share of it a measured `per_token` seconds reaches.
+    fn line(&self, per_token: f64) -> String {
+        let ideal = (self.weight_bytes + self.kv_bytes) / self.bandwidth;
+        format!(
+            "roofline: {:.3} GB weights + {:.3} GB KV per step at {:.0} GB/s (measured copy) = {:.2} ms; the engine's {:.2} ms per step reaches {:.0}% of it",
+            self.weight_bytes / 1e9,
+            self.kv_bytes / 1e9,
+            self.bandwidth / 1e9,
+            ideal * 1e3,
+            per_token * 1e3,
+            100.0 * ideal / per_token
+        )
+    }
+}
+
+/// Bytes per second a device-to-device copy moves (read + write), best of five.
+fn copy_bandwidth(device: Device) -> f64 {
+    let _guard = tch::no_grad_guard();
+    let bytes: i64 = if device.is_cuda() { 1 << 30 } else { 1 << 27 };
+    let src = Tensor::ones([bytes / 2], (Kind::BFloat16, device));
+    let dst = Tensor::empty([bytes / 2], (Kind::BFloat16, device));
+    let mut best = f64::MAX;
+    for _ in 0..6 {
+        sync(device);
+        let t0 = Instant::now();
+        dst.shallow_clone().copy_(&src);
+        sync(device);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    2.0 * bytes as f64 / best
 }
 
 fn forward(a: ForwardArgs) -> anyhow::Result<()> {

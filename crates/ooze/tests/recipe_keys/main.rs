@@ -153,13 +153,7 @@ fn run_all(env: &Env, jobs: Vec<(String, Vec<String>)>) -> Vec<Out> {
                 let Some((name, sets)) = jobs.get(i) else {
                     break;
                 };
-                let t0 = std::time::Instant::now();
                 let out = env.train(name, sets);
-                eprintln!(
-                    "TIMING {name} {:.1}s {:?}",
-                    t0.elapsed().as_secs_f64(),
-                    sets.iter().find(|s| s.starts_with("agent="))
-                );
                 results.lock().unwrap().insert(i, out);
             });
         }
