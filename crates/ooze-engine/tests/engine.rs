@@ -1,43 +1,24 @@
 //! The engine against the scoring path, on a tiny CPU model: greedy tokens are the full-sequence
 //! argmax and engine log-probs equal scoring log-probs; a seeded request draws the same tokens alone
-//! or among 64 others; aborts return partial output; stop conditions; slots all come back.
+//! or among 64 others; aborts return partial output; stop conditions; KV blocks all come back.
 
 use ooze_core::{FinishReason, StopMatch};
 use ooze_engine::{
-    start, EngineConfig, EngineError, EngineHandle, Event, PauseMode, Request, SamplingParams,
+    EngineConfig, EngineError, EngineHandle, Event, PauseMode, Request, SamplingParams,
 };
-use ooze_model::init::{init_model, InitOptions, Size};
-use ooze_model::{score_sequences, Attention, Decoder, Family, Layout, ScoreOptions, Tokenizer};
+use ooze_model::{score_sequences, Attention, Decoder, Layout, ScoreOptions, Tokenizer};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
-use std::sync::Arc;
 
-/// A tiny random Qwen2-family model; its weights depend only on `seed`.
+mod common;
+use common::{runtime, start_engine};
+
 fn model_with_seed(seed: i64) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = seed;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(3, 30_000),
-        &options,
-    )
-    .unwrap();
-    dir
+    common::tiny_model(seed)
 }
 
 fn model_dir() -> tempfile::TempDir {
-    model_with_seed(11)
-}
-
-fn start_engine(dir: &Path, config: EngineConfig) -> EngineHandle {
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    start(
-        decoder,
-        Some(Arc::new(Tokenizer::load(dir).unwrap())),
-        config,
-    )
+    common::tiny_model(11)
 }
 
 /// Follows every stream to its end; the outputs in stream order.
@@ -69,12 +50,6 @@ fn request(prompt: &[u32], params: SamplingParams) -> Request {
 
 fn prompt(i: u32, len: u32) -> Vec<u32> {
     (0..len).map(|j| (i * 37 + j * 11) % 390 + 1).collect()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
 }
 
 #[test]

@@ -2,40 +2,22 @@
 //! one fixed slot per sequence gives; running out of blocks preempts and recomputes without
 //! changing a token; 1,000 random aborts, pauses and flushes leave every block free.
 
-use ooze_engine::{
-    start, EngineConfig, EngineHandle, Event, Output, PauseMode, Request, SamplingParams,
-};
-use ooze_model::init::{init_model, InitOptions, Size};
-use ooze_model::{Decoder, Family, Tokenizer};
-use ooze_torch::tch::{Device, Kind};
+use ooze_engine::{EngineConfig, EngineHandle, Event, Output, PauseMode, Request, SamplingParams};
 use std::path::Path;
-use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+mod common;
+use common::runtime;
+
 fn model_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = 23;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(3, 30_000),
-        &options,
-    )
-    .unwrap();
-    dir
+    common::tiny_model(23)
 }
 
 fn start_engine(dir: &Path, config: EngineConfig) -> EngineHandle {
     // One CPU thread: how libtorch splits a matmul across threads (which other tests in this
     // process load) must not enter a comparison of bits.
     ooze_torch::tch::set_num_threads(1);
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    start(
-        decoder,
-        Some(Arc::new(Tokenizer::load(dir).unwrap())),
-        config,
-    )
+    common::start_engine(dir, config)
 }
 
 /// `max_running` sequences of up to 256 tokens, in blocks of `block_size` (`None`: one fixed slot
@@ -44,12 +26,6 @@ fn config(max_running: i64, block_size: Option<i64>, kv_tokens: Option<i64>) -> 
     let fixed = Some(256);
     EngineConfig::new(max_running, 256, vec![])
         .with_kv(block_size.or(fixed), kv_tokens)
-        .unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
         .unwrap()
 }
 

@@ -4,42 +4,19 @@
 //! `max_new_tokens` 0 draws nothing; lengths that would overflow are refused, not wrapped.
 
 use ooze_core::FinishReason;
-use ooze_engine::{
-    start, EngineConfig, EngineError, EngineHandle, Request, Sampling, SamplingParams,
-};
-use ooze_model::init::{init_model, InitOptions, Size};
-use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions, Tokenizer};
+use ooze_engine::{EngineConfig, EngineError, EngineHandle, Request, Sampling, SamplingParams};
+use ooze_model::{score_sequences, Decoder, Layout, ScoreOptions};
 use ooze_torch::tch::{Device, Kind};
-use std::sync::Arc;
+
+mod common;
+use common::runtime;
 
 fn model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Tiny);
-    options.tokenizer_vocab = 400;
-    options.seed = 5;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(3, 30_000),
-        &options,
-    )
-    .unwrap();
-    dir
+    common::tiny_model(5)
 }
 
 fn engine(dir: &std::path::Path, slots: i64) -> EngineHandle {
-    let decoder = Decoder::load(dir, Device::Cpu, Kind::Float).unwrap();
-    let tokenizer = Arc::new(Tokenizer::load(dir).unwrap());
-    start(
-        decoder,
-        Some(tokenizer),
-        EngineConfig::new(slots, 256, vec![]),
-    )
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
+    common::start_engine(dir, EngineConfig::new(slots, 256, vec![]))
 }
 
 fn prompt(i: u32, len: u32) -> Vec<u32> {
