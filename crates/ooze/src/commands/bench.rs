@@ -92,10 +92,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn generate(a: GenerateArgs) -> anyhow::Result<()> {
-    use ooze_engine::{EngineConfig, Event, Request, SamplingParams};
-    let decoder = load_decoder(&a.model, &a.compute)?;
-    let vocab = decoder.config.vocab_size as u64;
+/// The engine `generate` measures: the context, batch limit and KV layout its flags ask for.
+fn engine_config(a: &GenerateArgs) -> anyhow::Result<ooze_engine::EngineConfig> {
+    use ooze_engine::EngineConfig;
     let context_len = a.context_len.unwrap_or((a.input_len + a.output_len) as i64);
     let max_running = a.max_running.unwrap_or(a.batch as i64);
     let block_size = match a.kv_block_size.as_str() {
@@ -104,14 +103,22 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("--kv-block-size: expected a number of tokens or `fixed`, got {n:?}")
         })?,
     };
-    let config = EngineConfig::new(max_running, context_len, Vec::new())
+    EngineConfig::new(max_running, context_len, Vec::new())
         .with_kv(Some(block_size), a.kv_tokens)
-        .map_err(|e| anyhow::anyhow!("--kv-block-size / --kv-tokens: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("--kv-block-size / --kv-tokens: {e}"))
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    use ooze_engine::{Event, Request, SamplingParams};
+    let decoder = load_decoder(&a.model, &a.compute)?;
+    let vocab = decoder.config.vocab_size as u64;
+    let config = engine_config(&a)?;
     let kv_line = format!(
-        "KV memory: {} blocks of {} tokens ({} tokens), at most {max_running} sequences of {} tokens",
+        "KV memory: {} blocks of {} tokens ({} tokens), at most {} sequences of {} tokens",
         config.kv_blocks(),
         config.kv_block_size,
         config.kv_blocks() * config.kv_block_size,
+        config.max_running,
         config.context_len
     );
     let roofline = Roofline::of(&decoder, a.batch, a.input_len, a.output_len);
@@ -234,35 +241,42 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     println!("{}", roofline.line(per_token));
     runtime.block_on(engine.shutdown());
     if !prompts.is_empty() {
-        let scorer = load_decoder(&a.model, &a.compute)?;
-        let mut errors = Vec::new();
-        for (prompt, out) in prompts.iter().zip(&outputs) {
-            let full: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
-            let options = ooze_model::ScoreOptions {
-                temperature: if a.temperature > 0.0 {
-                    a.temperature
-                } else {
-                    1.0
-                },
-                ..Default::default()
-            };
-            let scored = ooze_model::score_sequences(
-                &scorer,
-                &[full],
-                ooze_model::Layout::Padded,
-                &options,
-            )?;
-            errors.extend(
-                scored[0].log_probs[prompt.len() - 1..]
-                    .iter()
-                    .zip(&out.log_probs)
-                    .map(|(s, e)| (s - e).abs() as f64),
-            );
-        }
-        let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
-        let max = errors.iter().copied().fold(0.0, f64::max);
-        println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
+        check_logprobs(&a, &prompts, &outputs)?;
     }
+    Ok(())
+}
+
+/// Scores each of `prompts` + its output with the trainer's full-sequence path and prints the
+/// engine's log-prob error against it.
+fn check_logprobs(
+    a: &GenerateArgs,
+    prompts: &[Vec<u32>],
+    outputs: &[ooze_engine::Output],
+) -> anyhow::Result<()> {
+    let scorer = load_decoder(&a.model, &a.compute)?;
+    let mut errors = Vec::new();
+    for (prompt, out) in prompts.iter().zip(outputs) {
+        let full: Vec<u32> = prompt.iter().chain(&out.tokens).copied().collect();
+        let options = ooze_model::ScoreOptions {
+            temperature: if a.temperature > 0.0 {
+                a.temperature
+            } else {
+                1.0
+            },
+            ..Default::default()
+        };
+        let scored =
+            ooze_model::score_sequences(&scorer, &[full], ooze_model::Layout::Padded, &options)?;
+        errors.extend(
+            scored[0].log_probs[prompt.len() - 1..]
+                .iter()
+                .zip(&out.log_probs)
+                .map(|(s, e)| (s - e).abs() as f64),
+        );
+    }
+    let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+    let max = errors.iter().copied().fold(0.0, f64::max);
+    println!("engine vs scoring log-probs over {} tokens of {} sequences: mean |diff| {mean:.2e}, max |diff| {max:.2e}", errors.len(), prompts.len());
     Ok(())
 }
 
