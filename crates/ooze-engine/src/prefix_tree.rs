@@ -6,7 +6,10 @@
 //! - An inner node is one full block: its `block_size` tokens key it among its parent's children.
 //! - A partial leaf holds the last, partly filled block of a finished sequence (fewer tokens). A
 //!   request that goes on from it copies the block, or takes it over when nobody else uses it.
-//! - Content-addressed by token ids, so no session bookkeeping is needed for correctness.
+//! - Content-addressed by token ids, so no session bookkeeping is needed for correctness. A node's
+//!   children are indexed by their whole tokens (the walk down whole blocks) and by their first
+//!   token (the candidates for a partial match), so a lookup never scans all of a node's children
+//!   (the root's may be thousands: one per distinct prompt start).
 //! - Leaves are evicted least recently used first, and only when no sequence holds their block
 //!   (the [`BlockPool`]'s reference counts say). Inner nodes become leaves as their children go.
 //!
@@ -24,13 +27,32 @@ struct Node {
     block: i64,
     /// Full-block children by their tokens.
     full: HashMap<Vec<u32>, usize>,
-    partial: Vec<usize>,
+    /// Every child (full or partial) by its first token: the candidates for a partial match.
+    by_first: HashMap<u32, Vec<usize>>,
     last_used: u64,
 }
 
 impl Node {
+    fn new(parent: usize, tokens: Vec<u32>, block: i64) -> Node {
+        Node {
+            parent,
+            tokens,
+            block,
+            full: HashMap::new(),
+            by_first: HashMap::new(),
+            last_used: 0,
+        }
+    }
+
     fn is_leaf(&self) -> bool {
-        self.full.is_empty() && self.partial.is_empty()
+        self.by_first.is_empty()
+    }
+
+    /// The children whose first token is `first`.
+    fn starting_with(&self, first: Option<&u32>) -> &[usize] {
+        first
+            .and_then(|t| self.by_first.get(t))
+            .map_or(&[], |v| &v[..])
     }
 }
 
@@ -67,14 +89,7 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl PrefixTree {
     pub fn new(block_size: usize) -> PrefixTree {
-        let root = Node {
-            parent: ROOT,
-            tokens: Vec::new(),
-            block: -1,
-            full: HashMap::new(),
-            partial: Vec::new(),
-            last_used: 0,
-        };
+        let root = Node::new(ROOT, Vec::new(), -1);
         PrefixTree {
             block_size,
             nodes: vec![Some(root)],
@@ -124,17 +139,18 @@ impl PrefixTree {
             }
         }
         let rest = &tokens[at..];
-        let node = self.node(cur);
-        let fulls = node.full.values().map(|&c| (c, false));
-        let partials = node.partial.iter().map(|&c| (c, true));
-        let tail = fulls
-            .chain(partials)
-            .map(|(c, partial)| Tail {
-                node: c,
-                len: common_prefix(&self.node(c).tokens, rest),
-                partial,
+        let tail = self
+            .node(cur)
+            .starting_with(rest.first())
+            .iter()
+            .map(|&c| {
+                let child = &self.node(c).tokens;
+                Tail {
+                    node: c,
+                    len: common_prefix(child, rest),
+                    partial: child.len() < bs,
+                }
             })
-            .filter(|t| t.len > 0)
             .max_by_key(|t| (t.len, t.partial));
         Found { path, tail }
     }
@@ -171,11 +187,7 @@ impl PrefixTree {
             cur = match self.node(cur).full.get(chunk) {
                 Some(&child) if running && self.node(child).block != block => return,
                 Some(&child) => child,
-                None => {
-                    let child = self.add(pool, cur, chunk.to_vec(), block);
-                    self.node_mut(cur).full.insert(chunk.to_vec(), child);
-                    child
-                }
+                None => self.add(pool, cur, chunk.to_vec(), block),
             };
             self.touch(&[cur]);
         }
@@ -183,41 +195,28 @@ impl PrefixTree {
         if running || rest.is_empty() || whole >= table.len() {
             return;
         }
-        let node = self.node(cur);
-        let covered = node
-            .full
-            .keys()
-            .any(|k| k.starts_with(rest))
-            .then_some(None)
-            .or_else(|| {
-                node.partial
-                    .iter()
-                    .find(|&&c| self.node(c).tokens.starts_with(rest))
-                    .map(|&c| Some(c))
-            });
-        match covered {
-            // Already kept, in a full block: nothing to add.
-            Some(None) => {}
-            Some(Some(leaf)) => self.touch(&[leaf]),
-            None => {
-                // A kept tail that this one extends is superseded, unless someone uses it.
-                let shorter: Vec<usize> = node
-                    .partial
-                    .iter()
-                    .copied()
-                    .filter(|&c| {
-                        rest.starts_with(&self.node(c).tokens) && pool.refs(self.node(c).block) == 1
-                    })
-                    .collect();
-                for leaf in shorter {
-                    let block = self.remove(leaf);
-                    pool.drop_held(block);
-                }
-                let leaf = self.add(pool, cur, rest.to_vec(), table[whole]);
-                self.node_mut(cur).partial.push(leaf);
-                self.touch(&[leaf]);
+        let candidates = self.node(cur).starting_with(rest.first()).to_vec();
+        // Already kept (in a full block or a longer tail): nothing to add.
+        if let Some(&kept) = candidates
+            .iter()
+            .find(|&&c| self.node(c).tokens.starts_with(rest))
+        {
+            self.touch(&[kept]);
+            return;
+        }
+        // A kept tail that this one extends is superseded, unless someone uses it.
+        for c in candidates {
+            let node = self.node(c);
+            if node.tokens.len() < bs
+                && rest.starts_with(&node.tokens)
+                && pool.refs(node.block) == 1
+            {
+                let block = self.remove(c);
+                pool.drop_held(block);
             }
         }
+        let leaf = self.add(pool, cur, rest.to_vec(), table[whole]);
+        self.touch(&[leaf]);
     }
 
     /// Hands a partial leaf's block (and the tree's reference to it) to the caller, who goes on
@@ -252,25 +251,21 @@ impl PrefixTree {
         }
         let root = self.node_mut(ROOT);
         root.full.clear();
-        root.partial.clear();
+        root.by_first.clear();
         self.spare.clear();
         self.leaves.clear();
     }
 
+    /// Links a new leaf below `parent`, the tree holding `block`.
     fn add(&mut self, pool: &mut BlockPool, parent: usize, tokens: Vec<u32>, block: i64) -> usize {
         pool.hold(block);
         let p = self.node(parent);
         if parent != ROOT && p.is_leaf() {
             self.leaves.remove(&(p.last_used, parent));
         }
-        let node = Node {
-            parent,
-            tokens,
-            block,
-            full: HashMap::new(),
-            partial: Vec::new(),
-            last_used: 0,
-        };
+        let (first, full) = (tokens[0], tokens.len() == self.block_size);
+        let key = full.then(|| tokens.clone());
+        let node = Node::new(parent, tokens, block);
         let id = match self.spare.pop() {
             Some(id) => {
                 self.nodes[id] = Some(node);
@@ -281,6 +276,11 @@ impl PrefixTree {
                 self.nodes.len() - 1
             }
         };
+        let p = self.node_mut(parent);
+        p.by_first.entry(first).or_default().push(id);
+        if let Some(key) = key {
+            p.full.insert(key, id);
+        }
         self.leaves.insert((0, id));
         id
     }
@@ -297,8 +297,13 @@ impl PrefixTree {
         let parent = self.node_mut(node.parent);
         if full {
             parent.full.remove(&node.tokens);
-        } else {
-            parent.partial.retain(|&c| c != id);
+        }
+        let first = node.tokens[0];
+        if let Some(siblings) = parent.by_first.get_mut(&first) {
+            siblings.retain(|&c| c != id);
+            if siblings.is_empty() {
+                parent.by_first.remove(&first);
+            }
         }
         let parent = self.node(node.parent);
         if node.parent != ROOT && parent.is_leaf() {
@@ -319,14 +324,15 @@ impl PrefixTree {
             let parent = self.nodes[node.parent]
                 .as_ref()
                 .ok_or(format!("node {id}'s parent is gone"))?;
-            let linked = if node.tokens.len() == self.block_size {
-                parent.full.get(&node.tokens) == Some(&id)
-            } else {
-                if !node.is_leaf() {
-                    return Err(format!("partial node {id} has children"));
-                }
-                !node.tokens.is_empty() && parent.partial.contains(&id)
-            };
+            if node.tokens.is_empty() {
+                return Err(format!("node {id} holds no tokens"));
+            }
+            let full = node.tokens.len() == self.block_size;
+            if !full && !node.is_leaf() {
+                return Err(format!("partial node {id} has children"));
+            }
+            let linked = parent.starting_with(node.tokens.first()).contains(&id)
+                && (!full || parent.full.get(&node.tokens) == Some(&id));
             if !linked {
                 return Err(format!("node {id} is not linked from its parent"));
             }
@@ -345,6 +351,15 @@ impl PrefixTree {
         }
         if leaves != self.leaves {
             return Err("the leaf index does not match the leaves".into());
+        }
+        let indexed: usize = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| n.by_first.values().map(Vec::len).sum::<usize>())
+            .sum();
+        if indexed != self.len() {
+            return Err(format!("{indexed} children indexed, {} nodes", self.len()));
         }
         Ok(())
     }
