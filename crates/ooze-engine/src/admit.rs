@@ -38,13 +38,22 @@ impl EngineLoop {
     fn plan_prefill(&mut self) -> Vec<Planned> {
         let mut planned: Vec<Planned> = Vec::new();
         let (mut rows, mut longest) = (0i64, 0i64);
-        // Blocks the running requests need for their next token come first.
+        // Blocks the running requests need for their next token come first, and (when sequences
+        // grow into new blocks at all) 1% of the memory stays free for their growth after that,
+        // so that a request admitted at the edge is not preempted again at once. With nothing
+        // running the whole memory is there: one context always fits.
         let bs = self.kv.block_size();
-        let headroom = self
+        let next_step = self
             .running
             .iter()
             .filter(|r| r.cached as usize + 1 > r.table.len() * bs)
             .count();
+        let watermark = if (bs as i64) < self.config.context_len && !self.running.is_empty() {
+            self.kv.total() / 100
+        } else {
+            0
+        };
+        let headroom = next_step + watermark;
         while let Some(front) = self.waiting.front() {
             if front.events.is_closed() {
                 self.waiting.pop_front();
