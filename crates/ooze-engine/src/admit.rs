@@ -11,7 +11,7 @@ use crate::prefix_tree::common_prefix;
 use crate::prompt_scores;
 use crate::waiting::Planned;
 use ooze_core::FinishReason;
-use ooze_model::Attention;
+use ooze_model::{Attention, Decoder, PagedKv};
 use ooze_torch::tch::Tensor;
 use std::borrow::Cow;
 
@@ -78,18 +78,21 @@ impl EngineLoop {
                 _ => usize::MAX,
             };
             let usable = (tokens.len() - 1).min(scored_from);
-            let reused = self.kv.reusable(tokens, usable, min);
-            let new_tokens = (tokens.len() - reused) as i64;
+            let plan = self.kv.plan(tokens, usable, min);
+            let new_tokens = (tokens.len() - plan.reused()) as i64;
             let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
             if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
                 break;
             }
             // Room for the whole sequence so far and the first drawn token.
-            let needed = self.kv.needed(tokens, usable, min, tokens.len() + 1);
-            if needed + headroom > self.kv.available() {
+            if self.kv.needed(&plan, tokens.len() + 1) + headroom > self.kv.available() {
                 break;
             }
-            let claim = self.kv.claim(tokens, usable, min);
+            let claim = self.kv.claim(plan);
+            if let Some(copy) = claim.copy {
+                kv_memory(&mut self.cache, &self.decoder, &self.config)
+                    .copy_block(copy.from, copy.to, copy.len);
+            }
             let mut table = claim.table;
             if !self.kv.grow(&mut table, tokens.len() + 1) {
                 // Not expected after the check above; the blocks go back and the request waits.
@@ -97,10 +100,6 @@ impl EngineLoop {
                 let epoch = self.kv.epoch();
                 self.kv.release(table, &held, epoch);
                 break;
-            }
-            if let Some(copy) = claim.copy {
-                kv_memory(&mut self.cache, &self.decoder, &self.config)
-                    .copy_block(copy.from, copy.to, copy.len);
             }
             drop(sequence);
             let waiting = self.waiting.pop_front().expect("invariant: front exists");
@@ -148,10 +147,17 @@ impl EngineLoop {
         drop(sequences);
         let past: Vec<i64> = planned.iter().map(|p| p.reused as i64).collect();
         let rows = planned.len();
-        let hidden = {
-            let tables: Vec<&[i64]> = planned.iter().map(|p| &p.table[..]).collect();
-            self.paged_hidden(&ids, &positions, width as i64, &tables, &past)
-        };
+        let tables: Vec<&[i64]> = planned.iter().map(|p| &p.table[..]).collect();
+        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let hidden = paged_hidden(
+            &self.decoder,
+            cache,
+            &ids,
+            &positions,
+            width as i64,
+            &tables,
+            &past,
+        );
         let logits = self.last_logits(&hidden, &last);
         let first = self.running.len();
         let epoch = self.kv.epoch();
@@ -218,35 +224,6 @@ impl EngineLoop {
         self.draw_and_check(&logits, &rows);
     }
 
-    /// An eager forward over paged rows: `ids` and `positions` are `[B, width]`, row-major, on
-    /// the host; row `b` goes into the blocks `tables[b]` after `past[b]` tokens. Returns the
-    /// hidden states `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
-    pub(crate) fn paged_hidden(
-        &mut self,
-        ids: &[i64],
-        positions: &[i64],
-        width: i64,
-        tables: &[&[i64]],
-        past: &[i64],
-    ) -> Tensor {
-        let device = self.decoder.device();
-        let b = tables.len() as i64;
-        let tokens = Tensor::from_slice(ids).view([b, width]).to_device(device);
-        let positions = Tensor::from_slice(positions)
-            .view([b, width])
-            .to_device(device);
-        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-        self.decoder.hidden_states(
-            &tokens,
-            &positions,
-            Attention::Paged {
-                cache,
-                tables,
-                past,
-            },
-        )
-    }
-
     /// fp32 logits `[B, vocab]` at each row's position `last[b]` of `hidden [B, width, hidden]`.
     pub(crate) fn last_logits(&self, hidden: &Tensor, last: &[i64]) -> Tensor {
         let (b, h) = (hidden.size()[0], hidden.size()[2]);
@@ -257,4 +234,33 @@ impl EngineLoop {
         self.decoder
             .logits_f32(&hidden.gather(1, &index, false).squeeze_dim(1))
     }
+}
+
+/// An eager forward over paged rows: `ids` and `positions` are `[B, width]`, row-major, on the
+/// host; row `b` goes into the blocks `tables[b]` after `past[b]` tokens. Returns the hidden states
+/// `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
+pub(crate) fn paged_hidden(
+    decoder: &Decoder,
+    cache: &mut PagedKv,
+    ids: &[i64],
+    positions: &[i64],
+    width: i64,
+    tables: &[&[i64]],
+    past: &[i64],
+) -> Tensor {
+    let device = decoder.device();
+    let b = tables.len() as i64;
+    let tokens = Tensor::from_slice(ids).view([b, width]).to_device(device);
+    let positions = Tensor::from_slice(positions)
+        .view([b, width])
+        .to_device(device);
+    decoder.hidden_states(
+        &tokens,
+        &positions,
+        Attention::Paged {
+            cache,
+            tables,
+            past,
+        },
+    )
 }

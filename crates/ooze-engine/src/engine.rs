@@ -22,6 +22,7 @@
 //! states ([`crate::prompt_scores`]); its prompt is then computed from the requested start even
 //! where a longer cached prefix exists.
 
+use crate::admit::paged_hidden;
 use crate::decode_graph::DecodeGraphs;
 use crate::handle::{
     Command, EngineConfig, EngineHandle, EngineStats, Event, Output, PauseMode, Request, RequestId,
@@ -431,10 +432,8 @@ impl EngineLoop {
         let logits = match graphed {
             Some(logits) => logits,
             None => {
-                // The eager forward borrows the engine mutably: the tables are copied out first.
-                let tables: Vec<Vec<i64>> = tables.iter().map(|t| t.to_vec()).collect();
-                let tables: Vec<&[i64]> = tables.iter().map(|t| &t[..]).collect();
-                let hidden = self.paged_hidden(&last, &past, 1, &tables, &past);
+                let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+                let hidden = paged_hidden(&self.decoder, cache, &last, &past, 1, &tables, &past);
                 self.last_logits(&hidden, &vec![0; batch])
             }
         };

@@ -32,15 +32,18 @@ pub struct Claim {
     pub copy: Option<BlockCopy>,
 }
 
-/// How a sequence would start: whole shared blocks, then part of one more block.
-struct Plan {
+/// How a new sequence would start ([`KvBlocks::plan`]): whole shared blocks, then part of one
+/// more block. Valid until the prefix tree next changes: claim it at once.
+pub struct Plan {
     shared: Vec<usize>,
     tail: Option<(Tail, usize)>,
+    reused: usize,
 }
 
 impl Plan {
-    fn reused(&self, block_size: usize) -> usize {
-        self.shared.len() * block_size + self.tail.map_or(0, |(_, len)| len)
+    /// Tokens whose keys/values the sequence would find kept.
+    pub fn reused(&self) -> usize {
+        self.reused
     }
 }
 
@@ -77,11 +80,15 @@ impl KvBlocks {
     }
 
     /// Blocks that hold `len` positions.
-    pub fn blocks_for(&self, len: usize) -> usize {
+    fn blocks_for(&self, len: usize) -> usize {
         len.div_ceil(self.block_size)
     }
 
-    fn plan(&self, tokens: &[u32], usable: usize, min_reuse: usize) -> Plan {
+    /// What the tree holds of `tokens` that a new sequence can start from, at most `usable`
+    /// tokens: the whole blocks it shares, and for part of a further block either a kept partial
+    /// block nobody else uses (taken over) or a part copied into a new block. Reuse shorter than
+    /// `min_reuse` tokens is not worth it: nothing is reused then.
+    pub fn plan(&self, tokens: &[u32], usable: usize, min_reuse: usize) -> Plan {
         let bs = self.block_size;
         let found = self.tree.find(tokens);
         let whole = found.path.len().min(usable / bs);
@@ -89,9 +96,10 @@ impl KvBlocks {
         let tail = if whole < found.path.len() {
             // The path goes on, but only part of its next block is usable.
             let len = left.min(bs);
+            let node = found.path[whole];
             Some((
                 Tail {
-                    node: found.path[whole],
+                    node,
                     len,
                     partial: false,
                 },
@@ -99,31 +107,27 @@ impl KvBlocks {
             ))
         } else {
             found.tail.map(|t| (t, t.len.min(left)))
-        };
-        let plan = Plan {
-            shared: found.path[..whole].to_vec(),
-            tail: tail.filter(|&(_, len)| len > 0),
-        };
-        if plan.reused(bs) < min_reuse {
+        }
+        .filter(|&(_, len)| len > 0);
+        let reused = whole * bs + tail.map_or(0, |(_, len)| len);
+        if reused < min_reuse {
             return Plan {
                 shared: Vec::new(),
                 tail: None,
+                reused: 0,
             };
         }
-        plan
+        Plan {
+            shared: found.path[..whole].to_vec(),
+            tail,
+            reused,
+        }
     }
 
-    /// Tokens of `tokens` a new sequence would find kept, at most `usable` of them (see
-    /// [`KvBlocks::claim`]).
-    pub fn reusable(&self, tokens: &[u32], usable: usize, min_reuse: usize) -> usize {
-        self.plan(tokens, usable, min_reuse).reused(self.block_size)
-    }
-
-    /// How far [`KvBlocks::available`] drops when a sequence of `len` positions starts from
-    /// `tokens` (claim, then grow): by every block of its table, except shared ones that another
+    /// How far [`KvBlocks::available`] drops when a sequence of `len` positions starts as `plan`
+    /// says (claim, then grow): by every block of its table, except shared ones that another
     /// sequence uses already (a shared or taken block only the tree held was counted available).
-    pub fn needed(&self, tokens: &[u32], usable: usize, min_reuse: usize, len: usize) -> usize {
-        let plan = self.plan(tokens, usable, min_reuse);
+    pub fn needed(&self, plan: &Plan, len: usize) -> usize {
         let in_use = plan
             .shared
             .iter()
@@ -132,12 +136,9 @@ impl KvBlocks {
         self.blocks_for(len).saturating_sub(in_use)
     }
 
-    /// Starts a sequence of `tokens`: shares the whole blocks the tree holds of its first
-    /// `usable` tokens, and for part of a further block either takes over a kept partial block
-    /// nobody else uses or copies the part into a new block. Reuse shorter than `min_reuse`
-    /// tokens is not worth it: nothing is reused then.
-    pub fn claim(&mut self, tokens: &[u32], usable: usize, min_reuse: usize) -> Claim {
-        let plan = self.plan(tokens, usable, min_reuse);
+    /// Starts a sequence as `plan` says: its shared blocks referenced, a kept tail taken over or a
+    /// new block for the copied part (when one can be had; otherwise that part is not reused).
+    pub fn claim(&mut self, plan: Plan) -> Claim {
         self.tree.touch(&plan.shared);
         let mut table: Vec<i64> = plan.shared.iter().map(|&n| self.tree.block(n)).collect();
         for &block in &table {
@@ -311,12 +312,13 @@ mod tests {
                         tokens.push(rng.below(3) as u32);
                     }
                     let usable = tokens.len() - 1 - rng.below(2).min(tokens.len() - 1);
-                    let need = kv.needed(&tokens, usable, 2, tokens.len() + 1);
+                    let plan = kv.plan(&tokens, usable, 2);
+                    let need = kv.needed(&plan, tokens.len() + 1);
                     if need > kv.available() {
                         continue;
                     }
-                    let expect = kv.reusable(&tokens, usable, 2);
-                    let claim = kv.claim(&tokens, usable, 2);
+                    let expect = plan.reused();
+                    let claim = kv.claim(plan);
                     assert!(claim.reused <= usable && claim.reused <= expect);
                     if let Some(c) = claim.copy {
                         mem.copy(c);
@@ -408,13 +410,13 @@ mod tests {
     fn samples_of_a_prompt_share_its_whole_blocks_and_a_turn_takes_its_tail() {
         let mut kv = KvBlocks::new(16, 4);
         let prompt: Vec<u32> = (0..10).collect();
-        let first = kv.claim(&prompt, 9, 4);
+        let first = kv.claim(kv.plan(&prompt, 9, 4));
         assert_eq!((first.reused, first.table.len()), (0, 0));
         let mut table = first.table;
         assert!(kv.grow(&mut table, 11));
         kv.publish(&prompt, &table, 0);
         // Another sample: the two whole blocks are shared, the last two tokens recomputed.
-        let second = kv.claim(&prompt, 9, 4);
+        let second = kv.claim(kv.plan(&prompt, 9, 4));
         assert_eq!(second.table, table[..2].to_vec());
         assert_eq!(second.reused, 8);
         kv.release(second.table, &[], 0);
@@ -426,14 +428,14 @@ mod tests {
         assert_eq!(kv.cached(), 4, "three whole blocks and the partial one");
         // The next turn goes on from it: the tail block is taken over in place.
         turn.extend([7, 7, 7]);
-        let next = kv.claim(&turn, turn.len() - 1, 4);
+        let next = kv.claim(kv.plan(&turn, turn.len() - 1, 4));
         assert_eq!(next.reused, 13);
         assert_eq!(next.table, table[..4].to_vec());
         assert_eq!(next.copy, None);
         kv.check([&next.table[..]]).unwrap();
         // A request that needs only part of a shared whole block copies it (at least 4 tokens).
         let part: Vec<u32> = (0..7).collect();
-        let copy = kv.claim(&part, 6, 2);
+        let copy = kv.claim(kv.plan(&part, 6, 2));
         assert_eq!(copy.reused, 6);
         assert_eq!(copy.table[0], table[0]);
         assert_eq!(
