@@ -81,16 +81,12 @@ impl PagedKv {
             * kind.elt_size_in_bytes() as i64
     }
 
-    /// Blocks sequences can use (the scratch block not counted).
-    pub fn blocks(&self) -> i64 {
-        self.blocks
-    }
-
     pub fn block_size(&self) -> i64 {
         self.block_size
     }
 
-    /// The scratch block: padding rows write here, and table entries past a sequence's end name it.
+    /// The scratch block (the one after the `blocks` sequences can use): padding rows write here,
+    /// and table entries past a sequence's end name it.
     pub fn scratch(&self) -> i64 {
         self.blocks
     }
@@ -151,8 +147,9 @@ pub(crate) enum KvTarget<'a> {
         cache: &'a mut PagedKv,
         /// `[B, T]` flat cell (block · block size + offset) of every new token: where to write.
         write_cells: Tensor,
-        /// `[B, L]` cells of the positions each row reads.
-        read_cells: Tensor,
+        /// `[B, L]` cells of the positions each row reads ([`read_cells`]), made the first time a
+        /// layer reads through them: the fused decode kernel reads through `tables` instead.
+        read_cells: std::cell::OnceCell<Tensor>,
         /// `[B, W]` block tables and `[B]` cached lengths, for the fused decode kernels.
         tables: Tensor,
         past: Tensor,
@@ -207,27 +204,38 @@ impl KvTarget<'_> {
         t: i64,
         read_len: i64,
     ) -> KvTarget<'_> {
-        let bs = cache.block_size();
-        let device = tables.device();
-        let b = tables.size()[0];
-        // positions [B, N] → cells [B, N]
-        let cells_of = |positions: &Tensor| {
-            tables.gather(1, &positions.divide_scalar_mode(bs, "floor"), false) * bs
-                + positions.remainder(bs)
-        };
-        let new = past.unsqueeze(1) + Tensor::arange(t, (Kind::Int64, device)).unsqueeze(0);
-        let read = Tensor::arange(read_len, (Kind::Int64, device))
-            .unsqueeze(0)
-            .expand([b, read_len], false);
+        let new = past.unsqueeze(1) + Tensor::arange(t, (Kind::Int64, past.device())).unsqueeze(0);
         KvTarget::Paged {
-            write_cells: cells_of(&new),
-            read_cells: cells_of(&read),
+            write_cells: cells(&tables, &new, cache.block_size()),
+            read_cells: std::cell::OnceCell::new(),
             tables,
             past,
             read_len,
             cache,
         }
     }
+}
+
+/// `positions [B, N]` → their flat cells (block · block size + offset) through `tables [B, W]`.
+fn cells(tables: &Tensor, positions: &Tensor, block_size: i64) -> Tensor {
+    tables.gather(1, &positions.divide_scalar_mode(block_size, "floor"), false) * block_size
+        + positions.remainder(block_size)
+}
+
+/// The `[B, read_len]` cells a paged target's rows read, made once per forward pass in `read`.
+pub(crate) fn read_cells<'r>(
+    read: &'r std::cell::OnceCell<Tensor>,
+    tables: &Tensor,
+    read_len: i64,
+    block_size: i64,
+) -> &'r Tensor {
+    read.get_or_init(|| {
+        let b = tables.size()[0];
+        let positions = Tensor::arange(read_len, (Kind::Int64, tables.device()))
+            .unsqueeze(0)
+            .expand([b, read_len], false);
+        cells(tables, &positions, block_size)
+    })
 }
 
 /// `[B, KV, H/KV, L]` additive bias (0 where attending, −∞ elsewhere) from a `[B, 1, 1, L]` mask.

@@ -16,7 +16,7 @@
 
 use crate::attention::{
     decode_attention, decode_bias, gather_cells, offset_causal_mask, packed_mask, paged_mask,
-    KvTarget, PaddedPacking,
+    read_cells, KvTarget, PaddedPacking,
 };
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
@@ -552,7 +552,7 @@ impl Decoder {
                 KvTarget::Paged {
                     cache,
                     write_cells,
-                    read_cells,
+                    read_cells: read_cells_once,
                     tables,
                     past,
                     read_len,
@@ -591,10 +591,12 @@ impl Decoder {
                         let bias = decode_bias
                             .as_ref()
                             .expect("invariant: built when not fused");
+                        let reads =
+                            read_cells(read_cells_once, tables, *read_len, cache.block_size());
                         decode_attention(
                             &q.view([b, c.num_heads, t, c.head_dim]),
-                            &gather_cells(&cache.k[i], read_cells),
-                            &gather_cells(&cache.v[i], read_cells),
+                            &gather_cells(&cache.k[i], reads),
+                            &gather_cells(&cache.v[i], reads),
                             bias,
                             scale,
                         )
@@ -731,7 +733,9 @@ impl Decoder {
                 KvTarget::Paged {
                     cache,
                     write_cells,
-                    read_cells,
+                    read_cells: read_cells_once,
+                    tables,
+                    read_len,
                     ..
                 } => {
                     let (kv, d) = (c.num_kv_heads, c.head_dim);
@@ -744,9 +748,10 @@ impl Decoder {
                     let _ = cache.v[i]
                         .view([-1, kv, d])
                         .index_put_(&index, &rows(&v), false);
+                    let reads = read_cells(read_cells_once, tables, *read_len, cache.block_size());
                     (
-                        gather_cells(&cache.k[i], read_cells),
-                        gather_cells(&cache.v[i], read_cells),
+                        gather_cells(&cache.k[i], reads),
+                        gather_cells(&cache.v[i], reads),
                     )
                 }
             };
