@@ -293,13 +293,14 @@ impl Roofline {
     /// For `batch` sequences of `input` prompt and `output` drawn tokens decoded together: the
     /// average step reads `input + output / 2` positions of each.
     fn of(decoder: &ooze_model::Decoder, batch: usize, input: usize, output: usize) -> Roofline {
-        let tied = decoder.config.tie_word_embeddings;
-        let weight_bytes: i64 = decoder
-            .named_parameters()
-            .iter()
-            .filter(|(name, _)| tied || name != "model.embed_tokens.weight")
-            .map(|(_, t)| t.numel() as i64 * t.kind().elt_size_in_bytes() as i64)
-            .sum();
+        let c = &decoder.config;
+        let gathered = if c.tie_word_embeddings {
+            0
+        } else {
+            c.vocab_size * c.hidden_size
+        };
+        let weight_bytes =
+            (c.num_parameters() - gathered) * decoder.kind().elt_size_in_bytes() as i64;
         let per_token = ooze_model::PagedKv::bytes_per_token(&decoder.config, decoder.kind());
         let positions = batch as f64 * (input as f64 + output as f64 / 2.0);
         Roofline {
