@@ -95,14 +95,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let (free, _) =
                 ooze_torch::cuda_driver::memory_info(i).context("querying free GPU memory")?;
             let tokens = (free as f64 * args.mem_fraction) as i64 / per_token;
-            if tokens < context_len {
-                anyhow::bail!(
-                    "--mem-fraction {} of the free GPU memory holds {tokens} tokens of KV memory, \
-                     less than one --context-len ({context_len}): raise --mem-fraction or lower \
-                     --context-len",
-                    args.mem_fraction
-                );
-            }
             let per_sequence = if fixed { context_len } else { 1024 };
             let running = args
                 .max_running
@@ -116,7 +108,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let config = EngineConfig::new(max_running, context_len, eos)
         .with_kv(Some(args.kv_block_size), Some(kv_tokens))
-        .map_err(|e| anyhow::anyhow!("--kv-block-size / --mem-fraction: {e}"))?;
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e} (--context-len {context_len}, --mem-fraction {}, --kv-block-size {})",
+                args.mem_fraction,
+                args.kv_block_size
+            )
+        })?;
     eprintln!(
         "KV memory: {} blocks of {} tokens ({:.2} GiB), at most {max_running} sequences of {} tokens",
         config.kv_blocks(),
