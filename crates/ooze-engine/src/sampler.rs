@@ -44,6 +44,45 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
 /// batched kernels per step whatever the batch size, and a full-vocabulary sort only when some row
 /// asks for top-k or top-p.
 pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
+    let mut draws = draw_tokens(logits, rows);
+    if kernels::deterministic() && logits.device().is_cuda() && kernels::available() {
+        trainer_log_probs(logits, rows, &mut draws);
+    }
+    draws
+}
+
+/// Deterministic numerics: replaces each draw's log-prob with the trainer's kernel's, from the
+/// same fp32 logits (one call per distinct temperature), so it equals the trainer's bitwise.
+fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], draws: &mut [Draw]) {
+    let device = logits.device();
+    let mut temperatures: Vec<f64> = rows
+        .iter()
+        .map(|r| r.params.log_prob_temperature())
+        .collect();
+    temperatures.sort_by(f64::total_cmp);
+    temperatures.dedup();
+    for t in temperatures {
+        let which: Vec<i64> = (0..rows.len())
+            .filter(|&i| rows[i].params.log_prob_temperature() == t)
+            .map(|i| i as i64)
+            .collect();
+        let index = Tensor::from_slice(&which).to_device(device);
+        let targets: Vec<i64> = which
+            .iter()
+            .map(|&i| draws[i as usize].token as i64)
+            .collect();
+        let targets = Tensor::from_slice(&targets).to_device(device);
+        let chosen = kernels::log_probs(&logits.index_select(0, &index), &targets, t)
+            .expect("invariant: fp32 logits rows and their tokens on one GPU are valid");
+        let chosen =
+            Vec::<f32>::try_from(chosen.to_device(Device::Cpu)).expect("invariant: fp32 log-probs");
+        for (&i, lp) in which.iter().zip(chosen) {
+            draws[i as usize].log_prob = lp;
+        }
+    }
+}
+
+fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let device = logits.device();
     if device.is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain) {
         return draw_fused(logits, rows);

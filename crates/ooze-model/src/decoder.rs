@@ -72,9 +72,16 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
 }
 
 /// `x + linear(input)`. Without autograd and without a bias, the sum is accumulated into `x` by the
-/// matrix multiply itself (one kernel instead of two).
+/// matrix multiply itself (one kernel instead of two), except under deterministic numerics.
 fn add_linear(x: Tensor, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
-    if bias.is_some() || x.requires_grad() || input.requires_grad() || !x.is_contiguous() {
+    // Deterministic numerics round the product before the add, as training (with autograd) does:
+    // cuBLAS's fused accumulate rounds once, and only for some row counts.
+    if bias.is_some()
+        || x.requires_grad()
+        || input.requires_grad()
+        || !x.is_contiguous()
+        || kernels::deterministic()
+    {
         return x + linear(input, weight, bias);
     }
     let (width, inner) = (x.size()[x.dim() - 1], input.size()[input.dim() - 1]);
@@ -472,7 +479,11 @@ impl Decoder {
                     offsets.push(offsets[offsets.len() - 1] + l as i32);
                 }
                 let longest = lengths.iter().copied().max().unwrap_or(0);
-                Some((Tensor::from_slice(&offsets).to_device(self.device), longest))
+                Some((
+                    Tensor::from_slice(&offsets).to_device(self.device),
+                    longest,
+                    lengths.to_vec(),
+                ))
             }
             _ => None,
         };
@@ -482,6 +493,13 @@ impl Decoder {
             Attention::Packed { lengths } if varlen.is_none() => {
                 PaddedPacking::new(lengths, self.device)
             }
+            _ => None,
+        };
+        // Deterministic numerics: every attention runs split attention (the decode kernel's
+        // arithmetic), for the engine's prefill and for training alike.
+        let split = kernels::deterministic() && self.decode_attention_fused();
+        let prefill_past = match &attention {
+            Attention::Paged { past, .. } if split && t > 1 => Some(past.to_vec()),
             _ => None,
         };
         let (mask, mut target, causal) = match attention {
@@ -557,18 +575,31 @@ impl Decoder {
                     past,
                     read_len,
                 } if fused_rope => {
+                    let (rows, cos, sin) = (
+                        qkv.view([b, -1]),
+                        cos.view([b, c.head_dim]),
+                        sin.view([b, c.head_dim]),
+                    );
+                    // Deterministic numerics normalise q and k as training does (their own
+                    // operation) instead of inside the kernel.
+                    let (rows, q_norm, k_norm) = match (&l.q_norm, &l.k_norm) {
+                        (Some(qn), Some(kn)) if split => {
+                            (self.normed_qk_rows(&rows, qn, kn, b), None, None)
+                        }
+                        _ => (rows, l.q_norm.as_ref(), l.k_norm.as_ref()),
+                    };
                     let args = RopeStore {
-                        inv_freq: &self.inv_freq,
-                        q_norm: l.q_norm.as_ref(),
-                        k_norm: l.k_norm.as_ref(),
+                        cos: &cos,
+                        signed_sin: &sin,
+                        q_norm,
+                        k_norm,
                         eps: c.rms_norm_eps,
                         heads: c.num_heads,
                         kv_heads: c.num_kv_heads,
                         head_dim: c.head_dim,
                     };
                     let q = kernels::rope_store(
-                        &qkv.view([b, -1]),
-                        past,
+                        &rows,
                         &write_cells.view([b]),
                         &mut cache.k[i],
                         &mut cache.v[i],
@@ -603,8 +634,50 @@ impl Decoder {
                     }
                 }
                 _ => {
-                    let (q, k, v) = self.project_and_store(i, &qkv, &cos, &sin, &mut target, b, t);
-                    if let Some((offsets, longest)) = &varlen {
+                    let gather = prefill_past.is_none();
+                    let (q, k, v) =
+                        self.project_and_store(i, &qkv, &cos, &sin, &mut target, b, t, gather);
+                    // [B, heads, T, D] ↔ [B·T, heads, D] (views of the rotary kernel's output).
+                    let tokens = |x: &Tensor| x.transpose(1, 2).reshape([b * t, -1, c.head_dim]);
+                    let heads_first = |x: Tensor| x.view([b, t, -1, c.head_dim]).transpose(1, 2);
+                    if let (Some(past), KvTarget::Paged { cache, tables, .. }) =
+                        (&prefill_past, &target)
+                    {
+                        let out = kernels::split_attention_paged(
+                            &tokens(&q),
+                            &cache.k[i],
+                            &cache.v[i],
+                            tables,
+                            past,
+                            &vec![t; b as usize],
+                            scale,
+                        )
+                        .expect("invariant: bf16 prefill rows are valid for split attention");
+                        heads_first(out)
+                    } else if split && (varlen.is_some() || causal) {
+                        let (offsets, lengths) = match &varlen {
+                            Some((offsets, _, lengths)) => {
+                                (offsets.shallow_clone(), lengths.clone())
+                            }
+                            None => {
+                                let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
+                                (
+                                    Tensor::from_slice(&offsets).to_device(self.device),
+                                    vec![t; b as usize],
+                                )
+                            }
+                        };
+                        let out = kernels::split_attention_varlen(
+                            &tokens(&q),
+                            &tokens(&k),
+                            &tokens(&v),
+                            &offsets,
+                            &lengths,
+                            scale,
+                        )
+                        .expect("invariant: bf16 CUDA rows are valid for split attention");
+                        heads_first(out)
+                    } else if let Some((offsets, longest, _)) = &varlen {
                         // [1, heads, T, D] → [T, heads, D] and back.
                         let tokens = |x: &Tensor| x.squeeze_dim(0).transpose(0, 1);
                         let out = kernels::flash_attention_varlen(
@@ -661,9 +734,9 @@ impl Decoder {
         x
     }
 
-    /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to)
-    /// from its fused projection output, with the rotary embedding applied and the new keys and
-    /// values stored in `target` — as libtorch operations.
+    /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to —
+    /// or only the new ones without `gather` from paged memory) from its fused projection output,
+    /// with the rotary embedding applied and the new keys and values stored in `target`.
     #[allow(clippy::too_many_arguments)]
     fn project_and_store(
         &self,
@@ -674,6 +747,7 @@ impl Decoder {
         target: &mut KvTarget<'_>,
         b: i64,
         t: i64,
+        gather: bool,
     ) -> (Tensor, Tensor, Tensor) {
         let c = &self.config;
         let l = &self.layers[i];
@@ -748,6 +822,10 @@ impl Decoder {
                     let _ = cache.v[i]
                         .view([-1, kv, d])
                         .index_put_(&index, &rows(&v), false);
+                    if !gather {
+                        // The caller reads through the block tables itself.
+                        return (q, k, v);
+                    }
                     let reads = read_cells(read_cells_once, tables, *read_len, cache.block_size());
                     (
                         gather_cells(&cache.k[i], reads),
@@ -757,6 +835,26 @@ impl Decoder {
             };
             (q, k, v)
         }
+    }
+
+    /// Decode rows `[B, (heads + 2·kv_heads)·head_dim]` with q and k RMS-normalised per head
+    /// (Qwen3), as training normalises them.
+    fn normed_qk_rows(&self, rows: &Tensor, q_norm: &Tensor, k_norm: &Tensor, b: i64) -> Tensor {
+        let c = &self.config;
+        let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let part = |from: i64, len: i64, heads: i64| {
+            rows.narrow(1, from, len).reshape([b, heads, c.head_dim])
+        };
+        let q = rms_norm(&part(0, q_dim, c.num_heads), q_norm, c.rms_norm_eps);
+        let k = rms_norm(&part(q_dim, kv_dim, c.num_kv_heads), k_norm, c.rms_norm_eps);
+        Tensor::cat(
+            &[
+                q.view([b, -1]),
+                k.view([b, -1]),
+                rows.narrow(1, q_dim + kv_dim, kv_dim),
+            ],
+            1,
+        )
     }
 
     fn rope_kernel_fits(&self) -> bool {
@@ -790,7 +888,16 @@ impl Decoder {
             && matches!(self.kind, Kind::BFloat16 | Kind::Half)
             && !hidden.requires_grad()
         {
-            hidden.mm_dtype(&self.head_weight().tr(), Kind::Float)
+            // One row goes through as two: cuBLAS takes another path for a single row, whose sums
+            // differ in the last bits from the same row's in a batch (and from the trainer's).
+            if hidden.size()[0] == 1 {
+                let twice = hidden.expand([2, hidden.size()[1]], false).contiguous();
+                twice
+                    .mm_dtype(&self.head_weight().tr(), Kind::Float)
+                    .narrow(0, 0, 1)
+            } else {
+                hidden.mm_dtype(&self.head_weight().tr(), Kind::Float)
+            }
         } else if self.kind == Kind::Double {
             // fp64 models (gradient checks) keep their precision.
             self.logits(hidden)

@@ -55,10 +55,13 @@ pub fn head_log_probs(
     let mut start = 0;
     // On a GPU: ooze's fused kernel (fp32 logits from the matmul, one pass per row, a backward
     // that recomputes the logits), the same arithmetic with and without gradients.
+    // Deterministic numerics keep the fused kernel's log-probs (the engine's arithmetic) even when
+    // the entropy needs gradients: the entropy then comes from a second pass of its own.
+    let deterministic = ooze_torch::kernels::deterministic();
     let fused = hidden.device().is_cuda()
         && ooze_torch::kernels::available()
         && matches!(decoder.kind(), Kind::BFloat16 | Kind::Float)
-        && !options.entropy_gradient;
+        && (!options.entropy_gradient || deterministic);
     while start < n {
         let len = options.chunk_tokens.min(n - start);
         let rows = hidden.narrow(0, start, len);
@@ -72,19 +75,22 @@ pub fn head_log_probs(
             )
             .expect("invariant: hidden rows, head and targets on one GPU are valid");
             log_probs.push(lp);
-            if options.entropy {
+            if options.entropy && options.entropy_gradient {
+                let logp =
+                    logits_at(decoder, &rows, options.temperature).log_softmax(-1, Kind::Float);
+                entropies.push(-(logp.exp() * &logp).sum_dim_intlist(
+                    [-1i64].as_slice(),
+                    false,
+                    Kind::Float,
+                ));
+            } else if options.entropy {
                 entropies.push(h);
             }
             start += len;
             continue;
         }
         let tgt = targets.narrow(0, start, len).unsqueeze(1);
-        let logits = decoder.logits_f32(&rows);
-        let logits = if options.temperature == 1.0 {
-            logits
-        } else {
-            logits / options.temperature
-        };
+        let logits = logits_at(decoder, &rows, options.temperature);
         // fp32 statistics, or fp64 for an fp64 model (gradient checks).
         let kind = if logits.kind() == Kind::Double {
             Kind::Double
@@ -107,6 +113,16 @@ pub fn head_log_probs(
     };
     let entropy = options.entropy.then(|| cat(entropies));
     (cat(log_probs), entropy)
+}
+
+/// fp32 logits of `rows` under the head, divided by `temperature`.
+fn logits_at(decoder: &Decoder, rows: &Tensor, temperature: f64) -> Tensor {
+    let logits = decoder.logits_f32(rows);
+    if temperature == 1.0 {
+        logits
+    } else {
+        logits / temperature
+    }
 }
 
 /// Scores of one sequence: `log_probs[i]` is the log-prob of `tokens[i + 1]` given `tokens[..=i]`.

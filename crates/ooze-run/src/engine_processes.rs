@@ -30,6 +30,8 @@ pub(crate) struct EngineLaunch<'a> {
     pub slot_len: i64,
     /// `rollout.max_running` (default: as many sequences as fit the engine's GPU).
     pub max_running: Option<i64>,
+    /// `rollout.deterministic`.
+    pub deterministic: bool,
 }
 
 /// The run's engine processes; stopped when dropped.
@@ -87,6 +89,9 @@ impl EngineProcesses {
             }
             if let Some(n) = launch.max_running {
                 cmd.args(["--max-running", &n.to_string()]);
+            }
+            if launch.deterministic {
+                cmd.arg("--deterministic");
             }
             // SAFETY: one async-signal-safe system call, in the child before exec.
             unsafe {
@@ -280,6 +285,7 @@ mod tests {
             engines: 3,
             slot_len: 64,
             max_running: None,
+            deterministic: false,
         };
         assert_eq!(engine_gpus(&launch).unwrap(), vec![None, None, None]);
         assert_eq!(dtype_flag(Kind::BFloat16), "bf16");

@@ -55,6 +55,9 @@ impl Run {
         // A rank computes on its own device (its GPU under NCCL, the CPU under Gloo).
         let device = ranks.as_ref().map_or(device, |r| r.device);
         let model_path = &recipe.model.path;
+        if recipe.rollout.deterministic {
+            deterministic_numerics(model_path, device, kind)?;
+        }
         let tokenizer = Arc::new(Tokenizer::load(model_path).with_context(|| {
             format!(
                 "model.path: loading the tokenizer in {}",
@@ -188,6 +191,24 @@ impl Run {
             last_eval: Vec::new(),
         })
     }
+}
+
+/// Turns on `rollout.deterministic` for this process (the trainer and an embedded engine), after
+/// checking that the model, device and build can run it.
+fn deterministic_numerics(model: &Path, device: Device, kind: Kind) -> anyhow::Result<()> {
+    let config = ooze_model::ModelConfig::load(model)
+        .with_context(|| format!("model.path: reading {}", model.display()))?;
+    let group = config.num_heads / config.num_kv_heads.max(1);
+    if !ooze_torch::kernels::deterministic_supported(kind, device.is_cuda(), config.head_dim, group)
+    {
+        anyhow::bail!(
+            "rollout.deterministic needs ooze's CUDA kernels on a GPU in bf16 with head size 64 or 128 and at most 16 query heads per key head; here: {device:?}, {kind:?}, head size {}, {group} query heads per key head, kernels {}",
+            config.head_dim,
+            if ooze_torch::kernels::available() { "built" } else { "not in this build or off (OOZE_CUDA_KERNELS=0)" }
+        );
+    }
+    ooze_torch::kernels::set_deterministic(true).context("rollout.deterministic")?;
+    Ok(())
 }
 
 /// `model.device` and `model.dtype` resolved (`auto`: bf16 on a GPU, fp32 on the CPU).
@@ -556,6 +577,7 @@ fn start_engine_processes(
         engines: recipe.rollout.gpus,
         slot_len,
         max_running: recipe.rollout.max_running,
+        deterministic: recipe.rollout.deterministic,
     };
     Ok(Some(EngineProcesses::start(&launch, run_dir)?))
 }

@@ -515,6 +515,12 @@ impl Recipe {
                 r.temperature
             ));
         }
+        if r.deterministic && (self.model.device == "cpu" || self.model.dtype == "fp32") {
+            return Err(format!(
+                "rollout.deterministic needs a GPU in bf16 (ooze's kernels), but model.device = \"{}\" and model.dtype = \"{}\"",
+                self.model.device, self.model.dtype
+            ));
+        }
         if !(r.mem_fraction > 0.0 && r.mem_fraction <= 1.0) {
             return Err(format!(
                 "rollout.mem_fraction must be in (0, 1], got {}",

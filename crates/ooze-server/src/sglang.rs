@@ -388,6 +388,8 @@ pub async fn server_info(State(state): State<Arc<AppState>>) -> Result<Json<Valu
     info["kv_blocks_total"] = json!(stats.kv_blocks_total);
     info["kv_blocks_free"] = json!(stats.kv_blocks_free);
     info["kv_block_size"] = json!(stats.kv_block_size);
+    // Deterministic numerics (`--deterministic`): log-probs equal a deterministic trainer's bitwise.
+    info["deterministic"] = json!(ooze_torch::kernels::deterministic());
     info["engine"] = serde_json::to_value(stats).unwrap_or_default();
     info["ignored_fields"] = json!(state.ignored_fields.snapshot());
     Ok(Json(info))

@@ -2,6 +2,7 @@
 // PyTorch that tch links (and CUDA's host headers from the nvidia wheels), only when that PyTorch
 // has CUDA. Every entry point catches C++ exceptions and reports them through ooze_shim_last_error.
 
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -97,6 +98,22 @@ int64_t ooze_cuda_peak_allocated(int device, int reset) {
   } catch (const std::exception& e) {
     last_error = e.what();
     return -1;
+  }
+}
+
+// How cuBLAS may reduce 16-bit GEMMs (libtorch's process-wide setting, for bf16 and fp16 alike):
+// 0 reduced-precision split-K (PyTorch's default), 1 split-K reduced in fp32, 2 no split-K.
+int ooze_set_gemm_reduction(int mode) {
+  try {
+    const bool reduced = mode == 0, split_k = mode != 2;
+    at::globalContext().setAllowBF16ReductionCuBLAS(reduced, split_k);
+    at::globalContext().setAllowFP16ReductionCuBLAS(reduced, split_k);
+    // Only cuBLASLt can be told not to split.
+    if (!split_k) at::globalContext().setBlasPreferredBackend(at::BlasBackend::Cublaslt);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
   }
 }
 

@@ -7,12 +7,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
+#include <vector>
 
 extern "C" {
-int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* positions,
-                           const int64_t* cells, const float* inv_freq, const void* q_norm,
+int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* cells,
+                           const void* cos, const void* signed_sin, const void* q_norm,
                            const void* k_norm, float eps, void* q_out, void* k_cache,
                            void* v_cache, int rows, int heads, int kv_heads, int dim,
                            cudaStream_t stream);
@@ -34,11 +36,12 @@ int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16,
                                   const float* grad, float inv_temp, void* out,
                                   cudaStream_t stream);
 int ooze_attention_splits(int read_len);
-int ooze_launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
-                                 const int64_t* tables, int table_width,
-                                 const int64_t* positions, int rows, int heads, int kv_heads,
-                                 int dim, int64_t block_size, int read_len, float scale,
-                                 float* part_o, float* part_ml, void* out, cudaStream_t stream);
+int ooze_launch_split_attention(const void* q, int64_t q_stride, const void* k, int64_t k_stride,
+                                const void* v, int64_t v_stride, const int64_t* table, int width,
+                                int64_t block_size, const int* tiles, int n_tiles, int tokens,
+                                const int64_t* positions, int heads, int kv_heads, int dim,
+                                int splits, float scale, float* part_o, float* part_ml, void* out,
+                                int64_t out_stride, float* lse, cudaStream_t stream);
 }
 
 namespace {
@@ -146,8 +149,14 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 };
 
 // fp32 logits of hidden [rows, h] under weight [vocab, h] (the matmul writes fp32 itself).
+// A single row goes through as two (the row twice): cuBLAS takes another path for one row, whose
+// sums differ in the last bits from the same row's in a larger batch.
 at::Tensor fp32_logits(const at::Tensor& hidden, const at::Tensor& weight) {
   if (hidden.scalar_type() == at::kFloat) return at::mm(hidden, weight.t());
+  if (hidden.size(0) == 1) {
+    return at::mm(hidden.expand({2, hidden.size(1)}).contiguous(), weight.t(), at::kFloat)
+        .narrow(0, 0, 1);
+  }
   return at::mm(hidden, weight.t(), at::kFloat);
 }
 
@@ -204,18 +213,138 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
   }
 };
 
+
+// Checks shared by the split-attention entry points: bf16 q [tokens, heads, dim] whose heads and
+// dims are contiguous, and keys/values whose rows hold kv_heads · dim contiguous elements.
+void check_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           int64_t kv_heads) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
+                  q.stride(1) == q.size(2),
+              "q must be bfloat16 [tokens, heads, head_dim] with contiguous heads");
+  const int64_t dim = q.size(2), heads = q.size(1);
+  TORCH_CHECK(dim == 64 || dim == 128, "split attention takes head_dim 64 or 128, got ", dim);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 16,
+              "split attention takes at most 16 query heads per key head");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->device() == q.device(),
+                "keys and values must be bfloat16 on q's device");
+  }
+}
+
+// Query tiles of `tokens_per_tile` consecutive tokens of one sequence, for sequences of
+// `lengths` tokens laid out one after another: int32 [tiles, 3] (first token, count, sequence).
+at::Tensor query_tiles(const std::vector<int64_t>& lengths, int64_t tokens_per_tile,
+                       const at::Device& device) {
+  std::vector<int32_t> tiles;
+  int64_t start = 0;
+  for (size_t seq = 0; seq < lengths.size(); ++seq) {
+    for (int64_t t = 0; t < lengths[seq]; t += tokens_per_tile) {
+      tiles.push_back(static_cast<int32_t>(start + t));
+      tiles.push_back(static_cast<int32_t>(std::min(tokens_per_tile, lengths[seq] - t)));
+      tiles.push_back(static_cast<int32_t>(seq));
+    }
+    start += lengths[seq];
+  }
+  const int64_t n = static_cast<int64_t>(tiles.size() / 3);
+  return at::from_blob(tiles.data(), {n, 3}, at::kInt).to(device);
+}
+
+// Runs split attention; returns out [tokens, heads, dim] and, with `want_lse`, lse [heads, tokens].
+std::pair<at::Tensor, at::Tensor> split_attention(const at::Tensor& q, const at::Tensor& k,
+                                                  int64_t k_stride, const at::Tensor& v,
+                                                  int64_t v_stride, const at::Tensor& table,
+                                                  int64_t width, int64_t block_size,
+                                                  const at::Tensor& tiles,
+                                                  const at::Tensor& positions, int64_t kv_heads,
+                                                  int64_t max_keys, double scale, bool want_lse) {
+  const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t n_tiles = tiles.size(0);
+  const int splits = ooze_attention_splits(static_cast<int>(std::max<int64_t>(max_keys, 1)));
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor part_o = at::empty({n_tiles, kv_heads, splits, 16, dim}, f32);
+  at::Tensor part_ml = at::empty({n_tiles, kv_heads, splits, 16, 2}, f32);
+  at::Tensor out = at::empty({tokens, heads, dim}, q.options());
+  at::Tensor lse = want_lse ? at::empty({heads, tokens}, f32) : at::Tensor();
+  if (tokens > 0) {
+    check_launch(ooze_launch_split_attention(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k_stride, v.data_ptr(), v_stride,
+        table.data_ptr<int64_t>(), static_cast<int>(width), block_size, tiles.data_ptr<int>(),
+        static_cast<int>(n_tiles), static_cast<int>(tokens), positions.data_ptr<int64_t>(),
+        static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(dim), splits,
+        static_cast<float>(scale), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
+        out.data_ptr(), heads * dim, want_lse ? lse.data_ptr<float>() : nullptr, stream()));
+  }
+  return {out, lse};
+}
+
+// Causal attention over packed sequences with split attention's arithmetic (the engine's, so a
+// trained token's forward agrees bitwise with how it was sampled). The backward is
+// FlashAttention-2's (ATen), from a forward of its own: the gradient of the same function, to
+// rounding.
+struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, std::vector<int64_t> lengths,
+                            double scale) {
+    const int64_t total = q.size(0), kv_heads = k.size(1), dim = q.size(2);
+    const int64_t group = q.size(1) / kv_heads;
+    // Keys and values with 16 rows of room after the last sequence: a 16-key tile may run past a
+    // sequence's end (those keys are masked, but they are read).
+    auto padded = [&](const at::Tensor& x) {
+      at::Tensor p = at::zeros({total + 16, kv_heads, dim}, x.options());
+      p.narrow(0, 0, total).copy_(x);
+      return p;
+    };
+    const at::Tensor kp = padded(k), vp = padded(v);
+    std::vector<int64_t> starts, positions;
+    int64_t start = 0, longest = 0;
+    for (int64_t len : lengths) {
+      starts.push_back(start);
+      for (int64_t t = 0; t < len; ++t) positions.push_back(t);
+      start += len;
+      longest = std::max(longest, len);
+    }
+    TORCH_CHECK(start == total, "sequence lengths must sum to the token count");
+    auto device = q.device();
+    const at::Tensor table = at::tensor(starts, at::kLong).to(device);
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
+    const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
+    auto out = split_attention(q, kp, kv_heads * dim, vp, kv_heads * dim, table, 1, 0, tiles, pos,
+                               kv_heads, longest, scale, false)
+                   .first;
+    ctx->save_for_backward({q, k, v, cu_seqlens});
+    ctx->saved_data["longest"] = longest;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &cu = saved[3];
+    const int64_t longest = ctx->saved_data["longest"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    auto fwd = at::_flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0,
+                                            /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+    auto [dq, dk, dv] = at::_flash_attention_backward(
+        grads[0].contiguous(), q, k, v, std::get<0>(fwd), std::get<1>(fwd), cu, cu, longest,
+        longest, 0.0, /*is_causal=*/true, std::get<2>(fwd), std::get<3>(fwd), scale);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
 
 const char* ooze_ops_last_error() { return last_error.c_str(); }
 
-// qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), positions and cells [rows] int64
-// (a row's rotary position, and the flat index block · block_size + offset its key and value go
-// to), inv_freq [dim / 2] float32, q_norm / k_norm [dim] or null, k_cache / v_cache
-// [blocks, block_size, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
-at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
-                            const at::Tensor* cells, const at::Tensor* inv_freq,
+// qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), cells [rows] int64 (the flat
+// index block · block_size + offset a row's key and value go to), cos / sin [rows, dim] (the
+// rotary tables of ooze_rope: the sine with its first half negated), q_norm / k_norm [dim] or
+// null, k_cache / v_cache [blocks, block_size, kv_heads, dim]. Returns the rotated q [rows, heads,
+// dim].
+at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
+                            const at::Tensor* cos, const at::Tensor* sin,
                             const at::Tensor* q_norm, const at::Tensor* k_norm, double eps,
                             at::Tensor* k_cache, at::Tensor* v_cache, int64_t heads,
                             int64_t kv_heads, int64_t dim) {
@@ -227,13 +356,14 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
     TORCH_CHECK(qkv->dim() == 2 && qkv->stride(1) == 1 && qkv->size(1) == (heads + 2 * kv_heads) * dim,
                 "qkv must be [rows, (heads + 2 kv_heads) * head_dim] with unit last stride");
     TORCH_CHECK(dim % 2 == 0 && dim <= 256, "head_dim must be even and at most 256, got ", dim);
-    for (const at::Tensor* t : {positions, cells}) {
-      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
-                  "positions and cells must be contiguous int64 [rows]");
+    TORCH_CHECK(cells->scalar_type() == at::kLong && cells->is_contiguous() &&
+                    cells->numel() == rows,
+                "cells must be contiguous int64 [rows]");
+    for (const at::Tensor* t : {cos, sin}) {
+      TORCH_CHECK(t->is_contiguous() && t->numel() == rows * dim &&
+                      t->scalar_type() == qkv->scalar_type(),
+                  "cos and sin must be contiguous [rows, head_dim] of qkv's dtype");
     }
-    TORCH_CHECK(inv_freq->scalar_type() == at::kFloat && inv_freq->is_contiguous() &&
-                    inv_freq->numel() == dim / 2,
-                "inv_freq must be contiguous float32 [head_dim / 2]");
     for (const at::Tensor* t : {k_cache, v_cache}) {
       TORCH_CHECK(t->scalar_type() == qkv->scalar_type() && t->is_contiguous() && t->dim() == 4 &&
                       t->size(2) == kv_heads && t->size(3) == dim,
@@ -246,8 +376,8 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* positions,
     }
     at::Tensor q = at::empty({rows, heads, dim}, qkv->options());
     check_launch(ooze_launch_rope_store(
-        bf16, qkv->data_ptr(), qkv->stride(0), positions->data_ptr<int64_t>(),
-        cells->data_ptr<int64_t>(), inv_freq->data_ptr<float>(),
+        bf16, qkv->data_ptr(), qkv->stride(0), cells->data_ptr<int64_t>(), cos->data_ptr(),
+        sin->data_ptr(),
         q_norm ? q_norm->data_ptr() : nullptr, k_norm ? k_norm->data_ptr() : nullptr,
         static_cast<float>(eps), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
         static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(kv_heads),
@@ -334,12 +464,13 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
     at::Tensor part_ml = at::empty({rows, kv_heads, splits, 16, 2}, f32);
     at::Tensor out = at::empty({rows, heads, dim}, q->options());
     if (rows > 0) {
-      check_launch(ooze_launch_decode_attention(
-          q->data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(), tables->data_ptr<int64_t>(),
-          static_cast<int>(width), positions->data_ptr<int64_t>(), static_cast<int>(rows),
-          static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(dim), block_size,
-          static_cast<int>(read_len), static_cast<float>(scale), part_o.data_ptr<float>(),
-          part_ml.data_ptr<float>(), out.data_ptr(), at::cuda::getCurrentCUDAStream().stream()));
+      check_launch(ooze_launch_split_attention(
+          q->data_ptr(), heads * dim, k_cache->data_ptr(), kv_heads * dim, v_cache->data_ptr(),
+          kv_heads * dim, tables->data_ptr<int64_t>(), static_cast<int>(width), block_size,
+          /*tiles=*/nullptr, static_cast<int>(rows), static_cast<int>(rows),
+          positions->data_ptr<int64_t>(), static_cast<int>(heads), static_cast<int>(kv_heads),
+          static_cast<int>(dim), splits, static_cast<float>(scale), part_o.data_ptr<float>(),
+          part_ml.data_ptr<float>(), out.data_ptr(), heads * dim, /*lse=*/nullptr, stream()));
     }
     return out;
   });
@@ -362,6 +493,93 @@ at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k
                                                max_seqlen, 0.0, /*is_causal=*/true,
                                                /*return_debug_mask=*/false, scale);
     return std::get<0>(result);
+  });
+}
+
+// Split attention (the decode kernel's arithmetic) of new tokens appended to paged sequences, for
+// the engine's prefill: q [tokens, heads, dim] (bf16, heads contiguous), row b's `counts[b]` tokens
+// one after another at positions past[b] + i, k_cache / v_cache [blocks, block_size, kv_heads,
+// dim], tables [rows, width] int64. Returns [tokens, heads, dim].
+at::Tensor* ooze_split_attention_paged(const at::Tensor* q, const at::Tensor* k_cache,
+                                       const at::Tensor* v_cache, const at::Tensor* tables,
+                                       const int64_t* past, const int64_t* counts, int64_t rows,
+                                       double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(k_cache->dim() == 4 && k_cache->is_contiguous() && v_cache->is_contiguous() &&
+                    v_cache->sizes() == k_cache->sizes() && k_cache->size(3) == q->size(2),
+                "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim]");
+    const int64_t kv_heads = k_cache->size(2), block_size = k_cache->size(1), dim = q->size(2);
+    check_split_attention(*q, *k_cache, *v_cache, kv_heads);
+    TORCH_CHECK(block_size % 16 == 0, "split attention takes block sizes that are multiples of 16");
+    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() &&
+                    tables->dim() == 2 && tables->size(0) == rows,
+                "block tables must be contiguous int64 [rows, width]");
+    std::vector<int64_t> lengths(counts, counts + rows), positions;
+    int64_t max_keys = 0;
+    for (int64_t b = 0; b < rows; ++b) {
+      TORCH_CHECK(past[b] + counts[b] <= tables->size(1) * block_size,
+                  "row ", b, "'s positions run past its block table");
+      for (int64_t i = 0; i < counts[b]; ++i) positions.push_back(past[b] + i);
+      max_keys = std::max(max_keys, past[b] + counts[b]);
+    }
+    TORCH_CHECK(static_cast<int64_t>(positions.size()) == q->size(0),
+                "q must hold the rows' tokens one after another");
+    const int64_t group = q->size(1) / kv_heads;
+    auto device = q->device();
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
+    const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
+    return split_attention(*q, *k_cache, kv_heads * dim, *v_cache, kv_heads * dim, *tables,
+                           tables->size(1), block_size, tiles, pos, kv_heads, max_keys, scale,
+                           false)
+        .first;
+  });
+}
+
+// Causal split attention over packed sequences (SplitAttentionFunction): q [total, heads, dim],
+// k and v [total, kv_heads, dim] (bf16), cu_seqlens [sequences + 1] int32 on the device and the
+// same lengths on the host. Returns [total, heads, dim]; differentiable.
+at::Tensor* ooze_split_attention_varlen(const at::Tensor* q, const at::Tensor* k,
+                                        const at::Tensor* v, const at::Tensor* cu_seqlens,
+                                        const int64_t* lengths, int64_t sequences, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(k->dim() == 3 && v->dim() == 3 && k->sizes() == v->sizes() &&
+                    k->size(0) == q->size(0) && k->size(2) == q->size(2),
+                "k and v must be [total, kv_heads, head_dim] like q");
+    check_split_attention(*q, *k, *v, k->size(1));
+    TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->numel() == sequences + 1,
+                "cu_seqlens must be int32 [sequences + 1]");
+    return SplitAttentionFunction::apply(*q, *k, *v, *cu_seqlens,
+                                         std::vector<int64_t>(lengths, lengths + sequences), scale);
+  });
+}
+
+// log_softmax(logits · inv_temp) at `targets` of fp32 logits [rows, vocab] (contiguous), with the
+// arithmetic of ooze_linear_log_prob's forward: the engine reports its sampled tokens' log-probs
+// exactly as the trainer computes them. Returns [rows] fp32.
+at::Tensor* ooze_log_probs(const at::Tensor* logits, const at::Tensor* targets, double inv_temp) {
+  return guarded([&] {
+    check_cuda(*logits, "logits");
+    c10::cuda::CUDAGuard guard(logits->device());
+    TORCH_CHECK(logits->scalar_type() == at::kFloat && logits->dim() == 2 && logits->is_contiguous(),
+                "logits must be contiguous float32 [rows, vocab]");
+    const int64_t rows = logits->size(0);
+    TORCH_CHECK(targets->scalar_type() == at::kLong && targets->is_contiguous() &&
+                    targets->numel() == rows,
+                "targets must be contiguous int64 [rows]");
+    auto f32 = logits->options();
+    at::Tensor log_prob = at::empty({rows}, f32), lse = at::empty({rows}, f32),
+               entropy = at::empty({rows}, f32);
+    if (rows > 0) {
+      check_launch(ooze_launch_log_prob_forward(
+          logits->data_ptr<float>(), static_cast<int>(rows), static_cast<int>(logits->size(1)),
+          targets->data_ptr<int64_t>(), static_cast<float>(inv_temp), log_prob.data_ptr<float>(),
+          lse.data_ptr<float>(), entropy.data_ptr<float>(), nullptr, stream()));
+    }
+    return log_prob;
   });
 }
 

@@ -37,6 +37,7 @@ mod ffi {
         pub fn ooze_graph_free(g: *mut OozeGraph);
         pub fn ooze_stream_synchronize(device: c_int) -> c_int;
         pub fn ooze_cuda_peak_allocated(device: c_int, reset: c_int) -> i64;
+        pub fn ooze_set_gemm_reduction(mode: c_int) -> c_int;
     }
 }
 
@@ -177,4 +178,36 @@ impl Drop for CudaGraph {
             unsafe { ffi::ooze_graph_free(self.raw) }
         }
     }
+}
+
+/// How cuBLAS may reduce the partial sums of a 16-bit matrix multiply split along its inner
+/// dimension (libtorch's process-wide setting). Small-row GEMMs (a decode step) are the ones cuBLAS
+/// splits, so this decides how far a decode step's results drift from a full-sequence forward's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmReduction {
+    /// Split-K partial sums may be added in 16 bits (PyTorch's default).
+    ReducedPrecision,
+    /// Split-K partial sums are added in fp32.
+    Fp32,
+    /// No split-K: every output is one fp32 accumulation along the inner dimension.
+    NoSplit,
+}
+
+/// Sets [`GemmReduction`] for bf16 and fp16 GEMMs in this process. Without CUDA there is nothing
+/// to set.
+#[allow(unused_variables)]
+pub fn set_gemm_reduction(mode: GemmReduction) -> Result<(), GraphError> {
+    #[cfg(ooze_cuda_graphs)]
+    {
+        let code = match mode {
+            GemmReduction::ReducedPrecision => 0,
+            GemmReduction::Fp32 => 1,
+            GemmReduction::NoSplit => 2,
+        };
+        // SAFETY: a plain setter on libtorch's global context.
+        if unsafe { ffi::ooze_set_gemm_reduction(code) } != 0 {
+            return Err(failed("gemm reduction setting"));
+        }
+    }
+    Ok(())
 }

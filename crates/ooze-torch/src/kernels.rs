@@ -40,6 +40,41 @@ pub fn set_enabled(on: bool) {
     enabled().store(on, Ordering::Relaxed);
 }
 
+/// Deterministic numerics (`rollout.deterministic`): the engine's decode and the trainer's forward
+/// compute every token with the same kernels in the same reduction order — split attention in
+/// training too, GEMMs without split-K, residual adds after the product is rounded, q/k norms as
+/// their own operation, and log-probs from the trainer's kernel — so a sampled token's log-prob
+/// equals the trainer's bitwise. Process-wide, like libtorch's GEMM settings it changes. Needs
+/// the kernels (a CUDA build) to mean anything: callers check [`deterministic_supported`].
+pub fn set_deterministic(on: bool) -> Result<(), crate::cuda_graph::GraphError> {
+    use crate::cuda_graph::{set_gemm_reduction, GemmReduction};
+    set_gemm_reduction(if on {
+        GemmReduction::NoSplit
+    } else {
+        GemmReduction::ReducedPrecision
+    })?;
+    DETERMINISTIC.store(on, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether [`set_deterministic`] is on.
+pub fn deterministic() -> bool {
+    DETERMINISTIC.load(Ordering::Relaxed)
+}
+
+static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
+
+/// Whether this build and these settings can run deterministic numerics: ooze's kernels, in bf16
+/// on a GPU, head sizes 64 or 128 with at most 16 query heads per key head.
+pub fn deterministic_supported(
+    kind: crate::tch::Kind,
+    cuda: bool,
+    head_dim: i64,
+    group: i64,
+) -> bool {
+    cuda && decode_attention_supports(kind, head_dim, group)
+}
+
 fn enabled() -> &'static AtomicBool {
     static ENABLED: OnceLock<AtomicBool> = OnceLock::new();
     ENABLED
@@ -48,7 +83,10 @@ fn enabled() -> &'static AtomicBool {
 
 /// The arguments of [`rope_store`] besides the tensors it reads per row.
 pub struct RopeStore<'a> {
-    pub inv_freq: &'a Tensor,
+    /// The rotary tables of each row, `[rows, head_dim]` in the activations' dtype: the cosine
+    /// and the sine with its first half negated (`rope::cos_sin`), the ones training rotates with.
+    pub cos: &'a Tensor,
+    pub signed_sin: &'a Tensor,
     pub q_norm: Option<&'a Tensor>,
     pub k_norm: Option<&'a Tensor>,
     pub eps: f64,
@@ -69,9 +107,9 @@ mod ffi {
         pub fn ooze_ops_last_error() -> *const c_char;
         pub fn ooze_rope_store(
             qkv: *const CTensor,
-            positions: *const CTensor,
             cells: *const CTensor,
-            inv_freq: *const CTensor,
+            cos: *const CTensor,
+            sin: *const CTensor,
             q_norm: *const CTensor,
             k_norm: *const CTensor,
             eps: f64,
@@ -107,6 +145,30 @@ mod ffi {
             max_seqlen: i64,
             scale: f64,
         ) -> *mut CTensor;
+        pub fn ooze_split_attention_paged(
+            q: *const CTensor,
+            k_cache: *const CTensor,
+            v_cache: *const CTensor,
+            tables: *const CTensor,
+            past: *const i64,
+            counts: *const i64,
+            rows: i64,
+            scale: f64,
+        ) -> *mut CTensor;
+        pub fn ooze_split_attention_varlen(
+            q: *const CTensor,
+            k: *const CTensor,
+            v: *const CTensor,
+            cu_seqlens: *const CTensor,
+            lengths: *const i64,
+            sequences: i64,
+            scale: f64,
+        ) -> *mut CTensor;
+        pub fn ooze_log_probs(
+            logits: *const CTensor,
+            targets: *const CTensor,
+            inv_temp: f64,
+        ) -> *mut CTensor;
         pub fn ooze_decode_attention(
             q: *const CTensor,
             k_cache: *const CTensor,
@@ -135,14 +197,14 @@ mod ffi {
 }
 
 /// Rotates q and k of `qkv [rows, (heads + 2·kv_heads)·head_dim]` (rows may be strided, with unit
-/// last stride) at `positions [rows]`, writes k and v into `k_cache` / `v_cache [blocks,
+/// last stride) by the rows' rotary tables ([`RopeStore::cos`]; the same arithmetic as [`rope`]),
+/// writes k and v into `k_cache` / `v_cache [blocks,
 /// block_size, kv_heads, head_dim]` at the flat cell `cells[r]` (block · block_size + offset), and
 /// returns q `[rows, heads, head_dim]`.
 /// With q/k norm weights, each head is RMS-normalised first (Qwen3).
 #[allow(unused_variables)]
 pub fn rope_store(
     qkv: &Tensor,
-    positions: &Tensor,
     cells: &Tensor,
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
@@ -156,9 +218,9 @@ pub fn rope_store(
         let raw = unsafe {
             ffi::ooze_rope_store(
                 qkv.as_ptr().cast(),
-                positions.as_ptr().cast(),
                 cells.as_ptr().cast(),
-                args.inv_freq.as_ptr().cast(),
+                args.cos.as_ptr().cast(),
+                args.signed_sin.as_ptr().cast(),
                 norm(args.q_norm),
                 norm(args.k_norm),
                 args.eps,
@@ -245,6 +307,100 @@ pub fn decode_attention(
             )
         };
         ffi::result("decode_attention", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Split attention (the arithmetic of [`decode_attention`]) of new tokens appended to paged
+/// sequences, for a prefill: row `b`'s `counts[b]` tokens sit one after another in `q [tokens,
+/// heads, head_dim]` (bf16, heads contiguous) at positions `past[b] + i`, and see their sequence's
+/// keys through `tables [rows, width]`. Returns `[tokens, heads, head_dim]`.
+#[allow(unused_variables)]
+pub fn split_attention_paged(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    tables: &Tensor,
+    past: &[i64],
+    counts: &[i64],
+    scale: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        assert_eq!(past.len(), counts.len(), "a count for every row");
+        // SAFETY: live tensors and slices of `rows` entries; the shim checks the tensors.
+        let raw = unsafe {
+            ffi::ooze_split_attention_paged(
+                q.as_ptr().cast(),
+                k_cache.as_ptr().cast(),
+                v_cache.as_ptr().cast(),
+                tables.as_ptr().cast(),
+                past.as_ptr(),
+                counts.as_ptr(),
+                past.len() as i64,
+                scale,
+            )
+        };
+        ffi::result("split_attention_paged", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Causal attention within each of several packed sequences with the engine's arithmetic (split
+/// attention), for deterministic training: `q [total, heads, head_dim]`, `k`, `v [total, kv_heads,
+/// head_dim]` (bf16, CUDA), `cu_seqlens [sequences + 1]` int32 offsets on the device and the
+/// same `lengths` on the host. Differentiable: the backward is FlashAttention-2's.
+#[allow(unused_variables)]
+pub fn split_attention_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens: &Tensor,
+    lengths: &[i64],
+    scale: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors and a slice of `sequences` lengths; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_split_attention_varlen(
+                q.as_ptr().cast(),
+                k.as_ptr().cast(),
+                v.as_ptr().cast(),
+                cu_seqlens.as_ptr().cast(),
+                lengths.as_ptr(),
+                lengths.len() as i64,
+                scale,
+            )
+        };
+        ffi::result("split_attention_varlen", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// `log_softmax(logits / temperature)` at `targets [rows]` of fp32 `logits [rows, vocab]`
+/// (contiguous), with the arithmetic of [`linear_log_prob`]: a sampled token's log-prob exactly
+/// as the trainer computes it from the same logits.
+#[allow(unused_variables)]
+pub fn log_probs(
+    logits: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_log_probs(
+                logits.as_ptr().cast(),
+                targets.as_ptr().cast(),
+                1.0 / temperature,
+            )
+        };
+        ffi::result("log_probs", raw)
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

@@ -65,6 +65,11 @@ pub struct RolloutSection {
     pub weight_sync: WeightSync,
     /// The address external engines reach the trainer at (the weight group's store).
     pub trainer_address: String,
+    /// True on-policy numerics: the engine's decode and the trainer's forward run the same
+    /// batch-invariant kernels in the same reduction order, so every sampled token's log-prob
+    /// equals the trainer's bitwise (a GPU in bf16; engines of `rollout.gpus` start with
+    /// `--deterministic`, engines of `rollout.engines` must be started with it).
+    pub deterministic: bool,
 }
 
 /// `rollout.weight_sync`
@@ -104,6 +109,7 @@ impl Default for RolloutSection {
             engine_api: EngineApi::Sglang,
             weight_sync: WeightSync::Auto,
             trainer_address: "127.0.0.1".into(),
+            deterministic: false,
         }
     }
 }

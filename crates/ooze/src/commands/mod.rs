@@ -31,6 +31,11 @@ pub struct ComputeArgs {
     /// fp32 or bf16.
     #[arg(long, default_value = "fp32")]
     pub dtype: DtypeSpec,
+    /// Deterministic numerics (`rollout.deterministic`): batch-invariant kernels in one reduction
+    /// order for decode, prefill and training, so an engine's log-probs equal a trainer's bitwise
+    /// (a GPU in bf16).
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 /// Loads the decoder of a model directory onto the requested device.
@@ -47,6 +52,22 @@ pub fn load_decoder_on(
     let started = std::time::Instant::now();
     let decoder = Decoder::load(dir, device, compute.dtype.kind())
         .with_context(|| format!("loading the model in {}", dir.display()))?;
+    if compute.deterministic {
+        let c = &decoder.config;
+        let group = c.num_heads / c.num_kv_heads.max(1);
+        anyhow::ensure!(
+            ooze_torch::kernels::deterministic_supported(
+                decoder.kind(),
+                device.is_cuda(),
+                c.head_dim,
+                group
+            ),
+            "--deterministic needs ooze's CUDA kernels on a GPU with --dtype bf16, head size 64 or 128 and at most 16 query heads per key head; here: {device:?}, {}, head size {}, {group} query heads per key head",
+            compute.dtype,
+            c.head_dim
+        );
+        ooze_torch::kernels::set_deterministic(true).context("--deterministic")?;
+    }
     eprintln!(
         "loaded {} ({:.1}M parameters, {}) on {:?} in {:.2}s",
         dir.display(),

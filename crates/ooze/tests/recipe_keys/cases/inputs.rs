@@ -135,6 +135,14 @@ pub fn cases() -> Vec<Case> {
             &["rollout.max_running=3"],
             Stderr("engine: 3 sequences"),
         ),
+        // GPU only (ooze's bf16 kernels; tests/gpu.rs checks the bitwise log-probs): a CPU
+        // recipe is refused when parsed.
+        case(
+            &["rollout.deterministic"],
+            &[],
+            &["rollout.deterministic=true", "model.device=\"cpu\""],
+            Refused("rollout.deterministic needs a GPU in bf16"),
+        ),
         // GPU only (the share of free GPU memory the KV cache takes): checked when parsed.
         case(
             &["rollout.mem_fraction"],
