@@ -350,26 +350,35 @@ fn main() {
         let (eng_engine_head, _) = probe.log_probs(&eng[l].contiguous());
         let (grad_engine_head, grad_scoring) =
             probe.log_probs(&xs_grad[l].narrow(1, p, g).contiguous());
-        println!(
-            "log-prob, engine vs scoring (as measured): {}",
-            stats(&(&eng_engine_head - &ref_scoring))
-        );
-        println!(
-            "log-prob, heads alone on the reference hidden: {}",
-            stats(&(&ref_engine_head - &ref_scoring))
-        );
-        println!(
-            "log-prob, hidden alone (engine head on both): {}",
-            stats(&(&eng_engine_head - &ref_engine_head))
-        );
-        println!(
-            "log-prob, engine vs grad-mode trainer: {}",
-            stats(&(&eng_engine_head - &grad_scoring))
-        );
-        println!(
-            "log-prob, grad-mode vs no-grad reference (engine head): {}",
-            stats(&(&grad_engine_head - &ref_engine_head))
-        );
+        for (what, a, b) in [
+            (
+                "engine vs scoring (as measured)",
+                &eng_engine_head,
+                &ref_scoring,
+            ),
+            (
+                "heads alone on the reference hidden",
+                &ref_engine_head,
+                &ref_scoring,
+            ),
+            (
+                "hidden alone (engine head on both)",
+                &eng_engine_head,
+                &ref_engine_head,
+            ),
+            (
+                "engine vs grad-mode trainer",
+                &eng_engine_head,
+                &grad_scoring,
+            ),
+            (
+                "grad-mode vs no-grad reference (engine head)",
+                &grad_engine_head,
+                &ref_engine_head,
+            ),
+        ] {
+            println!("log-prob, {what}: {}", stats(&(a - b)));
+        }
         println!(
             "mean |log-prob| {:.2}",
             ref_scoring.abs().mean(Kind::Float).double_value(&[])

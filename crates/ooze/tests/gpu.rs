@@ -6,44 +6,14 @@ use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions};
 use ooze_torch::tch::{Device, Kind};
 
+mod common;
+use common::generate_all;
+
 fn require_gpu() {
     assert!(
         ooze_torch::tch::Cuda::is_available(),
         "these tests need CUDA; this process sees none"
     );
-}
-
-/// Runs every prompt through the engine at once; the outputs in prompt order.
-fn generate_all(
-    runtime: &tokio::runtime::Runtime,
-    engine: &ooze_engine::EngineHandle,
-    prompts: &[Vec<u32>],
-    sampling: &ooze_engine::Sampling,
-) -> Vec<ooze_engine::Output> {
-    runtime.block_on(async {
-        let streams: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                engine
-                    .submit(ooze_engine::Request {
-                        input_ids: p.clone(),
-                        sampling: sampling.clone(),
-                        session: None,
-                    })
-                    .unwrap()
-                    .1
-            })
-            .collect();
-        let mut outs = Vec::new();
-        for mut rx in streams {
-            while let Some(event) = rx.recv().await {
-                if let ooze_engine::Event::Done(out) = event {
-                    outs.push(out);
-                }
-            }
-        }
-        outs
-    })
 }
 
 fn sequences(vocab: i64) -> Vec<Vec<u32>> {

@@ -7,6 +7,9 @@ use ooze_model::init::{init_model, InitOptions, Size};
 use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions};
 use ooze_torch::tch::{Device, Kind};
 
+mod common;
+use common::generate_all;
+
 fn generate(
     runtime: &tokio::runtime::Runtime,
     engine: &ooze_engine::EngineHandle,
@@ -22,30 +25,7 @@ fn generate(
     }
     .validate()
     .unwrap();
-    runtime.block_on(async {
-        let streams: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                engine
-                    .submit(ooze_engine::Request {
-                        input_ids: p.clone(),
-                        sampling: sampling.clone(),
-                        session: None,
-                    })
-                    .unwrap()
-                    .1
-            })
-            .collect();
-        let mut outs = Vec::new();
-        for mut rx in streams {
-            while let Some(event) = rx.recv().await {
-                if let ooze_engine::Event::Done(out) = event {
-                    outs.push(out);
-                }
-            }
-        }
-        outs
-    })
+    generate_all(runtime, engine, prompts, &sampling)
 }
 
 /// Engine log-probs equal the trainer's bitwise: for Qwen2 (q/k/v bias) and Qwen3 (q/k norms),

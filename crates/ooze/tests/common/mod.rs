@@ -1,5 +1,5 @@
 //! Shared by the integration tests: `ooze serve` on a free port, a scripted tool-calling model,
-//! and agent warm starts.
+//! agent warm starts, and the GPU tests' engine runs.
 
 use ooze_model::checkpoint::{save_weights, SaveOptions};
 use ooze_model::init::{init_model, random_weights, InitOptions, Size};
@@ -263,4 +263,38 @@ pub fn scripted_tool_model(dir: &Path) {
         },
     )
     .unwrap();
+}
+
+/// Runs every prompt through the engine at once; the outputs in prompt order.
+#[allow(dead_code)] // the GPU tests' helper
+pub fn generate_all(
+    runtime: &tokio::runtime::Runtime,
+    engine: &ooze_engine::EngineHandle,
+    prompts: &[Vec<u32>],
+    sampling: &ooze_engine::Sampling,
+) -> Vec<ooze_engine::Output> {
+    runtime.block_on(async {
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                engine
+                    .submit(ooze_engine::Request {
+                        input_ids: p.clone(),
+                        sampling: sampling.clone(),
+                        session: None,
+                    })
+                    .unwrap()
+                    .1
+            })
+            .collect();
+        let mut outs = Vec::new();
+        for mut rx in streams {
+            while let Some(event) = rx.recv().await {
+                if let ooze_engine::Event::Done(out) = event {
+                    outs.push(out);
+                }
+            }
+        }
+        outs
+    })
 }
