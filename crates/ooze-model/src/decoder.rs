@@ -15,15 +15,17 @@
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
 use crate::attention::{
-    decode_attention, decode_bias, gather_cells, offset_causal_mask, packed_mask, paged_mask,
-    read_cells, KvTarget, PaddedPacking,
+    decode_bias, offset_causal_mask, packed_mask, paged_mask, KvTarget, PaddedPacking,
 };
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::rope;
-use ooze_torch::kernels::{self, RopeStore};
+use attend::AttentionPlan;
+use ooze_torch::kernels;
+
+mod attend;
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
 
@@ -557,6 +559,18 @@ impl Decoder {
             }
             _ => None,
         };
+        let plan = AttentionPlan {
+            scale,
+            mask,
+            causal,
+            varlen,
+            padded,
+            fused_rope,
+            fused_attention,
+            split,
+            prefill_past,
+            decode_bias,
+        };
         for (i, l) in self
             .layers
             .iter()
@@ -566,159 +580,7 @@ impl Decoder {
         {
             let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
-            let attn = match &mut target {
-                KvTarget::Paged {
-                    cache,
-                    write_cells,
-                    read_cells: read_cells_once,
-                    tables,
-                    past,
-                    read_len,
-                } if fused_rope => {
-                    let (rows, cos, sin) = (
-                        qkv.view([b, -1]),
-                        cos.view([b, c.head_dim]),
-                        sin.view([b, c.head_dim]),
-                    );
-                    // Deterministic numerics normalise q and k as training does (their own
-                    // operation) instead of inside the kernel.
-                    let (rows, q_norm, k_norm) = match (&l.q_norm, &l.k_norm) {
-                        (Some(qn), Some(kn)) if split => {
-                            (self.normed_qk_rows(&rows, qn, kn, b), None, None)
-                        }
-                        _ => (rows, l.q_norm.as_ref(), l.k_norm.as_ref()),
-                    };
-                    let args = RopeStore {
-                        cos: &cos,
-                        signed_sin: &sin,
-                        q_norm,
-                        k_norm,
-                        eps: c.rms_norm_eps,
-                        heads: c.num_heads,
-                        kv_heads: c.num_kv_heads,
-                        head_dim: c.head_dim,
-                    };
-                    let q = kernels::rope_store(
-                        &rows,
-                        &write_cells.view([b]),
-                        &mut cache.k[i],
-                        &mut cache.v[i],
-                        &args,
-                    )
-                    .expect("invariant: decode rows and paged memory are valid for rope_store");
-                    if fused_attention {
-                        kernels::decode_attention(
-                            &q,
-                            &cache.k[i],
-                            &cache.v[i],
-                            tables,
-                            past,
-                            *read_len,
-                            scale,
-                        )
-                        .expect("invariant: bf16 decode rows are valid for decode_attention")
-                        .view([b, c.num_heads, t, c.head_dim])
-                    } else {
-                        let bias = decode_bias
-                            .as_ref()
-                            .expect("invariant: built when not fused");
-                        let reads =
-                            read_cells(read_cells_once, tables, *read_len, cache.block_size());
-                        decode_attention(
-                            &q.view([b, c.num_heads, t, c.head_dim]),
-                            &gather_cells(&cache.k[i], reads),
-                            &gather_cells(&cache.v[i], reads),
-                            bias,
-                            scale,
-                        )
-                    }
-                }
-                _ => {
-                    let gather = prefill_past.is_none();
-                    let (q, k, v) =
-                        self.project_and_store(i, &qkv, &cos, &sin, &mut target, b, t, gather);
-                    // [B, heads, T, D] ↔ [B·T, heads, D] (views of the rotary kernel's output).
-                    let tokens = |x: &Tensor| x.transpose(1, 2).reshape([b * t, -1, c.head_dim]);
-                    let heads_first = |x: Tensor| x.view([b, t, -1, c.head_dim]).transpose(1, 2);
-                    if let (Some(past), KvTarget::Paged { cache, tables, .. }) =
-                        (&prefill_past, &target)
-                    {
-                        let out = kernels::split_attention_paged(
-                            &tokens(&q),
-                            &cache.k[i],
-                            &cache.v[i],
-                            tables,
-                            past,
-                            &vec![t; b as usize],
-                            scale,
-                        )
-                        .expect("invariant: bf16 prefill rows are valid for split attention");
-                        heads_first(out)
-                    } else if split && (varlen.is_some() || causal) {
-                        let (offsets, lengths) = match &varlen {
-                            Some((offsets, _, lengths)) => {
-                                (offsets.shallow_clone(), lengths.clone())
-                            }
-                            None => {
-                                let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
-                                (
-                                    Tensor::from_slice(&offsets).to_device(self.device),
-                                    vec![t; b as usize],
-                                )
-                            }
-                        };
-                        let out = kernels::split_attention_varlen(
-                            &tokens(&q),
-                            &tokens(&k),
-                            &tokens(&v),
-                            &offsets,
-                            &lengths,
-                            scale,
-                        )
-                        .expect("invariant: bf16 CUDA rows are valid for split attention");
-                        heads_first(out)
-                    } else if let Some((offsets, longest, _)) = &varlen {
-                        // [1, heads, T, D] → [T, heads, D] and back.
-                        let tokens = |x: &Tensor| x.squeeze_dim(0).transpose(0, 1);
-                        let out = kernels::flash_attention_varlen(
-                            &tokens(&q),
-                            &tokens(&k),
-                            &tokens(&v),
-                            offsets,
-                            *longest,
-                            scale,
-                        )
-                        .expect("invariant: packed 16-bit CUDA rows are valid for flash attention");
-                        out.transpose(0, 1).unsqueeze(0)
-                    } else if let Some(p) = &padded {
-                        let out = Tensor::scaled_dot_product_attention(
-                            &p.to_rows(&q),
-                            &p.to_rows(&k),
-                            &p.to_rows(&v),
-                            None::<&Tensor>,
-                            0.0,
-                            true,
-                            scale,
-                            c.num_kv_heads != c.num_heads,
-                        );
-                        p.to_packed(&out)
-                    } else {
-                        match &decode_bias {
-                            Some(bias) => decode_attention(&q, &k, &v, bias, scale),
-                            _ => Tensor::scaled_dot_product_attention(
-                                &q,
-                                &k,
-                                &v,
-                                mask.as_ref(),
-                                0.0,
-                                causal,
-                                scale,
-                                c.num_kv_heads != c.num_heads,
-                            ),
-                        }
-                    }
-                }
-            };
+            let attn = self.attend(i, &qkv, &cos, &sin, &mut target, &plan, b, t);
             let attn = attn
                 .transpose(1, 2)
                 .reshape([b, t, c.num_heads * c.head_dim]);
@@ -732,129 +594,6 @@ impl Decoder {
             cache.len += t;
         }
         x
-    }
-
-    /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to —
-    /// or only the new ones without `gather` from paged memory) from its fused projection output,
-    /// with the rotary embedding applied and the new keys and values stored in `target`.
-    #[allow(clippy::too_many_arguments)]
-    fn project_and_store(
-        &self,
-        i: usize,
-        qkv: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        target: &mut KvTarget<'_>,
-        b: i64,
-        t: i64,
-        gather: bool,
-    ) -> (Tensor, Tensor, Tensor) {
-        let c = &self.config;
-        let l = &self.layers[i];
-        let heads = |x: &Tensor, n: i64| x.view([b, t, n, c.head_dim]);
-        {
-            let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-            let v = heads(&qkv.narrow(-1, q_dim + kv_dim, kv_dim), c.num_kv_heads).transpose(1, 2);
-            // q and k are adjacent in the fused projection: rotate them in one go.
-            // The q and k heads, and the same as rows `[B·T, ≥ (heads + kv)·head_dim]` for the
-            // rotary kernel.
-            let (qk, rows) = match (&l.q_norm, &l.k_norm) {
-                (Some(qn), Some(kn)) => {
-                    let q = rms_norm(
-                        &heads(&qkv.narrow(-1, 0, q_dim), c.num_heads),
-                        qn,
-                        c.rms_norm_eps,
-                    );
-                    let k = rms_norm(
-                        &heads(&qkv.narrow(-1, q_dim, kv_dim), c.num_kv_heads),
-                        kn,
-                        c.rms_norm_eps,
-                    );
-                    let qk = Tensor::cat(&[q, k], 2);
-                    let rows = qk.view([b * t, -1]);
-                    (qk, rows)
-                }
-                _ => (
-                    heads(
-                        &qkv.narrow(-1, 0, q_dim + kv_dim),
-                        c.num_heads + c.num_kv_heads,
-                    ),
-                    qkv.view([b * t, -1]),
-                ),
-            };
-            let qk = if kernels_fit(&rows) && c.head_dim % 2 == 0 {
-                let n = c.num_heads + c.num_kv_heads;
-                let flat = |x: &Tensor| x.view([b * t, c.head_dim]);
-                kernels::rope(&rows, &flat(cos), &flat(sin), n, c.head_dim)
-                    .expect("invariant: projection rows and rotary tables are valid for rope")
-                    .view([b, t, n, c.head_dim])
-                    .transpose(1, 2)
-            } else {
-                rope::apply(&qk.transpose(1, 2), cos, sin)
-            };
-            let q = qk.narrow(1, 0, c.num_heads);
-            let k = qk.narrow(1, c.num_heads, c.num_kv_heads);
-            let (k, v) = match target {
-                KvTarget::None => (k, v),
-                KvTarget::Contiguous(cache) => {
-                    let (k, v) = match cache.layers[i].take() {
-                        Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
-                        None => (k, v),
-                    };
-                    cache.layers[i] = Some((k.shallow_clone(), v.shallow_clone()));
-                    (k, v)
-                }
-                KvTarget::Paged {
-                    cache,
-                    write_cells,
-                    read_cells: read_cells_once,
-                    tables,
-                    read_len,
-                    ..
-                } => {
-                    let (kv, d) = (c.num_kv_heads, c.head_dim);
-                    let index = [Some(write_cells.view([-1]))];
-                    // [B, kv, T, D] → [B·T, kv, D], the cell layout.
-                    let rows = |x: &Tensor| x.transpose(1, 2).reshape([-1, kv, d]);
-                    let _ = cache.k[i]
-                        .view([-1, kv, d])
-                        .index_put_(&index, &rows(&k), false);
-                    let _ = cache.v[i]
-                        .view([-1, kv, d])
-                        .index_put_(&index, &rows(&v), false);
-                    if !gather {
-                        // The caller reads through the block tables itself.
-                        return (q, k, v);
-                    }
-                    let reads = read_cells(read_cells_once, tables, *read_len, cache.block_size());
-                    (
-                        gather_cells(&cache.k[i], reads),
-                        gather_cells(&cache.v[i], reads),
-                    )
-                }
-            };
-            (q, k, v)
-        }
-    }
-
-    /// Decode rows `[B, (heads + 2·kv_heads)·head_dim]` with q and k RMS-normalised per head
-    /// (Qwen3), as training normalises them.
-    fn normed_qk_rows(&self, rows: &Tensor, q_norm: &Tensor, k_norm: &Tensor, b: i64) -> Tensor {
-        let c = &self.config;
-        let (q_dim, kv_dim) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let part = |from: i64, len: i64, heads: i64| {
-            rows.narrow(1, from, len).reshape([b, heads, c.head_dim])
-        };
-        let q = rms_norm(&part(0, q_dim, c.num_heads), q_norm, c.rms_norm_eps);
-        let k = rms_norm(&part(q_dim, kv_dim, c.num_kv_heads), k_norm, c.rms_norm_eps);
-        Tensor::cat(
-            &[
-                q.view([b, -1]),
-                k.view([b, -1]),
-                rows.narrow(1, q_dim + kv_dim, kv_dim),
-            ],
-            1,
-        )
     }
 
     fn rope_kernel_fits(&self) -> bool {
