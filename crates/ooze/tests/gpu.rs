@@ -403,9 +403,10 @@ fn gpu_decode_attention_matches_reference() {
             (Kind::BFloat16, dev),
         );
         let q = Tensor::randn([rows, heads, dim], (Kind::BFloat16, dev));
-        // Rows use scattered slots; position = keys - 1.
+        // Rows use scattered slots (each one block of the whole length: block tables one wide);
+        // position = keys - 1.
         let slot_ids: Vec<i64> = (0..rows).map(|r| (r * 5 + 2) % slots_total).collect();
-        let slots = Tensor::from_slice(&slot_ids).to_device(dev);
+        let slots = Tensor::from_slice(&slot_ids).to_device(dev).unsqueeze(1);
         let positions = Tensor::from_slice(&lengths.map(|n| n - 1)).to_device(dev);
         let scale = 1.0 / (dim as f64).sqrt();
         let out =
