@@ -60,6 +60,9 @@ impl std::str::FromStr for IsolationMode {
     }
 }
 
+/// How long the trial episode's `echo ready` may take (a loaded machine may take seconds).
+const TRIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Limits of each episode and of its commands.
 #[derive(Debug, Clone)]
 pub struct EpisodeLimits {
@@ -308,7 +311,9 @@ impl Sandbox {
             },
             IsolationMode::Process => e,
         })?;
-        let out = trial.run("echo ready", None).await?;
+        // The probe is not an agent's command: it gets a timeout of its own, not the episode's
+        // `command_timeout` (which a recipe may set to milliseconds).
+        let out = trial.run("echo ready", Some(TRIAL_TIMEOUT)).await?;
         trial.close().await;
         if out.output.trim() != "ready" {
             return Err(EnvError::Episode(format!(
