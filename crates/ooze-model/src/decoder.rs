@@ -132,6 +132,25 @@ struct Layer {
     down: Projection,
 }
 
+/// Turns on deterministic numerics (`ooze_torch::kernels::set_deterministic`) for a model of
+/// `config` computing in `kind` on `device`, after checking that ooze's kernels can run it there;
+/// the error says what is missing (the caller names its key or flag).
+pub fn enable_deterministic(
+    config: &ModelConfig,
+    kind: Kind,
+    device: Device,
+) -> Result<(), String> {
+    let group = config.num_heads / config.num_kv_heads.max(1);
+    if !kernels::deterministic_supported(kind, device.is_cuda(), config.head_dim, group) {
+        return Err(format!(
+            "needs ooze's CUDA kernels on a GPU in bf16 with head size 64 or 128 and at most 16 query heads per key head; here: {device:?}, {kind:?}, head size {}, {group} query heads per key head, kernels {}",
+            config.head_dim,
+            if kernels::available() { "built" } else { "not in this build or off (OOZE_CUDA_KERNELS=0)" }
+        ));
+    }
+    kernels::set_deterministic(true).map_err(|e| e.to_string())
+}
+
 /// A loaded decoder.
 pub struct Decoder {
     pub config: ModelConfig,

@@ -24,7 +24,7 @@ pub mod tool_calls;
 
 pub use chat_template::{AssistantSpan, ChatTemplate, RenderOptions};
 pub use config::{Family, ModelConfig};
-pub use decoder::{Attention, Decoder, KvCache, PagedKv};
+pub use decoder::{enable_deterministic, Attention, Decoder, KvCache, PagedKv};
 pub use error::{ModelError, Result};
 pub use scoring::{score_sequences, Layout, ScoreOptions, SequenceScores};
 pub use tokenizer::Tokenizer;

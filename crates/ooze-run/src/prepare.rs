@@ -193,22 +193,12 @@ impl Run {
     }
 }
 
-/// Turns on `rollout.deterministic` for this process (the trainer and an embedded engine), after
-/// checking that the model, device and build can run it.
+/// Turns on `rollout.deterministic` for this process (the trainer and an embedded engine).
 fn deterministic_numerics(model: &Path, device: Device, kind: Kind) -> anyhow::Result<()> {
     let config = ooze_model::ModelConfig::load(model)
         .with_context(|| format!("model.path: reading {}", model.display()))?;
-    let group = config.num_heads / config.num_kv_heads.max(1);
-    if !ooze_torch::kernels::deterministic_supported(kind, device.is_cuda(), config.head_dim, group)
-    {
-        anyhow::bail!(
-            "rollout.deterministic needs ooze's CUDA kernels on a GPU in bf16 with head size 64 or 128 and at most 16 query heads per key head; here: {device:?}, {kind:?}, head size {}, {group} query heads per key head, kernels {}",
-            config.head_dim,
-            if ooze_torch::kernels::available() { "built" } else { "not in this build or off (OOZE_CUDA_KERNELS=0)" }
-        );
-    }
-    ooze_torch::kernels::set_deterministic(true).context("rollout.deterministic")?;
-    Ok(())
+    ooze_model::enable_deterministic(&config, kind, device)
+        .map_err(|e| anyhow::anyhow!("rollout.deterministic {e}"))
 }
 
 /// `model.device` and `model.dtype` resolved (`auto`: bf16 on a GPU, fp32 on the CPU).

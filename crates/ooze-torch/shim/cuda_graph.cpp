@@ -102,7 +102,8 @@ int64_t ooze_cuda_peak_allocated(int device, int reset) {
 }
 
 // How cuBLAS may reduce 16-bit GEMMs (libtorch's process-wide setting, for bf16 and fp16 alike):
-// 0 reduced-precision split-K (PyTorch's default), 1 split-K reduced in fp32, 2 no split-K.
+// 0 reduced-precision split-K (PyTorch's default), 2 no split-K (1, split-K reduced in fp32,
+// is PyTorch's third option; ooze does not use it).
 int ooze_set_gemm_reduction(int mode) {
   try {
     const bool reduced = mode == 0, split_k = mode != 2;

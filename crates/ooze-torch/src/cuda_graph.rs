@@ -187,8 +187,6 @@ impl Drop for CudaGraph {
 pub enum GemmReduction {
     /// Split-K partial sums may be added in 16 bits (PyTorch's default).
     ReducedPrecision,
-    /// Split-K partial sums are added in fp32.
-    Fp32,
     /// No split-K: every output is one fp32 accumulation along the inner dimension.
     NoSplit,
 }
@@ -201,7 +199,6 @@ pub fn set_gemm_reduction(mode: GemmReduction) -> Result<(), GraphError> {
     {
         let code = match mode {
             GemmReduction::ReducedPrecision => 0,
-            GemmReduction::Fp32 => 1,
             GemmReduction::NoSplit => 2,
         };
         // SAFETY: a plain setter on libtorch's global context.

@@ -53,20 +53,8 @@ pub fn load_decoder_on(
     let decoder = Decoder::load(dir, device, compute.dtype.kind())
         .with_context(|| format!("loading the model in {}", dir.display()))?;
     if compute.deterministic {
-        let c = &decoder.config;
-        let group = c.num_heads / c.num_kv_heads.max(1);
-        anyhow::ensure!(
-            ooze_torch::kernels::deterministic_supported(
-                decoder.kind(),
-                device.is_cuda(),
-                c.head_dim,
-                group
-            ),
-            "--deterministic needs ooze's CUDA kernels on a GPU with --dtype bf16, head size 64 or 128 and at most 16 query heads per key head; here: {device:?}, {}, head size {}, {group} query heads per key head",
-            compute.dtype,
-            c.head_dim
-        );
-        ooze_torch::kernels::set_deterministic(true).context("--deterministic")?;
+        ooze_model::enable_deterministic(&decoder.config, decoder.kind(), device)
+            .map_err(|e| anyhow::anyhow!("--deterministic {e}"))?;
     }
     eprintln!(
         "loaded {} ({:.1}M parameters, {}) on {:?} in {:.2}s",
