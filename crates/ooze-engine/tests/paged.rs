@@ -63,11 +63,16 @@ fn workload() -> Vec<Request> {
     requests
 }
 
+/// Runs every request to the end. The engine is paused while they are submitted, so it admits
+/// them all at once: which requests share a pass must not depend on how fast this thread submits
+/// (a CPU matmul of another row count may round differently).
 async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<Output> {
+    handle.pause(PauseMode::InPlace);
     let streams: Vec<_> = requests
         .into_iter()
         .map(|r| handle.submit(r).unwrap().1)
         .collect();
+    handle.resume();
     let mut outs = Vec::new();
     for rx in streams {
         outs.push(done(rx).await);
