@@ -370,41 +370,64 @@ fn shape(options: &InitOptions, vocab: i64) -> serde_json::Value {
 
 /// A seeded normal sampler (SplitMix64 + Box–Muller) owned by the caller, so concurrent model
 /// builds cannot disturb each other's streams the way libtorch's global generator would.
+///
+/// The stream is counter-based: sample `j` is a pure function of the seed and `j` (pair `j / 2`
+/// draws uniforms `j - j % 2` and `j - j % 2 + 1`; even samples take the cosine, odd the sine), so
+/// a large tensor fills on every core and still gets the values one thread would draw in order.
 struct Normal {
-    state: u64,
-    spare: Option<f32>,
+    origin: u64,
+    next: u64,
 }
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Normal {
     fn new(seed: i64) -> Normal {
         Normal {
-            state: seed as u64 ^ 0x9e37_79b9_7f4a_7c15,
-            spare: None,
+            origin: seed as u64 ^ GOLDEN,
+            next: 0,
         }
     }
 
-    fn uniform(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
+    /// The `k`-th uniform in (0, 1) of the stream (SplitMix64's output for counter k + 1).
+    fn uniform(origin: u64, k: u64) -> f64 {
+        let mut z = origin.wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN));
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
         ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
-    fn sample(&mut self) -> f32 {
-        if let Some(v) = self.spare.take() {
-            return v;
-        }
-        let r = (-2.0 * self.uniform().ln()).sqrt();
-        let theta = 2.0 * std::f64::consts::PI * self.uniform();
-        self.spare = Some((r * theta.sin()) as f32);
-        (r * theta.cos()) as f32
+    /// Pair `p`'s two samples: (sample 2p, sample 2p + 1).
+    fn pair(origin: u64, p: u64) -> (f32, f32) {
+        let r = (-2.0 * Normal::uniform(origin, 2 * p).ln()).sqrt();
+        let theta = 2.0 * std::f64::consts::PI * Normal::uniform(origin, 2 * p + 1);
+        ((r * theta.cos()) as f32, (r * theta.sin()) as f32)
     }
 
     fn tensor(&mut self, shape: &[i64], std: f32) -> Tensor {
         let n: i64 = shape.iter().product();
-        let values: Vec<f32> = (0..n).map(|_| self.sample() * std).collect();
+        let mut values = vec![0f32; n as usize];
+        let (origin, first) = (self.origin, self.next);
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let chunk = values.len().div_ceil(threads).max(1 << 16);
+        std::thread::scope(|scope| {
+            for (c, part) in values.chunks_mut(chunk).enumerate() {
+                scope.spawn(move || {
+                    let from = first + (c * chunk) as u64;
+                    let mut pair = (u64::MAX, (0.0, 0.0));
+                    for (i, v) in part.iter_mut().enumerate() {
+                        let j = from + i as u64;
+                        if pair.0 != j / 2 {
+                            pair = (j / 2, Normal::pair(origin, j / 2));
+                        }
+                        let (even, odd) = pair.1;
+                        *v = if j % 2 == 0 { even } else { odd } * std;
+                    }
+                });
+            }
+        });
+        self.next += n as u64;
         Tensor::from_slice(&values).view(shape)
     }
 }
@@ -527,4 +550,54 @@ pub fn init_model(out: &Path, corpus: &str, options: &InitOptions) -> Result<Mod
     // config.json last: a directory with a config is a complete model.
     write_atomic(&out.join("config.json"), pretty(&config_json).as_bytes())?;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Normal;
+
+    /// The stream as one thread draws it in order: a SplitMix64 state stepped once per uniform,
+    /// Box–Muller pairs, the sine kept as the next sample (also across tensors).
+    struct Sequential {
+        state: u64,
+        spare: Option<f32>,
+    }
+
+    impl Sequential {
+        fn uniform(&mut self) -> f64 {
+            self.state = self.state.wrapping_add(super::GOLDEN);
+            let mut z = self.state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        }
+
+        fn sample(&mut self) -> f32 {
+            if let Some(v) = self.spare.take() {
+                return v;
+            }
+            let r = (-2.0 * self.uniform().ln()).sqrt();
+            let theta = 2.0 * std::f64::consts::PI * self.uniform();
+            self.spare = Some((r * theta.sin()) as f32);
+            (r * theta.cos()) as f32
+        }
+    }
+
+    #[test]
+    fn tensors_filled_on_every_core_hold_the_sequential_stream() {
+        let seed = 7;
+        let mut parallel = Normal::new(seed);
+        let mut sequential = Sequential {
+            state: seed as u64 ^ super::GOLDEN,
+            spare: None,
+        };
+        // Odd sizes carry a pair's second sample into the next tensor; the large one spans
+        // several threads' chunks.
+        for shape in [vec![3i64], vec![5, 7], vec![(1 << 18) + 3, 1], vec![2, 2]] {
+            let got = Vec::<f32>::try_from(parallel.tensor(&shape, 0.02).view([-1])).unwrap();
+            let want: Vec<f32> = (0..got.len()).map(|_| sequential.sample() * 0.02).collect();
+            assert_eq!(got, want, "shape {shape:?}");
+        }
+    }
 }
