@@ -217,8 +217,8 @@ fn gpu_cuda_graph_decode_matches_eager() {
 
 /// Engines of one process sharing a GPU (a policy and its helper models) start together and
 /// decode together, each capturing CUDA graphs (up front, and lazily as sequences grow into longer
-/// key buckets) while the others run: every one finishes and draws the tokens an eager engine
-/// draws alone.
+/// key buckets) while the others run: every one finishes and draws the tokens the same engine
+/// draws alone (graph against eager decoding is the test above's).
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
@@ -240,13 +240,11 @@ fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
     .validate()
     .unwrap();
     let prompts = sequences(600);
-    let engine = |graphs: bool| {
-        let mut config = EngineConfig::new(16, 1024, vec![]);
-        config.cuda_graphs = graphs;
+    let engine = || {
         start(
             Decoder::load(dir.path(), Device::Cuda(0), Kind::Float).unwrap(),
             None,
-            config,
+            EngineConfig::new(16, 1024, vec![]),
         )
     };
     let runtime = || {
@@ -254,8 +252,8 @@ fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
             .build()
             .unwrap()
     };
-    let alone = generate_all(&runtime(), &engine(false), &prompts, &params);
-    let engines: Vec<_> = (0..3).map(|_| engine(true)).collect();
+    let alone = generate_all(&runtime(), &engine(), &prompts, &params);
+    let engines: Vec<_> = (0..3).map(|_| engine()).collect();
     let together: Vec<Vec<ooze_engine::Output>> = std::thread::scope(|scope| {
         let running: Vec<_> = engines
             .iter()

@@ -274,6 +274,9 @@ pub fn generate_all(
     sampling: &ooze_engine::Sampling,
 ) -> Vec<ooze_engine::Output> {
     runtime.block_on(async {
+        // Paused while they are submitted, the engine admits them all at once: which requests
+        // share a pass must not depend on how fast this thread submits.
+        engine.pause(ooze_engine::PauseMode::InPlace);
         let streams: Vec<_> = prompts
             .iter()
             .map(|p| {
@@ -287,6 +290,7 @@ pub fn generate_all(
                     .1
             })
             .collect();
+        engine.resume();
         let mut outs = Vec::new();
         for mut rx in streams {
             while let Some(event) = rx.recv().await {
