@@ -422,7 +422,7 @@ impl Normal {
                             pair = (j / 2, Normal::pair(origin, j / 2));
                         }
                         let (even, odd) = pair.1;
-                        *v = if j % 2 == 0 { even } else { odd } * std;
+                        *v = if j.is_multiple_of(2) { even } else { odd } * std;
                     }
                 });
             }
