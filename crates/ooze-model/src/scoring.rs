@@ -50,11 +50,9 @@ pub fn head_log_probs(
     options: &ScoreOptions,
 ) -> (Tensor, Option<Tensor>) {
     let n = hidden.size()[0];
-    let mut log_probs = Vec::new();
-    let mut entropies = Vec::new();
-    let mut start = 0;
     // On a GPU: ooze's fused kernel (fp32 logits from the matmul, one pass per row, a backward
-    // that recomputes the logits), the same arithmetic with and without gradients.
+    // that recomputes the logits), the same arithmetic with and without gradients, every chunk in
+    // one autograd node.
     // Deterministic numerics keep the fused kernel's log-probs (the engine's arithmetic) even when
     // the entropy needs gradients: the entropy then comes from a second pass of its own.
     let deterministic = ooze_torch::kernels::deterministic();
@@ -62,33 +60,46 @@ pub fn head_log_probs(
         && ooze_torch::kernels::available()
         && matches!(decoder.kind(), Kind::BFloat16 | Kind::Float)
         && (!options.entropy_gradient || deterministic);
-    while start < n {
-        let len = options.chunk_tokens.min(n - start);
+    let chunks = || {
+        (0..n)
+            .step_by(options.chunk_tokens.max(1) as usize)
+            .map(move |start| (start, options.chunk_tokens.min(n - start)))
+    };
+    if fused {
+        let (log_probs, entropy) = ooze_torch::kernels::linear_log_prob(
+            hidden,
+            decoder.head_weight(),
+            targets,
+            options.temperature,
+            hidden.requires_grad() && !options.recompute_logits,
+            options.chunk_tokens,
+        )
+        .expect("invariant: hidden rows, head and targets on one GPU are valid");
+        let entropy = match (options.entropy, options.entropy_gradient) {
+            (false, _) => None,
+            (true, false) => Some(entropy),
+            (true, true) => Some(cat_rows(
+                chunks()
+                    .map(|(start, len)| {
+                        let logp =
+                            logits_at(decoder, &hidden.narrow(0, start, len), options.temperature)
+                                .log_softmax(-1, Kind::Float);
+                        -(logp.exp() * &logp).sum_dim_intlist(
+                            [-1i64].as_slice(),
+                            false,
+                            Kind::Float,
+                        )
+                    })
+                    .collect(),
+                hidden,
+            )),
+        };
+        return (log_probs, entropy);
+    }
+    let mut log_probs = Vec::new();
+    let mut entropies = Vec::new();
+    for (start, len) in chunks() {
         let rows = hidden.narrow(0, start, len);
-        if fused {
-            let (lp, h) = ooze_torch::kernels::linear_log_prob(
-                &rows,
-                decoder.head_weight(),
-                &targets.narrow(0, start, len),
-                options.temperature,
-                rows.requires_grad() && !options.recompute_logits,
-            )
-            .expect("invariant: hidden rows, head and targets on one GPU are valid");
-            log_probs.push(lp);
-            if options.entropy && options.entropy_gradient {
-                let logp =
-                    logits_at(decoder, &rows, options.temperature).log_softmax(-1, Kind::Float);
-                entropies.push(-(logp.exp() * &logp).sum_dim_intlist(
-                    [-1i64].as_slice(),
-                    false,
-                    Kind::Float,
-                ));
-            } else if options.entropy {
-                entropies.push(h);
-            }
-            start += len;
-            continue;
-        }
         let tgt = targets.narrow(0, start, len).unsqueeze(1);
         let logits = logits_at(decoder, &rows, options.temperature);
         // fp32 statistics, or fp64 for an fp64 model (gradient checks).
@@ -102,17 +113,18 @@ pub fn head_log_probs(
         if options.entropy {
             entropies.push(-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, kind));
         }
-        start += len;
     }
-    let cat = |parts: Vec<Tensor>| {
-        if parts.is_empty() {
-            Tensor::zeros([0], (Kind::Float, hidden.device()))
-        } else {
-            Tensor::cat(&parts, 0)
-        }
-    };
-    let entropy = options.entropy.then(|| cat(entropies));
-    (cat(log_probs), entropy)
+    let entropy = options.entropy.then(|| cat_rows(entropies, hidden));
+    (cat_rows(log_probs, hidden), entropy)
+}
+
+/// Per-row results of the chunks, in order (an empty fp32 tensor for no rows).
+fn cat_rows(parts: Vec<Tensor>, hidden: &Tensor) -> Tensor {
+    if parts.is_empty() {
+        Tensor::zeros([0], (Kind::Float, hidden.device()))
+    } else {
+        Tensor::cat(&parts, 0)
+    }
 }
 
 /// fp32 logits of `rows` under the head, divided by `temperature`.

@@ -160,15 +160,19 @@ at::Tensor fp32_logits(const at::Tensor& hidden, const at::Tensor& weight) {
   return at::mm(hidden, weight.t(), at::kFloat);
 }
 
-// log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated). The backward
-// either reads the logits kept in bf16 by the forward kernel (`keep_logits`: the rounding autocast
-// PyTorch trains with, 2 bytes per logit held until the backward) or recomputes them in fp32.
+// log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated), over all rows in
+// one autograd node that works through them `chunk` rows at a time (at most chunk × vocab fp32
+// logits exist at once). The backward writes each chunk's hidden gradient into its rows of one
+// tensor and accumulates the weight gradient in the GEMM itself (beta = 1): one [vocab, h] result
+// for the whole head instead of one per chunk summed by autograd. The backward either reads the
+// logits kept in bf16 by the forward kernel (`keep_logits`: the rounding autocast PyTorch trains
+// with, 2 bytes per logit held until the backward) or recomputes them in fp32.
 struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& hidden,
                                                 const at::Tensor& weight,
                                                 const at::Tensor& targets, double inv_temp,
-                                                bool keep_logits) {
+                                                bool keep_logits, int64_t chunk) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
     at::Tensor log_prob = at::empty({rows}, f32), lse = at::empty({rows}, f32),
@@ -177,16 +181,19 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
     if (keep_logits && hidden.scalar_type() == at::kBFloat16) {
       kept = at::empty({rows, vocab}, hidden.options());
     }
-    if (rows > 0) {
-      const at::Tensor logits = fp32_logits(hidden, weight);
+    for (int64_t start = 0; start < rows; start += chunk) {
+      const int64_t len = std::min(chunk, rows - start);
+      const at::Tensor logits = fp32_logits(hidden.narrow(0, start, len), weight);
       check_launch(ooze_launch_log_prob_forward(
-          logits.data_ptr<float>(), static_cast<int>(rows), static_cast<int>(vocab),
-          targets.data_ptr<int64_t>(), static_cast<float>(inv_temp), log_prob.data_ptr<float>(),
-          lse.data_ptr<float>(), entropy.data_ptr<float>(),
-          kept.defined() ? kept.data_ptr() : nullptr, stream()));
+          logits.data_ptr<float>(), static_cast<int>(len), static_cast<int>(vocab),
+          targets.data_ptr<int64_t>() + start, static_cast<float>(inv_temp),
+          log_prob.data_ptr<float>() + start, lse.data_ptr<float>() + start,
+          entropy.data_ptr<float>() + start,
+          kept.defined() ? kept.narrow(0, start, len).data_ptr() : nullptr, stream()));
     }
     ctx->save_for_backward({hidden, weight, targets, lse, kept});
     ctx->saved_data["inv_temp"] = inv_temp;
+    ctx->saved_data["chunk"] = chunk;
     ctx->mark_non_differentiable({entropy});
     return {log_prob, entropy};
   }
@@ -196,20 +203,37 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
     const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3],
                      &kept = saved[4];
     const double inv_temp = ctx->saved_data["inv_temp"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
     at::Tensor grad = grads[0].defined() ? grads[0].to(at::kFloat).contiguous()
                                          : at::zeros({rows}, hidden.options().dtype(at::kFloat));
-    const at::Tensor logits = kept.defined() ? kept : fp32_logits(hidden, weight);
-    at::Tensor d_logits = at::empty({rows, vocab}, hidden.options());
-    if (rows > 0) {
+    at::Tensor grad_hidden = at::empty_like(hidden);
+    if (rows == 0) {
+      return {grad_hidden, at::zeros_like(weight), at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor()};
+    }
+    at::Tensor grad_weight = at::empty_like(weight);  // the first chunk's product writes it
+    at::Tensor d_logits = at::empty({std::min(chunk, rows), vocab}, hidden.options());
+    for (int64_t start = 0; start < rows; start += chunk) {
+      const int64_t len = std::min(chunk, rows - start);
+      const at::Tensor rows_in = hidden.narrow(0, start, len);
+      const at::Tensor logits =
+          kept.defined() ? kept.narrow(0, start, len) : fp32_logits(rows_in, weight);
+      at::Tensor d = d_logits.narrow(0, 0, len);
       check_launch(ooze_launch_log_prob_backward(
           hidden.scalar_type() == at::kBFloat16, logits.data_ptr(), kept.defined() ? 1 : 0,
-          static_cast<int>(rows), static_cast<int>(vocab), targets.data_ptr<int64_t>(),
-          lse.data_ptr<float>(), grad.data_ptr<float>(), static_cast<float>(inv_temp),
-          d_logits.data_ptr(), stream()));
+          static_cast<int>(len), static_cast<int>(vocab), targets.data_ptr<int64_t>() + start,
+          lse.data_ptr<float>() + start, grad.data_ptr<float>() + start,
+          static_cast<float>(inv_temp), d.data_ptr(), stream()));
+      at::Tensor hidden_out = grad_hidden.narrow(0, start, len);
+      at::mm_out(hidden_out, d, weight);
+      if (start == 0) {
+        at::mm_out(grad_weight, d.t(), rows_in);
+      } else {
+        grad_weight.addmm_(d.t(), rows_in);
+      }
     }
-    return {at::mm(d_logits, weight), at::mm(d_logits.t(), hidden), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -603,12 +627,13 @@ at::Tensor* ooze_rope(const at::Tensor* x, const at::Tensor* cos, const at::Tens
   });
 }
 
-// log_softmax(hidden·Wᵀ · inv_temp) at `targets`, and the entropy of that distribution:
+// log_softmax(hidden·Wᵀ · inv_temp) at `targets`, and the entropy of that distribution, in
+// chunks of `chunk_rows` rows:
 // hidden [rows, h], weight [vocab, h] (bf16 or fp32, contiguous), targets int64 [rows]. Writes the
 // two [rows] fp32 results through `log_prob` and `entropy`; returns 0 or 1 (error recorded).
 int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
                          const at::Tensor* targets, double inv_temp, int keep_logits,
-                         at::Tensor** log_prob, at::Tensor** entropy) {
+                         int64_t chunk_rows, at::Tensor** log_prob, at::Tensor** entropy) {
   try {
     check_cuda(*hidden, "hidden");
     c10::cuda::CUDAGuard guard(hidden->device());
@@ -619,8 +644,9 @@ int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
                 "hidden and weight must share a dtype");
     TORCH_CHECK(targets->scalar_type() == at::kLong && targets->numel() == hidden->size(0),
                 "targets must be int64 [rows]");
-    auto out = LinearLogProbFunction::apply(hidden->contiguous(), *weight,
-                                            targets->contiguous(), inv_temp, keep_logits != 0);
+    TORCH_CHECK(chunk_rows > 0, "chunk_rows must be positive");
+    auto out = LinearLogProbFunction::apply(hidden->contiguous(), *weight, targets->contiguous(),
+                                            inv_temp, keep_logits != 0, chunk_rows);
     *log_prob = new at::Tensor(out[0]);
     *entropy = new at::Tensor(out[1]);
     return 0;

@@ -126,6 +126,7 @@ mod ffi {
             targets: *const CTensor,
             inv_temp: f64,
             keep_logits: i32,
+            chunk_rows: i64,
             log_prob: *mut *mut CTensor,
             entropy: *mut *mut CTensor,
         ) -> i32;
@@ -470,10 +471,12 @@ pub fn rope(
 
 /// `log_softmax(hidden·Wᵀ / temperature)` at `targets [rows]` and the entropy of each row's
 /// distribution, for `hidden [rows, h]` and the LM head `weight [vocab, h]` (bf16 or fp32, CUDA):
-/// the logits are fp32 from the matmul itself; the log-probs are differentiable in `hidden` and
-/// `weight`, the entropies are not. For the backward, `keep_logits` holds the logits in bf16 (2
-/// bytes each until the backward; the rounding autocast PyTorch trains with), otherwise the
-/// backward recomputes them in fp32.
+/// the logits are fp32 from the matmul itself, `chunk_rows` rows at a time (at most that many rows
+/// of fp32 logits exist at once); the log-probs are differentiable in `hidden` and `weight`, the
+/// entropies are not. One autograd node covers every chunk: its backward accumulates the weight
+/// gradient inside the matmul. For the backward, `keep_logits` holds the logits in bf16 (2 bytes
+/// each until the backward; the rounding autocast PyTorch trains with), otherwise the backward
+/// recomputes them in fp32.
 #[allow(unused_variables)]
 pub fn linear_log_prob(
     hidden: &Tensor,
@@ -481,6 +484,7 @@ pub fn linear_log_prob(
     targets: &Tensor,
     temperature: f64,
     keep_logits: bool,
+    chunk_rows: i64,
 ) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
@@ -493,6 +497,7 @@ pub fn linear_log_prob(
                 targets.as_ptr().cast(),
                 1.0 / temperature,
                 keep_logits as i32,
+                chunk_rows.max(1),
                 &mut log_prob,
                 &mut entropy,
             )
