@@ -578,10 +578,19 @@ impl Decoder {
             }
             _ => None,
         };
+        // Packed training or scoring in bf16 without q/k norms: the rotary embedding and
+        // FlashAttention as one operation on the projection's output.
+        let fused_qkv_varlen = varlen.is_some()
+            && !split
+            && matches!(target, KvTarget::None)
+            && self.kind == Kind::BFloat16
+            && !c.qk_norm
+            && self.rope_kernel_fits();
         let plan = AttentionPlan {
             scale,
             mask,
             causal,
+            fused_qkv_varlen,
             varlen,
             padded,
             fused_rope,

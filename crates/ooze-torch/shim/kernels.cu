@@ -194,12 +194,12 @@ __global__ void silu_mul_backward_kernel(const T* __restrict__ gate_up, const T*
 
 // Rotary embedding (rotate-half layout) of `heads` heads of each token, out of place, for training:
 // x [tokens, stride] with the heads at the start of each row, cos/sin [tokens, dim] (the sine with
-// its first half negated, as ooze's rope::cos_sin makes it); out [tokens, heads, dim]. `sign` −1
-// rotates backwards (the gradient of the rotation).
+// its first half negated, as ooze's rope::cos_sin makes it); out rows of out_stride elements with
+// the heads at their start. `sign` −1 rotates backwards (the gradient of the rotation).
 template <typename T>
 __global__ void rope_kernel(const T* __restrict__ x, int64_t stride, const T* __restrict__ cos,
-                            const T* __restrict__ signed_sin, T* __restrict__ out, int64_t tokens,
-                            int heads, int dim, float sign) {
+                            const T* __restrict__ signed_sin, T* __restrict__ out,
+                            int64_t out_stride, int64_t tokens, int heads, int dim, float sign) {
   const int half = dim / 2;
   const int64_t total = tokens * heads * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -214,7 +214,7 @@ __global__ void rope_kernel(const T* __restrict__ x, int64_t stride, const T* __
     const float sn = sign * to_float(signed_sin[token * dim + j + half]);
     float y1, y2;
     rotate(x1, x2, c, sn, y1, y2);
-    T* dst = out + (token * heads + head) * dim;
+    T* dst = out + token * out_stride + head * dim;
     dst[j] = from_float<T>(y1);
     dst[j + half] = from_float<T>(y2);
   }
@@ -790,19 +790,21 @@ int ooze_launch_silu_mul_backward(int bf16, const void* gate_up, const void* gra
 }
 
 int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
-                     const void* signed_sin, void* out, int64_t tokens, int heads, int dim,
-                     float sign, cudaStream_t stream) {
+                     const void* signed_sin, void* out, int64_t out_stride, int64_t tokens,
+                     int heads, int dim, float sign, cudaStream_t stream) {
   const int threads = 256;
   const int blocks = grid_stride_blocks(tokens * heads * (dim / 2), threads);
   if (bf16) {
     using T = __nv_bfloat16;
     rope_kernel<T><<<blocks, threads, 0, stream>>>(
         static_cast<const T*>(x), stride, static_cast<const T*>(cos),
-        static_cast<const T*>(signed_sin), static_cast<T*>(out), tokens, heads, dim, sign);
+        static_cast<const T*>(signed_sin), static_cast<T*>(out), out_stride, tokens, heads, dim,
+        sign);
   } else {
     rope_kernel<float><<<blocks, threads, 0, stream>>>(
         static_cast<const float*>(x), stride, static_cast<const float*>(cos),
-        static_cast<const float*>(signed_sin), static_cast<float*>(out), tokens, heads, dim, sign);
+        static_cast<const float*>(signed_sin), static_cast<float*>(out), out_stride, tokens, heads,
+        dim, sign);
   }
   return static_cast<int>(cudaGetLastError());
 }

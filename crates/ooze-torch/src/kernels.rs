@@ -146,6 +146,17 @@ mod ffi {
             max_seqlen: i64,
             scale: f64,
         ) -> *mut CTensor;
+        pub fn ooze_qkv_flash_attention_varlen(
+            qkv: *const CTensor,
+            cos: *const CTensor,
+            sin: *const CTensor,
+            cu_seqlens: *const CTensor,
+            heads: i64,
+            kv_heads: i64,
+            dim: i64,
+            max_seqlen: i64,
+            scale: f64,
+        ) -> *mut CTensor;
         pub fn ooze_split_attention_paged(
             q: *const CTensor,
             k_cache: *const CTensor,
@@ -434,6 +445,46 @@ pub fn flash_attention_varlen(
             )
         };
         ffi::result("flash_attention_varlen", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Causal attention over packed sequences straight from the fused projection's output
+/// `qkv [total, ≥ (heads + 2·kv_heads)·head_dim]` (bf16 CUDA, q then k then v heads): the rotary
+/// embedding of q and k (`cos`, `signed_sin [total, head_dim]` as [`rope`] takes them), then
+/// FlashAttention-2 over the sequences at `cu_seqlens`, v read in place. Returns
+/// `[total, heads, head_dim]`; differentiable in `qkv`, whose gradient comes back as one tensor
+/// (no zero-padded per-slice gradients for autograd to add up).
+#[allow(unused_variables, clippy::too_many_arguments)]
+pub fn qkv_flash_attention_varlen(
+    qkv: &Tensor,
+    cos: &Tensor,
+    signed_sin: &Tensor,
+    cu_seqlens: &Tensor,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    max_seqlen: i64,
+    scale: f64,
+) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw = unsafe {
+            ffi::ooze_qkv_flash_attention_varlen(
+                qkv.as_ptr().cast(),
+                cos.as_ptr().cast(),
+                signed_sin.as_ptr().cast(),
+                cu_seqlens.as_ptr().cast(),
+                heads,
+                kv_heads,
+                head_dim,
+                max_seqlen,
+                scale,
+            )
+        };
+        ffi::result("qkv_flash_attention_varlen", raw)
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

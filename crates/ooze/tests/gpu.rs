@@ -608,3 +608,69 @@ fn gpu_linear_log_prob_matches_log_softmax() {
         "kept-logits gradient off by {rel} (relative, in norm)"
     );
 }
+
+/// Training's fused attention step (rotary embedding and FlashAttention-2 on the projection's
+/// output, one gradient for it) against the separate operations it replaces, on three packed
+/// sequences with 14 query and 2 key heads: the same output bitwise, the same gradient of the
+/// projection (up to FlashAttention's atomic dq sums).
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_fused_qkv_attention_matches_separate_ops() {
+    require_gpu();
+    use ooze_model::config::Rope;
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let (heads, kv, d) = (14i64, 2i64, 64i64);
+    let lengths = [37i64, 64, 5];
+    let total: i64 = lengths.iter().sum();
+    ooze_torch::tch::manual_seed(5);
+    let qkv = Tensor::randn([total, (heads + 2 * kv) * d], (Kind::BFloat16, dev));
+    let positions: Vec<i64> = lengths.iter().flat_map(|&l| 0..l).collect();
+    let inv_freq = ooze_model::rope::inverse_frequencies(
+        &Rope {
+            theta: 1e6,
+            llama3: None,
+        },
+        d,
+        dev,
+    );
+    let (cos, sin) = ooze_model::rope::cos_sin(
+        &inv_freq,
+        &Tensor::from_slice(&positions).to_device(dev),
+        Kind::BFloat16,
+    );
+    let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
+    let offsets = Tensor::from_slice(&[0i32, 37, 101, 106]).to_device(dev);
+    let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
+    let scale = 1.0 / (d as f64).sqrt();
+    let run = |fused: bool| {
+        let x = qkv.copy().set_requires_grad(true);
+        let out = if fused {
+            kernels::qkv_flash_attention_varlen(&x, &cos, &sin, &offsets, heads, kv, d, 64, scale)
+                .unwrap()
+        } else {
+            let qk = kernels::rope(&x, &cos, &sin, heads + kv, d).unwrap();
+            let v = x.narrow(1, (heads + kv) * d, kv * d).view([total, kv, d]);
+            kernels::flash_attention_varlen(
+                &qk.narrow(1, 0, heads),
+                &qk.narrow(1, heads, kv),
+                &v,
+                &offsets,
+                64,
+                scale,
+            )
+            .unwrap()
+        };
+        (&out * &upstream).sum(Kind::Float).backward();
+        (out.detach(), x.grad())
+    };
+    let ((out_f, grad_f), (out_s, grad_s)) = (run(true), run(false));
+    assert!(out_f.equal(&out_s), "the fused forward differs");
+    let diff = (&grad_f - &grad_s).abs().max().double_value(&[]);
+    let size = grad_s.abs().max().double_value(&[]);
+    assert!(
+        diff <= 1e-2 * size,
+        "the projection's gradient differs by {diff} (largest entry {size})"
+    );
+}

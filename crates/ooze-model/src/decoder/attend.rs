@@ -25,6 +25,9 @@ pub(super) struct AttentionPlan {
     pub fused_attention: bool,
     /// Deterministic numerics: split attention wherever attention runs.
     pub split: bool,
+    /// Packed sequences through FlashAttention, taken straight from the fused projection (rotary
+    /// embedding included) in one differentiable operation: no q/k norms, bf16 on a GPU.
+    pub fused_qkv_varlen: bool,
     /// Deterministic paged prefill: the rows' cached lengths (split attention reads the blocks).
     pub prefill_past: Option<Vec<i64>>,
     /// One-token paged decode without the fused kernel: the additive bias of the keys read.
@@ -113,6 +116,28 @@ impl Decoder {
                         plan.scale,
                     )
                 }
+            }
+            KvTarget::None if plan.fused_qkv_varlen => {
+                let (offsets, longest, _) = plan
+                    .varlen
+                    .as_ref()
+                    .expect("invariant: the fused path is planned for packed sequences");
+                let flat = |x: &Tensor| x.view([b * t, c.head_dim]);
+                kernels::qkv_flash_attention_varlen(
+                    &qkv.view([b * t, -1]),
+                    &flat(cos),
+                    &flat(sin),
+                    offsets,
+                    c.num_heads,
+                    c.num_kv_heads,
+                    c.head_dim,
+                    *longest,
+                    plan.scale,
+                )
+                .expect("invariant: a packed bf16 projection on a GPU is valid for flash attention")
+                // [T, heads, D] → [1, heads, T, D].
+                .transpose(0, 1)
+                .unsqueeze(0)
             }
             _ => {
                 let gather = plan.prefill_past.is_none();
