@@ -493,7 +493,8 @@ impl Decoder {
             Attention::Packed { lengths }
                 if self.device.is_cuda()
                     && matches!(self.kind, Kind::BFloat16 | Kind::Half)
-                    && kernels::available() =>
+                    && kernels::available()
+                    && self.flash_attention_fits() =>
             {
                 let mut offsets = vec![0i32];
                 for &l in lengths.iter() {
@@ -578,8 +579,9 @@ impl Decoder {
             }
             _ => None,
         };
-        // Packed training or scoring in bf16 without q/k norms: the rotary embedding and
-        // FlashAttention as one operation on the projection's output.
+        // Packed training or scoring in bf16 without q/k norms, outside deterministic numerics
+        // (which run split attention): the rotary embedding and FlashAttention as one operation
+        // on the projection's output.
         let fused_qkv_varlen = varlen.is_some()
             && !split
             && matches!(target, KvTarget::None)
@@ -626,6 +628,11 @@ impl Decoder {
 
     fn rope_kernel_fits(&self) -> bool {
         self.config.head_dim % 2 == 0 && self.config.head_dim <= 256
+    }
+
+    /// FlashAttention-2 takes head sizes that are multiples of 8, up to 256.
+    fn flash_attention_fits(&self) -> bool {
+        self.config.head_dim % 8 == 0 && self.config.head_dim <= 256
     }
 
     fn decode_attention_kernel_fits(&self) -> bool {

@@ -39,10 +39,11 @@ impl Default for ScoreOptions {
 
 /// Log-probs (and entropies) of `targets [N]` under the head applied to `hidden [N, H]`.
 ///
-/// Without autograd on a GPU with 16-bit weights, the head matmul writes fp32 logits directly
-/// (cuBLAS accumulates in fp32 anyway): no bf16 rounding of the logits and no separate upcast
-/// pass — 27% faster than bf16 logits + upcast on an H200 (docs/benchmarks.md). Otherwise (CPU,
-/// fp32, or when gradients are needed) the logits come out in the model dtype.
+/// On a GPU (bf16 or fp32 weights) the head matmul writes fp32 logits directly, with and without
+/// gradients (cuBLAS accumulates in fp32 anyway): no bf16 rounding of the logits and no separate
+/// upcast pass — 27% faster than bf16 logits + upcast on an H200 (docs/benchmarks.md). Elsewhere
+/// (the CPU, or an entropy that needs gradients outside deterministic numerics) the logits come
+/// out in the model dtype and are upcast. `options.chunk_tokens` below 1 counts as 1.
 pub fn head_log_probs(
     decoder: &Decoder,
     hidden: &Tensor,
@@ -60,10 +61,11 @@ pub fn head_log_probs(
         && ooze_torch::kernels::available()
         && matches!(decoder.kind(), Kind::BFloat16 | Kind::Float)
         && (!options.entropy_gradient || deterministic);
+    let chunk = options.chunk_tokens.max(1);
     let chunks = || {
         (0..n)
-            .step_by(options.chunk_tokens.max(1) as usize)
-            .map(move |start| (start, options.chunk_tokens.min(n - start)))
+            .step_by(chunk as usize)
+            .map(move |start| (start, chunk.min(n - start)))
     };
     if fused {
         let (log_probs, entropy) = ooze_torch::kernels::linear_log_prob(
@@ -72,7 +74,7 @@ pub fn head_log_probs(
             targets,
             options.temperature,
             hidden.requires_grad() && !options.recompute_logits,
-            options.chunk_tokens,
+            chunk,
         )
         .expect("invariant: hidden rows, head and targets on one GPU are valid");
         let entropy = match (options.entropy, options.entropy_gradient) {

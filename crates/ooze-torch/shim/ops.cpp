@@ -237,7 +237,6 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
   }
 };
 
-
 // Checks shared by the split-attention entry points: bf16 q [tokens, heads, dim] whose heads and
 // dims are contiguous, and keys/values whose rows hold kv_heads · dim contiguous elements.
 void check_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -356,9 +355,9 @@ struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionF
   }
 };
 
-
 // Causal attention over packed sequences straight from the fused projection's output
-// qkv [tokens, (heads + 2 kv_heads) · dim]: the rotary embedding of q and k (ooze's kernel), then
+// qkv [tokens, ≥ (heads + 2 kv_heads) · dim] (q, k, v heads at the start of each row; columns past
+// them get a zero gradient): the rotary embedding of q and k (ooze's kernel), then
 // FlashAttention-2 with v read in place. The backward writes the gradient of qkv as one tensor:
 // FlashAttention's dq and dk rotated back into their columns, dv copied into its own. Separate
 // operations would have autograd build zero-padded gradients for the q, k and v slices and add
@@ -369,6 +368,15 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
                             const at::Tensor& cu_seqlens, int64_t heads, int64_t kv_heads,
                             int64_t dim, int64_t longest, double scale) {
     const int64_t tokens = qkv.size(0);
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["longest"] = longest;
+    ctx->saved_data["scale"] = scale;
+    if (tokens == 0) {
+      ctx->save_for_backward({qkv});
+      return at::empty({0, heads, dim}, qkv.options());
+    }
     const at::Tensor qk = rope_apply(qkv, cos, sin, heads + kv_heads, dim, 1.f);
     const at::Tensor q = qk.narrow(1, 0, heads), k = qk.narrow(1, heads, kv_heads);
     const at::Tensor v =
@@ -377,19 +385,21 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
                                             0.0, /*is_causal=*/true,
                                             /*return_debug_mask=*/false, scale);
     const at::Tensor out = std::get<0>(fwd);
-    ctx->save_for_backward({qk, qkv, cos, sin, cu_seqlens, out, std::get<1>(fwd),
+    ctx->save_for_backward({qkv, qk, cos, sin, cu_seqlens, out, std::get<1>(fwd),
                             std::get<2>(fwd), std::get<3>(fwd)});
-    ctx->saved_data["heads"] = heads;
-    ctx->saved_data["kv_heads"] = kv_heads;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["longest"] = longest;
-    ctx->saved_data["scale"] = scale;
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor &qk = s[0], &qkv = s[1], &cos = s[2], &sin = s[3], &cu = s[4];
+    // The gradient of qkv; the other eight inputs take none.
+    const auto only_qkv = [](at::Tensor g) {
+      torch::autograd::variable_list out(9);
+      out[0] = std::move(g);
+      return out;
+    };
+    if (s.size() == 1) return only_qkv(at::zeros_like(s[0]));  // no tokens
+    const at::Tensor &qkv = s[0], &qk = s[1], &cos = s[2], &sin = s[3], &cu = s[4];
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const int64_t kv_heads = ctx->saved_data["kv_heads"].toInt();
     const int64_t dim = ctx->saved_data["dim"].toInt();
@@ -403,26 +413,23 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
         grads[0].contiguous(), q, k, v, s[5], s[6], cu, cu, longest, longest, 0.0,
         /*is_causal=*/true, s[7], s[8], scale);
     at::Tensor grad = at::empty({tokens, columns}, qkv.options());
-    if (tokens > 0) {
-      const bool bf16 = is_bf16(qkv);
-      const int64_t row = grad.stride(0);
-      auto* base = static_cast<char*>(grad.data_ptr());
-      const int64_t elt = grad.element_size();
-      const at::Tensor dq_c = dq.contiguous(), dk_c = dk.contiguous();
-      check_launch(ooze_launch_rope(bf16, dq_c.data_ptr(), heads * dim, cos.data_ptr(),
-                                    sin.data_ptr(), base, row, tokens, static_cast<int>(heads),
-                                    static_cast<int>(dim), -1.f, stream()));
-      check_launch(ooze_launch_rope(bf16, dk_c.data_ptr(), kv_heads * dim, cos.data_ptr(),
-                                    sin.data_ptr(), base + heads * dim * elt, row, tokens,
-                                    static_cast<int>(kv_heads), static_cast<int>(dim), -1.f,
-                                    stream()));
-      grad.narrow(1, (heads + kv_heads) * dim, kv_heads * dim)
-          .copy_(dv.reshape({tokens, kv_heads * dim}));
-      const int64_t used = (heads + 2 * kv_heads) * dim;
-      if (columns > used) grad.narrow(1, used, columns - used).zero_();
-    }
-    return {grad,        at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const bool bf16 = is_bf16(qkv);
+    const int64_t row = grad.stride(0);
+    auto* base = static_cast<char*>(grad.data_ptr());
+    const int64_t elt = grad.element_size();
+    const at::Tensor dq_c = dq.contiguous(), dk_c = dk.contiguous();
+    check_launch(ooze_launch_rope(bf16, dq_c.data_ptr(), heads * dim, cos.data_ptr(),
+                                  sin.data_ptr(), base, row, tokens, static_cast<int>(heads),
+                                  static_cast<int>(dim), -1.f, stream()));
+    check_launch(ooze_launch_rope(bf16, dk_c.data_ptr(), kv_heads * dim, cos.data_ptr(),
+                                  sin.data_ptr(), base + heads * dim * elt, row, tokens,
+                                  static_cast<int>(kv_heads), static_cast<int>(dim), -1.f,
+                                  stream()));
+    grad.narrow(1, (heads + kv_heads) * dim, kv_heads * dim)
+        .copy_(dv.reshape({tokens, kv_heads * dim}));
+    const int64_t used = (heads + 2 * kv_heads) * dim;
+    if (columns > used) grad.narrow(1, used, columns - used).zero_();
+    return only_qkv(grad);
   }
 };
 
@@ -591,9 +598,10 @@ at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k
 }
 
 // Causal attention over packed sequences from the fused projection output qkv [total,
-// (heads + 2 kv_heads) · dim] (bf16, contiguous rows): rotary embedding of q and k (cos / sin
-// [total, dim] as ooze_rope takes them), then FlashAttention-2; differentiable in qkv, its gradient
-// one tensor. cu_seqlens [sequences + 1] int32 offsets. Returns [total, heads, dim].
+// ≥ (heads + 2 kv_heads) · dim] (bf16, unit last stride; q, k, v heads at the start of each row):
+// rotary embedding of q and k (cos / sin [total, dim] as ooze_rope takes them), then
+// FlashAttention-2; differentiable in qkv, its gradient one tensor. cu_seqlens [sequences + 1]
+// int32 offsets. Returns [total, heads, dim].
 at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Tensor* cos,
                                             const at::Tensor* sin, const at::Tensor* cu_seqlens,
                                             int64_t heads, int64_t kv_heads, int64_t dim,

@@ -522,8 +522,8 @@ pub fn rope(
 
 /// `log_softmax(hidden·Wᵀ / temperature)` at `targets [rows]` and the entropy of each row's
 /// distribution, for `hidden [rows, h]` and the LM head `weight [vocab, h]` (bf16 or fp32, CUDA):
-/// the logits are fp32 from the matmul itself, `chunk_rows` rows at a time (at most that many rows
-/// of fp32 logits exist at once); the log-probs are differentiable in `hidden` and `weight`, the
+/// the logits are fp32 from the matmul itself, `chunk_rows` (≥ 1) rows at a time (at most that
+/// many rows of fp32 logits exist at once); the log-probs are differentiable in `hidden` and `weight`, the
 /// entropies are not. One autograd node covers every chunk: its backward accumulates the weight
 /// gradient inside the matmul. For the backward, `keep_logits` holds the logits in bf16 (2 bytes
 /// each until the backward; the rounding autocast PyTorch trains with), otherwise the backward
@@ -548,7 +548,7 @@ pub fn linear_log_prob(
                 targets.as_ptr().cast(),
                 1.0 / temperature,
                 keep_logits as i32,
-                chunk_rows.max(1),
+                chunk_rows,
                 &mut log_prob,
                 &mut entropy,
             )

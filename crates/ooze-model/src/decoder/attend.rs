@@ -26,7 +26,8 @@ pub(super) struct AttentionPlan {
     /// Deterministic numerics: split attention wherever attention runs.
     pub split: bool,
     /// Packed sequences through FlashAttention, taken straight from the fused projection (rotary
-    /// embedding included) in one differentiable operation: no q/k norms, bf16 on a GPU.
+    /// embedding included) in one differentiable operation: no q/k norms, bf16 on a GPU, not
+    /// under deterministic numerics.
     pub fused_qkv_varlen: bool,
     /// Deterministic paged prefill: the rows' cached lengths (split attention reads the blocks).
     pub prefill_past: Option<Vec<i64>>,

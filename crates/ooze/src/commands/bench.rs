@@ -72,7 +72,7 @@ struct ForwardArgs {
     #[arg(long, default_value_t = 10)]
     iters: usize,
     /// Rows of fp32 logits materialised at once in the LM head.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(i64).range(1..))]
     chunk_tokens: i64,
     #[command(flatten)]
     compute: ComputeArgs,
