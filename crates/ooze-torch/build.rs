@@ -8,8 +8,8 @@
 //! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/cuda_graph.cpp`, CUDA graphs)
 //! against the libtorch headers and CUDA's host headers from the nvidia wheels, and sets
 //! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
-//! kernels (`shim/kernels.cu` with their checked entry points in `shim/ops.cpp`) for A100 (sm_80),
-//! H100/H200 (sm_90) and PTX for newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the
+//! kernels (`shim/kernels.cu` and `shim/attention.cu`, with their checked entry points in
+//! `shim/ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the
 //! same steps run as libtorch operations.
 
 use std::path::{Path, PathBuf};
@@ -89,12 +89,15 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         return Err(format!("nvcc not found at {}", nvcc.display()));
     }
     println!("cargo:rerun-if-changed=shim/kernels.cu");
+    println!("cargo:rerun-if-changed=shim/attention.cu");
+    println!("cargo:rerun-if-changed=shim/common.cuh");
     println!("cargo:rerun-if-changed=shim/ops.cpp");
     // cc finds nvcc through NVCC (an explicit .compiler() would be treated as a C compiler).
     std::env::set_var("NVCC", &nvcc);
     cc::Build::new()
         .cuda(true)
         .file("shim/kernels.cu")
+        .file("shim/attention.cu")
         .include(cuda.join("include"))
         .debug(false)
         .opt_level(3)

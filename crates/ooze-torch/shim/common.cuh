@@ -1,0 +1,43 @@
+// Device helpers shared by ooze's CUDA kernels (kernels.cu, attention.cu): conversions between
+// float and the stored type, warp sums, and the rotation every rotary kernel uses.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+// Rounds to T and back: the value an op of PyTorch would have stored in between.
+template <typename T>
+__device__ __forceinline__ float stored(float x) {
+  return to_float(from_float<T>(x));
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+// (x1, x2) rotated by the angle of cosine c and sine s: (x1·c − x2·s, x2·c + x1·s), every
+// product and sum rounded as written (no fused multiply-add), so each kernel that rotates gets the
+// same bits.
+__device__ __forceinline__ void rotate(float x1, float x2, float c, float s, float& y1, float& y2) {
+  y1 = __fadd_rn(__fmul_rn(x1, c), -__fmul_rn(x2, s));
+  y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
+}  // namespace
