@@ -582,12 +582,10 @@ impl Decoder {
         // Packed training or scoring in bf16 without q/k norms, outside deterministic numerics
         // (which run split attention): the rotary embedding and FlashAttention as one operation
         // on the projection's output.
-        let fused_qkv_varlen = varlen.is_some()
-            && !split
-            && matches!(target, KvTarget::None)
-            && self.kind == Kind::BFloat16
-            && !c.qk_norm
-            && self.rope_kernel_fits();
+        // (Packed sequences write no KV memory, and FlashAttention's head sizes suit the rotary
+        // kernel.)
+        let fused_qkv_varlen =
+            varlen.is_some() && !split && self.kind == Kind::BFloat16 && !c.qk_norm;
         let plan = AttentionPlan {
             scale,
             mask,

@@ -83,14 +83,9 @@ pub fn head_log_probs(
             (true, true) => Some(cat_rows(
                 chunks()
                     .map(|(start, len)| {
-                        let logp =
-                            logits_at(decoder, &hidden.narrow(0, start, len), options.temperature)
-                                .log_softmax(-1, Kind::Float);
-                        -(logp.exp() * &logp).sum_dim_intlist(
-                            [-1i64].as_slice(),
-                            false,
-                            Kind::Float,
-                        )
+                        let logits =
+                            logits_at(decoder, &hidden.narrow(0, start, len), options.temperature);
+                        entropy_of(&logits.log_softmax(-1, Kind::Float), Kind::Float)
                     })
                     .collect(),
                 hidden,
@@ -113,11 +108,16 @@ pub fn head_log_probs(
         let logp = logits.log_softmax(-1, kind);
         log_probs.push(logp.gather(1, &tgt, false).squeeze_dim(1));
         if options.entropy {
-            entropies.push(-(logp.exp() * &logp).sum_dim_intlist([-1i64].as_slice(), false, kind));
+            entropies.push(entropy_of(&logp, kind));
         }
     }
     let entropy = options.entropy.then(|| cat_rows(entropies, hidden));
     (cat_rows(log_probs, hidden), entropy)
+}
+
+/// Each row's entropy `−Σ p·log p` from its log-probabilities, summed in `kind`.
+fn entropy_of(logp: &Tensor, kind: Kind) -> Tensor {
+    -(logp.exp() * logp).sum_dim_intlist([-1i64].as_slice(), false, kind)
 }
 
 /// Per-row results of the chunks, in order (an empty fp32 tensor for no rows).
