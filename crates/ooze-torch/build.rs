@@ -9,8 +9,9 @@
 //! against the libtorch headers and CUDA's host headers from the nvidia wheels, and sets
 //! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
 //! kernels (`shim/kernels.cu` and `shim/attention.cu`, with their checked entry points in
-//! `shim/ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the
-//! same steps run as libtorch operations.
+//! `shim/ops.cpp` and `shim/attention_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
+//! newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the same steps run as libtorch
+//! operations.
 
 use std::path::{Path, PathBuf};
 
@@ -91,7 +92,9 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/kernels.cu");
     println!("cargo:rerun-if-changed=shim/attention.cu");
     println!("cargo:rerun-if-changed=shim/common.cuh");
+    println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/ops.cpp");
+    println!("cargo:rerun-if-changed=shim/attention_ops.cpp");
     // cc finds nvcc through NVCC (an explicit .compiler() would be treated as a C compiler).
     std::env::set_var("NVCC", &nvcc);
     cc::Build::new()
@@ -110,6 +113,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     cc::Build::new()
         .cpp(true)
         .file("shim/ops.cpp")
+        .file("shim/attention_ops.cpp")
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .include(cuda.join("include"))

@@ -1,7 +1,7 @@
 // Split-key attention (flash-decoding): the attention of decode, of the engine's paged prefill
 // and of the trainer's forward under deterministic numerics, one kernel for all three so their
 // outputs agree bitwise. Plain C launchers over raw pointers, as in kernels.cu; the checked,
-// tensor-level entry points are in ops.cpp.
+// tensor-level entry points are in attention_ops.cpp.
 
 #include <mma.h>
 

@@ -1,5 +1,6 @@
 //! ooze's own CUDA kernels (`shim/kernels.cu`, `shim/attention.cu`; entry points in
-//! `shim/ops.cpp`): steps of a decode step that libtorch would run as several kernels each. Built when the nvcc wheel is present
+//! `shim/ops.cpp` and `shim/attention_ops.cpp`): steps of a decode step that libtorch would run as
+//! several kernels each. Built when the nvcc wheel is present
 //! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
 //!
 //! - [`rope_store`]: rotary embedding of q and k (with Qwen3's q/k norms), q returned, k and v

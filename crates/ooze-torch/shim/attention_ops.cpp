@@ -1,0 +1,382 @@
+// Tensor-level entry points of ooze's attention: split attention (attention.cu) for decode,
+// the engine's prefill and deterministic training, and FlashAttention-2 (ATen) for packed
+// training batches. Checks and error reporting as in ops.cpp.
+
+#include "ops.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+using namespace ooze_ops;
+
+// Checks shared by the split-attention entry points: bf16 q [tokens, heads, dim] whose heads and
+// dims are contiguous, and keys/values whose rows hold kv_heads · dim contiguous elements.
+void check_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           int64_t kv_heads) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
+                  q.stride(1) == q.size(2),
+              "q must be bfloat16 [tokens, heads, head_dim] with contiguous heads");
+  const int64_t dim = q.size(2), heads = q.size(1);
+  TORCH_CHECK(dim == 64 || dim == 128, "split attention takes head_dim 64 or 128, got ", dim);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 16,
+              "split attention takes at most 16 query heads per key head");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->device() == q.device(),
+                "keys and values must be bfloat16 on q's device");
+  }
+}
+
+// Query tiles of `tokens_per_tile` consecutive tokens of one sequence, for sequences of
+// `lengths` tokens laid out one after another: int32 [tiles, 3] (first token, count, sequence).
+at::Tensor query_tiles(const std::vector<int64_t>& lengths, int64_t tokens_per_tile,
+                       const at::Device& device) {
+  std::vector<int32_t> tiles;
+  int64_t start = 0;
+  for (size_t seq = 0; seq < lengths.size(); ++seq) {
+    for (int64_t t = 0; t < lengths[seq]; t += tokens_per_tile) {
+      tiles.push_back(static_cast<int32_t>(start + t));
+      tiles.push_back(static_cast<int32_t>(std::min(tokens_per_tile, lengths[seq] - t)));
+      tiles.push_back(static_cast<int32_t>(seq));
+    }
+    start += lengths[seq];
+  }
+  const int64_t n = static_cast<int64_t>(tiles.size() / 3);
+  return at::from_blob(tiles.data(), {n, 3}, at::kInt).to(device);
+}
+
+// Runs split attention; returns out [tokens, heads, dim] and, with `want_lse`, lse [heads, tokens].
+std::pair<at::Tensor, at::Tensor> split_attention(const at::Tensor& q, const at::Tensor& k,
+                                                  int64_t k_stride, const at::Tensor& v,
+                                                  int64_t v_stride, const at::Tensor& table,
+                                                  int64_t width, int64_t block_size,
+                                                  const at::Tensor& tiles,
+                                                  const at::Tensor& positions, int64_t kv_heads,
+                                                  int64_t max_keys, double scale, bool want_lse) {
+  const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t n_tiles = tiles.size(0);
+  const int splits = ooze_attention_splits(static_cast<int>(std::max<int64_t>(max_keys, 1)));
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor part_o = at::empty({n_tiles, kv_heads, splits, 16, dim}, f32);
+  at::Tensor part_ml = at::empty({n_tiles, kv_heads, splits, 16, 2}, f32);
+  at::Tensor out = at::empty({tokens, heads, dim}, q.options());
+  at::Tensor lse = want_lse ? at::empty({heads, tokens}, f32) : at::Tensor();
+  if (tokens > 0) {
+    check_launch(ooze_launch_split_attention(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k_stride, v.data_ptr(), v_stride,
+        table.data_ptr<int64_t>(), static_cast<int>(width), block_size, tiles.data_ptr<int>(),
+        static_cast<int>(n_tiles), static_cast<int>(tokens), positions.data_ptr<int64_t>(),
+        static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(dim), splits,
+        static_cast<float>(scale), part_o.data_ptr<float>(), part_ml.data_ptr<float>(),
+        out.data_ptr(), heads * dim, want_lse ? lse.data_ptr<float>() : nullptr, stream()));
+  }
+  return {out, lse};
+}
+
+// Causal attention over packed sequences with split attention's arithmetic (the engine's, so a
+// trained token's forward agrees bitwise with how it was sampled). The backward is
+// FlashAttention-2's (ATen), from a forward of its own: the gradient of the same function, to
+// rounding.
+struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& cu_seqlens, std::vector<int64_t> lengths,
+                            double scale) {
+    const int64_t total = q.size(0), kv_heads = k.size(1), dim = q.size(2);
+    const int64_t group = q.size(1) / kv_heads;
+    // Keys and values with 16 rows of room after the last sequence: a 16-key tile may run past a
+    // sequence's end (those keys are masked, but they are read).
+    auto padded = [&](const at::Tensor& x) {
+      at::Tensor p = at::zeros({total + 16, kv_heads, dim}, x.options());
+      p.narrow(0, 0, total).copy_(x);
+      return p;
+    };
+    const at::Tensor kp = padded(k), vp = padded(v);
+    std::vector<int64_t> starts, positions;
+    int64_t start = 0, longest = 0;
+    for (int64_t len : lengths) {
+      starts.push_back(start);
+      for (int64_t t = 0; t < len; ++t) positions.push_back(t);
+      start += len;
+      longest = std::max(longest, len);
+    }
+    TORCH_CHECK(start == total, "sequence lengths must sum to the token count");
+    auto device = q.device();
+    const at::Tensor table = at::tensor(starts, at::kLong).to(device);
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
+    const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
+    auto out = split_attention(q, kp, kv_heads * dim, vp, kv_heads * dim, table, 1, 0, tiles, pos,
+                               kv_heads, longest, scale, false)
+                   .first;
+    ctx->save_for_backward({q, k, v, cu_seqlens});
+    ctx->saved_data["longest"] = longest;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &cu = saved[3];
+    const int64_t longest = ctx->saved_data["longest"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    auto fwd = at::_flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0,
+                                            /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+    auto [dq, dk, dv] = at::_flash_attention_backward(
+        grads[0].contiguous(), q, k, v, std::get<0>(fwd), std::get<1>(fwd), cu, cu, longest,
+        longest, 0.0, /*is_causal=*/true, std::get<2>(fwd), std::get<3>(fwd), scale);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Causal attention over packed sequences straight from the fused projection's output
+// qkv [tokens, ≥ (heads + 2 kv_heads) · dim] (q, k, v heads at the start of each row; columns past
+// them get a zero gradient): the rotary embedding of q and k (ooze's kernel), then
+// FlashAttention-2 with v read in place. The backward writes the gradient of qkv as one tensor:
+// FlashAttention's dq and dk rotated back into their columns, dv copied into its own. Separate
+// operations would have autograd build zero-padded gradients for the q, k and v slices and add
+// them up (ncu, 0.5B 8 × 2048: ~6 ms a training step of fills, copies and adds).
+struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
+                            const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& cu_seqlens, int64_t heads, int64_t kv_heads,
+                            int64_t dim, int64_t longest, double scale) {
+    const int64_t tokens = qkv.size(0);
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["longest"] = longest;
+    ctx->saved_data["scale"] = scale;
+    if (tokens == 0) {
+      ctx->save_for_backward({qkv});
+      return at::empty({0, heads, dim}, qkv.options());
+    }
+    const at::Tensor qk = rope_apply(qkv, cos, sin, heads + kv_heads, dim, 1.f);
+    const at::Tensor q = qk.narrow(1, 0, heads), k = qk.narrow(1, heads, kv_heads);
+    const at::Tensor v =
+        qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    auto fwd = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
+                                            0.0, /*is_causal=*/true,
+                                            /*return_debug_mask=*/false, scale);
+    const at::Tensor out = std::get<0>(fwd);
+    ctx->save_for_backward({qkv, qk, cos, sin, cu_seqlens, out, std::get<1>(fwd),
+                            std::get<2>(fwd), std::get<3>(fwd)});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    // The gradient of qkv; the other eight inputs take none.
+    const auto only_qkv = [](at::Tensor g) {
+      torch::autograd::variable_list out(9);
+      out[0] = std::move(g);
+      return out;
+    };
+    if (s.size() == 1) return only_qkv(at::zeros_like(s[0]));  // no tokens
+    const at::Tensor &qkv = s[0], &qk = s[1], &cos = s[2], &sin = s[3], &cu = s[4];
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const int64_t kv_heads = ctx->saved_data["kv_heads"].toInt();
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const int64_t longest = ctx->saved_data["longest"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t tokens = qkv.size(0), columns = qkv.size(1);
+    const at::Tensor q = qk.narrow(1, 0, heads), k = qk.narrow(1, heads, kv_heads);
+    const at::Tensor v =
+        qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    auto [dq, dk, dv] = at::_flash_attention_backward(
+        grads[0].contiguous(), q, k, v, s[5], s[6], cu, cu, longest, longest, 0.0,
+        /*is_causal=*/true, s[7], s[8], scale);
+    at::Tensor grad = at::empty({tokens, columns}, qkv.options());
+    const bool bf16 = is_bf16(qkv);
+    const int64_t row = grad.stride(0);
+    auto* base = static_cast<char*>(grad.data_ptr());
+    const int64_t elt = grad.element_size();
+    const at::Tensor dq_c = dq.contiguous(), dk_c = dk.contiguous();
+    check_launch(ooze_launch_rope(bf16, dq_c.data_ptr(), heads * dim, cos.data_ptr(),
+                                  sin.data_ptr(), base, row, tokens, static_cast<int>(heads),
+                                  static_cast<int>(dim), -1.f, stream()));
+    check_launch(ooze_launch_rope(bf16, dk_c.data_ptr(), kv_heads * dim, cos.data_ptr(),
+                                  sin.data_ptr(), base + heads * dim * elt, row, tokens,
+                                  static_cast<int>(kv_heads), static_cast<int>(dim), -1.f,
+                                  stream()));
+    grad.narrow(1, (heads + kv_heads) * dim, kv_heads * dim)
+        .copy_(dv.reshape({tokens, kv_heads * dim}));
+    const int64_t used = (heads + 2 * kv_heads) * dim;
+    if (columns > used) grad.narrow(1, used, columns - used).zero_();
+    return only_qkv(grad);
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+using namespace ooze_ops;
+
+// One new query per row, q [rows, heads, dim] (bf16), over the first positions[r] + 1 keys of row
+// r's sequence in k_cache / v_cache [blocks, block_size, kv_heads, dim] (bf16), found through
+// tables [rows, width] int64: position p is offset p % block_size of block tables[r][p / block_size].
+// read_len bounds every row's key count (it fixes the number of key splits, so a CUDA graph can be
+// captured for it). Returns [rows, heads, dim] bf16. dim 64 or 128, at most 16 query heads per key
+// head, block_size a multiple of 16.
+at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache,
+                                  const at::Tensor* v_cache, const at::Tensor* tables,
+                                  const at::Tensor* positions, int64_t read_len, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(q->scalar_type() == at::kBFloat16 && q->is_contiguous() && q->dim() == 3,
+                "q must be contiguous bfloat16 [rows, heads, head_dim]");
+    const int64_t rows = q->size(0), heads = q->size(1), dim = q->size(2);
+    for (const at::Tensor* t : {k_cache, v_cache}) {
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 4 &&
+                      t->size(3) == dim && t->sizes() == k_cache->sizes(),
+                  "KV memory must be contiguous bfloat16 [blocks, block_size, kv_heads, head_dim]");
+    }
+    const int64_t kv_heads = k_cache->size(2), block_size = k_cache->size(1);
+    TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
+    TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
+                "decode attention takes at most 16 query heads per key head");
+    TORCH_CHECK(block_size % 16 == 0, "decode attention takes block sizes that are multiples of 16, got ",
+                block_size);
+    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() && tables->dim() == 2 &&
+                    tables->size(0) == rows,
+                "block tables must be contiguous int64 [rows, width]");
+    const int64_t width = tables->size(1);
+    TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
+                "read_len must be in 1..=table width × block size");
+    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->is_contiguous() &&
+                    positions->numel() == rows,
+                "positions must be contiguous int64 [rows]");
+    const int splits = ooze_attention_splits(static_cast<int>(read_len));
+    auto f32 = q->options().dtype(at::kFloat);
+    at::Tensor part_o = at::empty({rows, kv_heads, splits, 16, dim}, f32);
+    at::Tensor part_ml = at::empty({rows, kv_heads, splits, 16, 2}, f32);
+    at::Tensor out = at::empty({rows, heads, dim}, q->options());
+    if (rows > 0) {
+      check_launch(ooze_launch_split_attention(
+          q->data_ptr(), heads * dim, k_cache->data_ptr(), kv_heads * dim, v_cache->data_ptr(),
+          kv_heads * dim, tables->data_ptr<int64_t>(), static_cast<int>(width), block_size,
+          /*tiles=*/nullptr, static_cast<int>(rows), static_cast<int>(rows),
+          positions->data_ptr<int64_t>(), static_cast<int>(heads), static_cast<int>(kv_heads),
+          static_cast<int>(dim), splits, static_cast<float>(scale), part_o.data_ptr<float>(),
+          part_ml.data_ptr<float>(), out.data_ptr(), heads * dim, /*lse=*/nullptr, stream()));
+    }
+    return out;
+  });
+}
+
+// Causal attention over packed variable-length sequences (FlashAttention-2 through ATen, with its
+// autograd backward): q [total, heads, dim], k and v [total, kv_heads, dim] (bf16/fp16),
+// cu_seqlens [sequences + 1] int32 offsets. Returns [total, heads, dim].
+at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k,
+                                        const at::Tensor* v, const at::Tensor* cu_seqlens,
+                                        int64_t max_seqlen, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(q->dim() == 3 && k->dim() == 3 && v->dim() == 3,
+                "q, k, v must be [total, heads, head_dim]");
+    TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->dim() == 1,
+                "cu_seqlens must be int32 [sequences + 1]");
+    auto result = at::_flash_attention_forward(*q, *k, *v, *cu_seqlens, *cu_seqlens, max_seqlen,
+                                               max_seqlen, 0.0, /*is_causal=*/true,
+                                               /*return_debug_mask=*/false, scale);
+    return std::get<0>(result);
+  });
+}
+
+// Causal attention over packed sequences from the fused projection output qkv [total,
+// ≥ (heads + 2 kv_heads) · dim] (bf16, unit last stride; q, k, v heads at the start of each row):
+// rotary embedding of q and k (cos / sin [total, dim] as ooze_rope takes them), then
+// FlashAttention-2; differentiable in qkv, its gradient one tensor. cu_seqlens [sequences + 1]
+// int32 offsets. Returns [total, heads, dim].
+at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Tensor* cos,
+                                            const at::Tensor* sin, const at::Tensor* cu_seqlens,
+                                            int64_t heads, int64_t kv_heads, int64_t dim,
+                                            int64_t max_seqlen, double scale) {
+  return guarded([&] {
+    check_cuda(*qkv, "qkv");
+    c10::cuda::CUDAGuard guard(qkv->device());
+    TORCH_CHECK(qkv->scalar_type() == at::kBFloat16, "qkv must be bfloat16");
+    TORCH_CHECK(qkv->dim() == 2 && qkv->stride(1) == 1 &&
+                    qkv->size(1) >= (heads + 2 * kv_heads) * dim && dim % 2 == 0 &&
+                    kv_heads > 0 && heads % kv_heads == 0,
+                "qkv must be [total, ≥ (heads + 2 kv_heads) · head_dim] with unit last stride");
+    for (const at::Tensor* t : {cos, sin}) {
+      TORCH_CHECK(t->is_contiguous() && t->dim() == 2 && t->size(0) == qkv->size(0) &&
+                      t->size(1) == dim && t->scalar_type() == qkv->scalar_type(),
+                  "cos and sin must be contiguous [total, head_dim] of qkv's dtype");
+    }
+    TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->dim() == 1,
+                "cu_seqlens must be int32 [sequences + 1]");
+    return QkvFlashAttentionFunction::apply(*qkv, *cos, *sin, *cu_seqlens, heads, kv_heads, dim,
+                                            max_seqlen, scale);
+  });
+}
+
+// Split attention (the decode kernel's arithmetic) of new tokens appended to paged sequences, for
+// the engine's prefill: q [tokens, heads, dim] (bf16, heads contiguous), row b's `counts[b]` tokens
+// one after another at positions past[b] + i, k_cache / v_cache [blocks, block_size, kv_heads,
+// dim], tables [rows, width] int64. Returns [tokens, heads, dim].
+at::Tensor* ooze_split_attention_paged(const at::Tensor* q, const at::Tensor* k_cache,
+                                       const at::Tensor* v_cache, const at::Tensor* tables,
+                                       const int64_t* past, const int64_t* counts, int64_t rows,
+                                       double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(k_cache->dim() == 4 && k_cache->is_contiguous() && v_cache->is_contiguous() &&
+                    v_cache->sizes() == k_cache->sizes() && k_cache->size(3) == q->size(2),
+                "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim]");
+    const int64_t kv_heads = k_cache->size(2), block_size = k_cache->size(1), dim = q->size(2);
+    check_split_attention(*q, *k_cache, *v_cache, kv_heads);
+    TORCH_CHECK(block_size % 16 == 0, "split attention takes block sizes that are multiples of 16");
+    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() &&
+                    tables->dim() == 2 && tables->size(0) == rows,
+                "block tables must be contiguous int64 [rows, width]");
+    std::vector<int64_t> lengths(counts, counts + rows), positions;
+    int64_t max_keys = 0;
+    for (int64_t b = 0; b < rows; ++b) {
+      TORCH_CHECK(past[b] + counts[b] <= tables->size(1) * block_size,
+                  "row ", b, "'s positions run past its block table");
+      for (int64_t i = 0; i < counts[b]; ++i) positions.push_back(past[b] + i);
+      max_keys = std::max(max_keys, past[b] + counts[b]);
+    }
+    TORCH_CHECK(static_cast<int64_t>(positions.size()) == q->size(0),
+                "q must hold the rows' tokens one after another");
+    const int64_t group = q->size(1) / kv_heads;
+    auto device = q->device();
+    const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
+    const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
+    return split_attention(*q, *k_cache, kv_heads * dim, *v_cache, kv_heads * dim, *tables,
+                           tables->size(1), block_size, tiles, pos, kv_heads, max_keys, scale,
+                           false)
+        .first;
+  });
+}
+
+// Causal split attention over packed sequences (SplitAttentionFunction): q [total, heads, dim],
+// k and v [total, kv_heads, dim] (bf16), cu_seqlens [sequences + 1] int32 on the device and the
+// same lengths on the host. Returns [total, heads, dim]; differentiable.
+at::Tensor* ooze_split_attention_varlen(const at::Tensor* q, const at::Tensor* k,
+                                        const at::Tensor* v, const at::Tensor* cu_seqlens,
+                                        const int64_t* lengths, int64_t sequences, double scale) {
+  return guarded([&] {
+    check_cuda(*q, "q");
+    c10::cuda::CUDAGuard guard(q->device());
+    TORCH_CHECK(k->dim() == 3 && v->dim() == 3 && k->sizes() == v->sizes() &&
+                    k->size(0) == q->size(0) && k->size(2) == q->size(2),
+                "k and v must be [total, kv_heads, head_dim] like q");
+    check_split_attention(*q, *k, *v, k->size(1));
+    TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->numel() == sequences + 1,
+                "cu_seqlens must be int32 [sequences + 1]");
+    return SplitAttentionFunction::apply(*q, *k, *v, *cu_seqlens,
+                                         std::vector<int64_t>(lengths, lengths + sequences), scale);
+  });
+}
+
+}  // extern "C"
