@@ -13,6 +13,7 @@ use crate::waiting::Planned;
 use ooze_core::FinishReason;
 use ooze_model::{Attention, Decoder, PagedKv};
 use ooze_torch::tch::Tensor;
+use ooze_torch::transfer::upload;
 use std::borrow::Cow;
 
 /// Token budget of one prefill pass (rows × longest new prompt, padding included).
@@ -149,6 +150,7 @@ impl EngineLoop {
         let rows = planned.len();
         let tables: Vec<&[i64]> = planned.iter().map(|p| &p.table[..]).collect();
         let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let ids = upload(&ids, self.decoder.device()).view([rows as i64, width as i64]);
         let hidden = paged_hidden(
             &self.decoder,
             cache,
@@ -202,6 +204,7 @@ impl EngineLoop {
                 output,
                 log_probs,
                 prompt_log_probs,
+                pending: 0,
             };
             self.kv.publish(&r.held_tokens(), &r.table, epoch);
             if r.output.len() >= r.sampling.max_new_tokens {
@@ -218,7 +221,7 @@ impl EngineLoop {
         let logits = if drawing.len() == rows {
             logits
         } else {
-            logits.index_select(0, &Tensor::from_slice(&drawing).to_device(logits.device()))
+            logits.index_select(0, &upload(&drawing, logits.device()))
         };
         let rows: Vec<usize> = (first..self.running.len()).collect();
         self.draw_and_check(&logits, &rows);
@@ -227,8 +230,7 @@ impl EngineLoop {
     /// fp32 logits `[B, vocab]` at each row's position `last[b]` of `hidden [B, width, hidden]`.
     pub(crate) fn last_logits(&self, hidden: &Tensor, last: &[i64]) -> Tensor {
         let (b, h) = (hidden.size()[0], hidden.size()[2]);
-        let index = Tensor::from_slice(last)
-            .to_device(hidden.device())
+        let index = upload(last, hidden.device())
             .view([b, 1, 1])
             .expand([b, 1, h], false);
         self.decoder
@@ -236,26 +238,22 @@ impl EngineLoop {
     }
 }
 
-/// An eager forward over paged rows: `ids` and `positions` are `[B, width]`, row-major, on the
-/// host; row `b` goes into the blocks `tables[b]` after `past[b]` tokens. Returns the hidden states
-/// `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
+/// An eager forward over paged rows: `ids` `[B, width]` on the model's device, `positions` the same
+/// shape row-major on the host; row `b` goes into the blocks `tables[b]` after `past[b]` tokens.
+/// Returns the hidden states `[B, width, hidden]` (prefill and, without CUDA graphs, decode).
 pub(crate) fn paged_hidden(
     decoder: &Decoder,
     cache: &mut PagedKv,
-    ids: &[i64],
+    ids: &Tensor,
     positions: &[i64],
     width: i64,
     tables: &[&[i64]],
     past: &[i64],
 ) -> Tensor {
-    let device = decoder.device();
     let b = tables.len() as i64;
-    let tokens = Tensor::from_slice(ids).view([b, width]).to_device(device);
-    let positions = Tensor::from_slice(positions)
-        .view([b, width])
-        .to_device(device);
+    let positions = upload(positions, decoder.device()).view([b, width]);
     decoder.hidden_states(
-        &tokens,
+        ids,
         &positions,
         Attention::Paged {
             cache,

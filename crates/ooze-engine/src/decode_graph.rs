@@ -8,9 +8,11 @@
 //! length), tables to the blocks that many keys take, and the mask hides the padding. All graphs
 //! share one memory pool (they never run concurrently).
 
+use crate::decode_step::Feed;
 use ooze_model::{Attention, Decoder, PagedKv};
 use ooze_torch::cuda_graph::{CudaGraph, GraphError};
 use ooze_torch::tch::{Device, Kind, Tensor};
+use ooze_torch::transfer::upload;
 use std::collections::HashMap;
 
 struct Captured {
@@ -86,14 +88,16 @@ impl DecodeGraphs {
         self.graphs.clear();
     }
 
-    /// One decode step: `tokens[i]` appended after `past[i]` tokens to the sequence in blocks
-    /// `tables[i]`. Returns fp32 logits `[B, vocab]` (a view of the graph's output, valid until
-    /// the next step).
-    pub fn step(
+    /// One decode step: `tokens[i]` (or, for the rows `feed` names, a token the step before drew
+    /// on the device) appended after `past[i]` tokens to the sequence in blocks `tables[i]`.
+    /// Returns fp32 logits `[B, vocab]` (a view of the graph's output, valid until the next
+    /// step). Nothing here waits for the device.
+    pub(crate) fn step(
         &mut self,
         decoder: &Decoder,
         cache: &mut PagedKv,
         tokens: &[i64],
+        feed: Option<&Feed<'_>>,
         tables: &[&[i64]],
         past: &[i64],
     ) -> Result<Tensor, GraphError> {
@@ -117,7 +121,11 @@ impl DecodeGraphs {
             host.resize(start + width, cache.scratch());
         }
         host.resize(rows * (2 + width), cache.scratch());
-        g.inputs.shallow_clone().copy_(&Tensor::from_slice(&host));
+        let device = g.inputs.device();
+        g.inputs.shallow_clone().copy_(&upload(&host, device));
+        if let Some(feed) = feed {
+            feed.apply(&g.inputs.narrow(0, 0, rows as i64));
+        }
         g.graph.replay()?;
         Ok(g.logits.narrow(0, 0, b))
     }

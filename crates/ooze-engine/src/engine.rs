@@ -22,19 +22,18 @@
 //! states ([`crate::prompt_scores`]); its prompt is then computed from the requested start even
 //! where a longer cached prefix exists.
 
-use crate::admit::paged_hidden;
 use crate::decode_graph::DecodeGraphs;
+use crate::decode_step::InFlight;
 use crate::handle::{
     Command, EngineConfig, EngineHandle, EngineStats, Event, Output, PauseMode, Request, RequestId,
     WeightSource,
 };
 use crate::kv_blocks::KvBlocks;
 use crate::params::Sampling;
-use crate::sampler::{draw, RowSampling};
 use crate::waiting::{Progress, Waiting};
-use ooze_core::{FinishReason, StopMatch};
+use ooze_core::FinishReason;
 use ooze_model::{Decoder, PagedKv, Tokenizer};
-use ooze_torch::tch::{self, Tensor};
+use ooze_torch::tch;
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
 use tokio::sync::{mpsc as async_mpsc, oneshot};
@@ -60,6 +59,9 @@ pub(crate) struct Running {
     pub(crate) output: Vec<u32>,
     pub(crate) log_probs: Vec<f32>,
     pub(crate) prompt_log_probs: Vec<f32>,
+    /// Draws queued on the device whose tokens the host has not taken yet
+    /// ([`crate::decode_step`]): the next token's input is then on the device.
+    pub(crate) pending: u8,
 }
 
 impl Running {
@@ -73,7 +75,7 @@ impl Running {
 /// The engine thread's state.
 pub(crate) struct EngineLoop {
     pub(crate) decoder: Decoder,
-    tokenizer: Option<Arc<Tokenizer>>,
+    pub(crate) tokenizer: Option<Arc<Tokenizer>>,
     pub(crate) config: EngineConfig,
     /// `None` while released (see [`EngineHandle::release_memory`]); allocated again on demand.
     pub(crate) cache: Option<PagedKv>,
@@ -87,7 +89,9 @@ pub(crate) struct EngineLoop {
     paused: bool,
     preempted: u64,
     /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
-    graphs: Option<DecodeGraphs>,
+    pub(crate) graphs: Option<DecodeGraphs>,
+    /// The decode step queued on the device whose draws are not handled yet.
+    pub(crate) in_flight: Option<InFlight>,
     /// Events drawn but not yet sent. A decode step sends them once the next forward pass is
     /// launched, so waking the callers overlaps with the GPU instead of delaying it.
     pub(crate) outbox: Vec<(async_mpsc::UnboundedSender<Event>, Event)>,
@@ -123,6 +127,7 @@ pub fn start(
         paused: false,
         preempted: 0,
         graphs,
+        in_flight: None,
         outbox: Vec::new(),
     };
     std::thread::Builder::new()
@@ -144,6 +149,9 @@ impl EngineLoop {
         }
         loop {
             if self.paused || (self.running.is_empty() && self.waiting.is_empty()) {
+                // Nothing to queue: finish the step in flight before waiting for a command.
+                self.drain();
+                self.send_outbox();
                 match commands.recv() {
                     Ok(Command::Shutdown(reply)) => return self.shut_down(reply),
                     Ok(command) => self.handle(command),
@@ -192,6 +200,14 @@ impl EngineLoop {
     }
 
     fn handle(&mut self, command: Command) {
+        // Submitting, aborting and asking for stats work beside a step in flight; everything
+        // else changes what it computes with, so it waits for its draws first.
+        if !matches!(
+            command,
+            Command::Submit { .. } | Command::Abort(_) | Command::Stats(_)
+        ) {
+            self.drain();
+        }
         match command {
             Command::Submit {
                 id,
@@ -290,6 +306,7 @@ impl EngineLoop {
     }
 
     fn abort_everything(&mut self) {
+        self.drain();
         while let Some(w) = self.waiting.pop_front() {
             self.finish_waiting(w, FinishReason::Abort);
         }
@@ -324,6 +341,7 @@ impl EngineLoop {
     /// Preempts every running request (see [`EngineLoop::preempt`]), keeping their order at the
     /// head of the queue. Returns how many were preempted.
     fn retract_all(&mut self) -> usize {
+        self.drain();
         let n = self.running.len();
         self.running.sort_by_key(|r| r.admitted);
         while let Some(r) = self.running.pop() {
@@ -332,10 +350,10 @@ impl EngineLoop {
         n
     }
 
-    /// Takes a running request out of memory: its blocks are kept as a prefix (so that it goes on
+    /// Takes a running request out of memory (nothing of it may be in flight): its blocks are kept as a prefix (so that it goes on
     /// from there when nothing evicted them meanwhile) and it waits at the head of the queue with
     /// its output so far.
-    fn preempt(&mut self, mut r: Running) {
+    pub(crate) fn preempt(&mut self, mut r: Running) {
         self.release_blocks(&mut r);
         self.waiting.push_front(Waiting {
             id: r.id,
@@ -379,148 +397,6 @@ impl EngineLoop {
         };
         self.outbox.push((r.events, Event::Done(output)));
     }
-
-    /// Gives every running request the block its next token goes into. When blocks run out, the
-    /// most recently admitted requests are preempted until the others fit (one alone always fits:
-    /// the memory holds a whole context).
-    fn reserve_next_positions(&mut self) {
-        self.running.sort_by_key(|r| r.admitted);
-        let mut i = 0;
-        while i < self.running.len() {
-            let r = &mut self.running[i];
-            if self.kv.grow(&mut r.table, r.cached as usize + 1) {
-                i += 1;
-            } else {
-                let newest = self.running.pop().expect("invariant: i < len");
-                self.preempt(newest);
-            }
-        }
-    }
-
-    /// One decode step for every running request.
-    fn decode_step(&mut self) {
-        self.reserve_next_positions();
-        if self.running.is_empty() {
-            return;
-        }
-        let profile = self.config.profile_steps;
-        let t0 = std::time::Instant::now();
-        let last: Vec<i64> = self
-            .running
-            .iter()
-            .map(|r| {
-                *r.output
-                    .last()
-                    .expect("invariant: running requests have a token") as i64
-            })
-            .collect();
-        let past: Vec<i64> = self.running.iter().map(|r| r.cached).collect();
-        let batch = self.running.len();
-        let tables: Vec<&[i64]> = self.running.iter().map(|r| &r.table[..]).collect();
-        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-        let graphed = match self.graphs.as_mut() {
-            Some(graphs) => match graphs.step(&self.decoder, cache, &last, &tables, &past) {
-                Ok(logits) => Some(logits),
-                Err(err) => {
-                    eprintln!("ooze-engine: CUDA graphs turned off: {err}");
-                    self.graphs = None;
-                    None
-                }
-            },
-            None => None,
-        };
-        let logits = match graphed {
-            Some(logits) => logits,
-            None => {
-                let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
-                let hidden = paged_hidden(&self.decoder, cache, &last, &past, 1, &tables, &past);
-                self.last_logits(&hidden, &vec![0; batch])
-            }
-        };
-        // The forward pass is queued on the GPU: deliver the previous step's tokens meanwhile.
-        self.send_outbox();
-        if let (true, ooze_torch::tch::Device::Cuda(i)) = (profile, self.decoder.device()) {
-            ooze_torch::cuda_graph::synchronize(i);
-        }
-        let t1 = std::time::Instant::now();
-        for r in &mut self.running {
-            r.cached += 1;
-        }
-        let rows: Vec<usize> = (0..self.running.len()).collect();
-        self.draw_and_check(&logits, &rows);
-        if profile {
-            eprintln!(
-                "engine step: batch {} forward {:.2} ms ({}), sample+host {:.2} ms",
-                batch,
-                (t1 - t0).as_secs_f64() * 1e3,
-                if self.graphs.is_some() {
-                    "graph"
-                } else {
-                    "eager"
-                },
-                t1.elapsed().as_secs_f64() * 1e3
-            );
-        }
-    }
-
-    /// Draws one token for each listed running request (row `i` of `logits` belongs to `rows[i]`),
-    /// streams it, and finishes the requests that stop.
-    pub(crate) fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
-        let banned: Vec<Vec<u32>> = rows
-            .iter()
-            .map(|&i| {
-                let r = &self.running[i];
-                if r.output.len() >= r.sampling.min_new_tokens {
-                    return Vec::new();
-                }
-                let mut b = r.sampling.stop_token_ids.clone();
-                if !r.sampling.ignore_eos {
-                    b.extend(&self.config.eos_token_ids);
-                }
-                b
-            })
-            .collect();
-        let specs: Vec<RowSampling<'_>> = rows
-            .iter()
-            .zip(&banned)
-            .map(|(&i, banned)| {
-                let r = &self.running[i];
-                RowSampling {
-                    params: &r.sampling,
-                    seed: r.seed,
-                    step: r.output.len() as u64,
-                    banned,
-                }
-            })
-            .collect();
-        let draws = draw(logits, &specs);
-        let mut done = Vec::new();
-        for (&i, d) in rows.iter().zip(draws) {
-            let r = &mut self.running[i];
-            r.output.push(d.token);
-            r.log_probs.push(d.log_prob);
-            if r.events.is_closed() {
-                done.push((i, FinishReason::Abort));
-                continue;
-            }
-            self.outbox.push((
-                r.events.clone(),
-                Event::Token {
-                    token: d.token,
-                    log_prob: d.log_prob,
-                },
-            ));
-            if let Some(reason) = stop_reason(r, &self.config, self.tokenizer.as_deref()) {
-                done.push((i, reason));
-            }
-        }
-        // Remove from the back so earlier indices stay valid.
-        done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
-        for (i, reason) in done {
-            let r = self.running.swap_remove(i);
-            self.finish(r, reason);
-        }
-    }
 }
 
 /// The KV memory, allocated again if it was released.
@@ -538,38 +414,4 @@ pub(crate) fn kv_memory<'a>(
             decoder.kind(),
         )
     })
-}
-
-fn stop_reason(
-    r: &Running,
-    config: &EngineConfig,
-    tokenizer: Option<&Tokenizer>,
-) -> Option<FinishReason> {
-    let token = *r.output.last()?;
-    let s = &r.sampling;
-    if r.output.len() >= s.min_new_tokens {
-        if (!s.ignore_eos && config.eos_token_ids.contains(&token))
-            || s.stop_token_ids.contains(&token)
-        {
-            return Some(FinishReason::Stop {
-                matched: StopMatch::Token(token),
-            });
-        }
-        if let (false, Some(tok)) = (s.stop.is_empty(), tokenizer) {
-            // Only the tail can hold a new match: the last token's text plus the longest stop string.
-            let window = s.stop.iter().map(|x| x.len()).max().unwrap_or(0) + 16;
-            let from = r.output.len().saturating_sub(window);
-            if let Ok(text) = tok.decode(&r.output[from..], false) {
-                if let Some(hit) = s.stop.iter().find(|x| text.contains(x.as_str())) {
-                    return Some(FinishReason::Stop {
-                        matched: StopMatch::Text(hit.clone()),
-                    });
-                }
-            }
-        }
-    }
-    if r.output.len() >= s.max_new_tokens || r.cached + 1 >= config.context_len {
-        return Some(FinishReason::Length);
-    }
-    None
 }

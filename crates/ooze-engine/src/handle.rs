@@ -30,6 +30,9 @@ pub struct EngineConfig {
     pub min_prefix_reuse: usize,
     /// Replay decode steps from CUDA graphs on a GPU (set `OOZE_CUDA_GRAPHS=0` to turn off).
     pub cuda_graphs: bool,
+    /// Queue each decode step before handling the draws of the one before, so the host's work
+    /// overlaps the device's (set `OOZE_ENGINE_OVERLAP=0` to turn off).
+    pub overlap_steps: bool,
     /// Print the forward and sampling time of every decode step (synchronises the GPU; set
     /// `OOZE_ENGINE_PROFILE=1`).
     pub profile_steps: bool,
@@ -63,6 +66,7 @@ impl EngineConfig {
             eos_token_ids,
             min_prefix_reuse: 16,
             cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
+            overlap_steps: std::env::var("OOZE_ENGINE_OVERLAP").as_deref() != Ok("0"),
             profile_steps: std::env::var_os("OOZE_ENGINE_PROFILE").is_some(),
             initial_weight_version: 0,
         }

@@ -3,6 +3,7 @@
 //! - [`params`]: sampling parameters, wire form and validated form.
 //! - [`sampler`]: seeded, batch-independent token selection and the shared log-prob definition.
 //! - [`engine`]: the engine thread (continuous batching over paged KV memory).
+//! - `decode_step`: a decode step queued while the host handles the one before it.
 //! - `admit`: waiting requests given KV blocks and prefilled.
 //! - `waiting`: requests waiting to start, and a request planned for the next prefill.
 //! - `prompt_scores`: prompt log-probs from a prefill pass.
@@ -18,6 +19,7 @@
 mod admit;
 pub mod block_pool;
 pub mod decode_graph;
+mod decode_step;
 pub mod engine;
 pub mod handle;
 pub mod kv_blocks;

@@ -9,7 +9,8 @@
 
 use crate::params::Sampling;
 use ooze_torch::kernels;
-use ooze_torch::tch::{Device, Kind, Tensor};
+use ooze_torch::tch::{Kind, Tensor};
+use ooze_torch::transfer::{upload, Download};
 
 /// One row's sampling state for this step.
 pub struct RowSampling<'a> {
@@ -44,16 +45,42 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
 /// batched kernels per step whatever the batch size, and a full-vocabulary sort only when some row
 /// asks for top-k or top-p.
 pub fn draw(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
-    let mut draws = draw_tokens(logits, rows);
-    if kernels::deterministic() && logits.device().is_cuda() && kernels::available() {
-        trainer_log_probs(logits, rows, &mut draws);
-    }
-    draws
+    draw_async(logits, rows).wait()
 }
 
-/// Deterministic numerics: replaces each draw's log-prob with the trainer's kernel's, from the
-/// same fp32 logits (one call per distinct temperature), so it equals the trainer's bitwise.
-fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], draws: &mut [Draw]) {
+/// Draws on their way to the host: the tokens are already on the logits' device, where the next
+/// decode step reads them as its input, while the host gets tokens and log-probs from
+/// [`PendingDraws::wait`].
+pub struct PendingDraws {
+    /// Row `i`'s token, int64 `[B]` on the logits' device.
+    pub tokens: Tensor,
+    both: Download,
+}
+
+impl PendingDraws {
+    /// Each row's token and log-prob, once the GPU has drawn them.
+    pub fn wait(self) -> Vec<Draw> {
+        host_draws(&self.both.wait())
+    }
+}
+
+/// [`draw`] without waiting: the kernels are queued and their results start on their way to the
+/// host. Every upload is non-blocking, so the host returns without waiting for the GPU.
+pub fn draw_async(logits: &Tensor, rows: &[RowSampling<'_>]) -> PendingDraws {
+    let both = draw_tokens(logits, rows);
+    if kernels::deterministic() && logits.device().is_cuda() && kernels::available() {
+        trainer_log_probs(logits, rows, &both);
+    }
+    PendingDraws {
+        tokens: both.get(0).to_kind(Kind::Int64),
+        both: Download::start(&both),
+    }
+}
+
+/// Deterministic numerics: replaces each draw's log-prob (row 1 of `both`, `[2, B]` tokens and
+/// log-probs) with the trainer's kernel's, from the same fp32 logits (one call per distinct
+/// temperature), so it equals the trainer's bitwise.
+fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], both: &Tensor) {
     let device = logits.device();
     let mut temperatures: Vec<f64> = rows
         .iter()
@@ -61,34 +88,33 @@ fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], draws: &mut [Dra
         .collect();
     temperatures.sort_by(f64::total_cmp);
     temperatures.dedup();
+    let tokens = both.get(0).to_kind(Kind::Int64);
     for t in temperatures {
         let which: Vec<i64> = (0..rows.len())
             .filter(|&i| rows[i].params.log_prob_temperature() == t)
             .map(|i| i as i64)
             .collect();
-        let index = Tensor::from_slice(&which).to_device(device);
-        let targets: Vec<i64> = which
-            .iter()
-            .map(|&i| draws[i as usize].token as i64)
-            .collect();
-        let targets = Tensor::from_slice(&targets).to_device(device);
-        let chosen = kernels::log_probs(&logits.index_select(0, &index), &targets, t)
-            .expect("invariant: fp32 logits rows and their tokens on one GPU are valid");
-        let chosen =
-            Vec::<f32>::try_from(chosen.to_device(Device::Cpu)).expect("invariant: fp32 log-probs");
-        for (&i, lp) in which.iter().zip(chosen) {
-            draws[i as usize].log_prob = lp;
-        }
+        let index = upload(&which, device);
+        let chosen = kernels::log_probs(
+            &logits.index_select(0, &index),
+            &tokens.index_select(0, &index),
+            t,
+        )
+        .expect("invariant: fp32 logits rows and their tokens on one GPU are valid");
+        let _ = both
+            .get(1)
+            .index_copy_(0, &index, &chosen.to_kind(Kind::Double));
     }
 }
 
-fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
+/// Each row's token and its log-prob, `[2, B]` float64 on the logits' device.
+fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     let device = logits.device();
     if device.is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain) {
         return draw_fused(logits, rows);
     }
     let (b, vocab) = logits.size2().expect("invariant: logits are [B, V]");
-    let on = |v: Vec<f32>| Tensor::from_slice(&v).to_device(device);
+    let on = |v: Vec<f32>| upload(&v, device);
     let temps = on(rows
         .iter()
         .map(|r| r.params.log_prob_temperature() as f32)
@@ -116,15 +142,9 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
     let nothing_banned = banned.is_empty();
     if !nothing_banned {
         let (ri, ti): (Vec<i64>, Vec<i64>) = banned.into_iter().unzip();
-        let index = [
-            Some(Tensor::from_slice(&ri).to_device(device)),
-            Some(Tensor::from_slice(&ti).to_device(device)),
-        ];
-        masked = masked.index_put(
-            &index,
-            &Tensor::from(f32::NEG_INFINITY).to_device(device),
-            false,
-        );
+        let index = [Some(upload(&ri, device)), Some(upload(&ti, device))];
+        let minus_infinity = Tensor::full([], f64::NEG_INFINITY, (Kind::Float, device));
+        masked = masked.index_put(&index, &minus_infinity, false);
     }
     let any_greedy = rows.iter().any(|r| r.params.is_greedy());
     if rows.iter().all(|r| r.params.is_greedy()) {
@@ -141,13 +161,13 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
         let floor = probs.amax([-1i64].as_slice(), true) * min_p;
         probs = probs.masked_fill(&probs.lt_tensor(&floor), 0.0);
     }
-    let uniforms = Tensor::from_slice(
+    let uniforms = upload(
         &rows
             .iter()
             .map(|r| uniform(r.seed, r.step))
             .collect::<Vec<f64>>(),
+        device,
     )
-    .to_device(device)
     .to_kind(Kind::Float)
     .unsqueeze(1);
     // Plain sampling: inverse CDF in vocabulary order.
@@ -166,7 +186,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
         // result of its own kind, so a row's token never depends on its neighbours' settings.
         let (sorted, order) = probs.sort(-1, true);
         let rank = Tensor::arange(vocab, (Kind::Int64, device)).unsqueeze(0);
-        let top_k = Tensor::from_slice(
+        let top_k = upload(
             &rows
                 .iter()
                 .map(|r| {
@@ -177,8 +197,8 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
                     }
                 })
                 .collect::<Vec<i64>>(),
+            device,
         )
-        .to_device(device)
         .unsqueeze(1);
         let top_p = on(rows.iter().map(|r| r.params.top_p as f32).collect()).unsqueeze(1);
         // Keep rank r when r < k and the mass before it is still below p (the first is always kept).
@@ -193,19 +213,19 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
             .searchsorted(&cdf, false, true, "right", None::<Tensor>)
             .clamp(0, vocab - 1);
         let truncated = order.gather(1, &pick, false).squeeze_dim(1);
-        sampled = truncated.where_self(&Tensor::from_slice(&truncates).to_device(device), &sampled);
+        sampled = truncated.where_self(&upload(&truncates, device), &sampled);
     }
     if !any_greedy {
         return finish(&log_probs, sampled);
     }
     let greedy_tokens = masked.argmax(-1, false);
-    let is_greedy = Tensor::from_slice(
+    let is_greedy = upload(
         &rows
             .iter()
             .map(|r| r.params.is_greedy())
             .collect::<Vec<bool>>(),
-    )
-    .to_device(device);
+        device,
+    );
     let tokens = greedy_tokens.where_self(&is_greedy, &sampled);
     debug_assert_eq!(tokens.size(), [b]);
     finish(&log_probs, tokens)
@@ -222,7 +242,7 @@ impl RowSampling<'_> {
 /// [`draw`] for greedy and plain rows on a GPU: ooze's sampling kernel, one block per row, the
 /// same definitions (log-prob of `logits / T`, inverse CDF in vocabulary order with the row's
 /// uniform), one upload of the settings and one download of the results.
-fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
+fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     let greedy = |r: &RowSampling<'_>| r.params.is_greedy();
     let mut params: Vec<f32> = rows
         .iter()
@@ -230,13 +250,9 @@ fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Vec<Draw> {
         .collect();
     params.extend(rows.iter().map(|r| if greedy(r) { 1.0 } else { 0.0 }));
     params.extend(rows.iter().map(|r| uniform(r.seed, r.step) as f32));
-    let params = Tensor::from_slice(&params)
-        .view([3, rows.len() as i64])
-        .to_device(logits.device());
-    let out = kernels::sample(logits, &params)
+    let params = upload(&params, logits.device()).view([3, rows.len() as i64]);
+    kernels::sample(logits, &params)
         .expect("invariant: fp32 [B, V] logits and [3, B] settings on one GPU are valid")
-        .to_device(Device::Cpu);
-    host_draws(&out)
 }
 
 /// `[2, B]` float64 on the host (tokens, log-probs) → draws.
@@ -253,17 +269,15 @@ fn host_draws(both: &Tensor) -> Vec<Draw> {
         .collect()
 }
 
-/// Gathers the chosen tokens' log-probs and brings both to the host (one synchronisation).
-fn finish(log_probs: &Tensor, tokens: Tensor) -> Vec<Draw> {
+/// The chosen tokens with their log-probs, `[2, B]` float64.
+fn finish(log_probs: &Tensor, tokens: Tensor) -> Tensor {
     let chosen = log_probs
         .gather(1, &tokens.unsqueeze(1), false)
         .squeeze_dim(1);
-    let both = Tensor::stack(
+    Tensor::stack(
         &[tokens.to_kind(Kind::Double), chosen.to_kind(Kind::Double)],
         0,
     )
-    .to_device(Device::Cpu);
-    host_draws(&both)
 }
 
 #[cfg(test)]

@@ -3,12 +3,14 @@
 // has CUDA. Every entry point catches C++ exceptions and reports them through ooze_shim_last_error.
 
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -86,6 +88,32 @@ int ooze_stream_synchronize(int device) {
     return 1;
   }
 }
+
+// An event recorded on the calling thread's current stream of `device` (null on error): it passes
+// once the work queued there so far is done.
+void* ooze_event_record(int device) {
+  try {
+    auto event = std::make_unique<at::cuda::CUDAEvent>();
+    event->record(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)));
+    return event.release();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+// Waits for `event` (and only the work before it, not what was queued after).
+int ooze_event_synchronize(void* event) {
+  try {
+    static_cast<at::cuda::CUDAEvent*>(event)->synchronize();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+void ooze_event_free(void* event) { delete static_cast<at::cuda::CUDAEvent*>(event); }
 
 // The most memory the caching allocator has had allocated on `device` since the last reset (-1 on
 // error); with `reset`, the peak starts again from what is allocated now.

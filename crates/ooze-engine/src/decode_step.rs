@@ -1,0 +1,387 @@
+//! One decode step for every running request, overlapped with the host's handling of the step
+//! before it: the engine queues step n + 1 on the GPU before it reads step n's tokens, so
+//! streaming them, checking stops and the bookkeeping of a step happen while the GPU computes the
+//! next one instead of between the two.
+//!
+//! Step n + 1 takes step n's tokens as its input straight from the GPU ([`Feed`]). A request that
+//! step n's token ends (a stop token or stop string) has one row computed in step n + 1 for
+//! nothing; that draw is dropped. Requests that step n ends for certain (`max_new_tokens`, or the
+//! context's end) are left out of step n + 1. What changes the batch otherwise (preemption when
+//! blocks run out, pausing, weight updates, releasing memory) first finishes the step in flight
+//! ([`EngineLoop::drain`]). Draws depend only on each request's seed, step and logits, so a
+//! request's tokens are the same with and without overlap. `OOZE_ENGINE_OVERLAP=0`
+//! ([`crate::EngineConfig::overlap_steps`]) reads every step's tokens before queuing the next.
+
+use crate::admit::paged_hidden;
+use crate::engine::{kv_memory, EngineLoop, Running};
+use crate::handle::{EngineConfig, Event, RequestId};
+use crate::sampler::{draw, draw_async, Draw, PendingDraws, RowSampling};
+use ooze_core::{FinishReason, StopMatch};
+use ooze_model::Tokenizer;
+use ooze_torch::tch::{Device, Tensor};
+use ooze_torch::transfer::upload;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// A decode step queued on the device whose draws the host has not handled yet.
+pub(crate) struct InFlight {
+    /// The requests of the step's rows, in row order.
+    ids: Vec<RequestId>,
+    draws: PendingDraws,
+    /// Graph replay or eager launches, and (with `profile_steps`) the forward's time.
+    graphed: bool,
+    forward_ms: Option<f64>,
+}
+
+/// Where a step's input tokens come from on the device: row `rows[k].0` of the step takes the
+/// token drawn in row `rows[k].1` of the step before, `from`.
+pub(crate) struct Feed<'a> {
+    pub from: &'a Tensor,
+    pub rows: &'a [(i64, i64)],
+}
+
+impl Feed<'_> {
+    /// Writes the fed tokens into `tokens` (`[B]` int64 on the device, the other rows as
+    /// uploaded).
+    pub(crate) fn apply(&self, tokens: &Tensor) {
+        let n = self.rows.len() as i64;
+        if n == 0 {
+            return;
+        }
+        let in_order = self
+            .rows
+            .iter()
+            .enumerate()
+            .all(|(k, &(to, from))| to == k as i64 && from == k as i64);
+        if in_order {
+            // The common case: the same requests go on in the same order.
+            tokens
+                .narrow(0, 0, n)
+                .shallow_clone()
+                .copy_(&self.from.narrow(0, 0, n));
+            return;
+        }
+        let flat: Vec<i64> = (self.rows.iter().map(|r| r.0))
+            .chain(self.rows.iter().map(|r| r.1))
+            .collect();
+        let index = upload(&flat, tokens.device());
+        let _ = tokens.shallow_clone().index_copy_(
+            0,
+            &index.narrow(0, 0, n),
+            &self.from.index_select(0, &index.narrow(0, n, n)),
+        );
+    }
+}
+
+impl EngineLoop {
+    /// Queues one decode step for the running requests, then handles the draws of the step
+    /// before it (or of this one, without overlap).
+    pub(crate) fn decode_step(&mut self) {
+        let mut rows = self.next_step_rows();
+        if !self.reserve_without_preempting(&rows) {
+            self.drain();
+            self.reserve_next_positions();
+            rows = (0..self.running.len()).collect();
+        }
+        if rows.is_empty() {
+            self.drain();
+            return;
+        }
+        let step = self.launch(&rows);
+        let previous = self.in_flight.replace(step);
+        // The step is queued: deliver what was drawn before while the device computes.
+        self.send_outbox();
+        if let Some(previous) = previous {
+            self.process(previous);
+            self.send_outbox();
+        }
+        if !self.config.overlap_steps {
+            self.drain();
+        }
+    }
+
+    /// Waits for the step in flight, if any, and handles its draws.
+    pub(crate) fn drain(&mut self) {
+        if let Some(step) = self.in_flight.take() {
+            self.process(step);
+        }
+    }
+
+    /// The running requests the next step computes: all but those whose draw in flight is
+    /// certainly their last (`max_new_tokens` reached, or the context's end).
+    fn next_step_rows(&self) -> Vec<usize> {
+        let context_len = self.config.context_len;
+        (0..self.running.len())
+            .filter(|&i| {
+                let r = &self.running[i];
+                r.pending == 0
+                    || (r.output.len() + (r.pending as usize) < r.sampling.max_new_tokens
+                        && r.cached + 1 < context_len)
+            })
+            .collect()
+    }
+
+    /// Gives each of `rows` the block its next token goes into; false when blocks ran out (the
+    /// tables keep what they got).
+    fn reserve_without_preempting(&mut self, rows: &[usize]) -> bool {
+        rows.iter().all(|&i| {
+            let r = &mut self.running[i];
+            self.kv.grow(&mut r.table, r.cached as usize + 1)
+        })
+    }
+
+    /// Gives every running request the block its next token goes into. When blocks run out, the
+    /// most recently admitted requests are preempted until the others fit (one alone always fits:
+    /// the memory holds a whole context). Nothing may be in flight.
+    fn reserve_next_positions(&mut self) {
+        debug_assert!(self.in_flight.is_none());
+        self.running.sort_by_key(|r| r.admitted);
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &mut self.running[i];
+            if self.kv.grow(&mut r.table, r.cached as usize + 1) {
+                i += 1;
+            } else {
+                let newest = self.running.pop().expect("invariant: i < len");
+                self.preempt(newest);
+            }
+        }
+    }
+
+    /// Queues the forward pass and the draws of `rows` (indices into `running`, blocks reserved).
+    fn launch(&mut self, rows: &[usize]) -> InFlight {
+        let t0 = Instant::now();
+        // Rows whose input is still on the device: the step in flight drew it.
+        let previous: HashMap<RequestId, i64> = self
+            .in_flight
+            .as_ref()
+            .map(|f| (f.ids.iter().enumerate()).map(|(j, &id)| (id, j as i64)))
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut tokens = Vec::with_capacity(rows.len());
+        let mut fed = Vec::new();
+        for (k, &i) in rows.iter().enumerate() {
+            let r = &self.running[i];
+            if r.pending > 0 {
+                let from = previous
+                    .get(&r.id)
+                    .expect("invariant: a pending draw belongs to the step in flight");
+                fed.push((k as i64, *from));
+                tokens.push(0);
+            } else {
+                let last = r.output.last();
+                tokens.push(*last.expect("invariant: running requests have a token") as i64);
+            }
+        }
+        let past: Vec<i64> = rows.iter().map(|&i| self.running[i].cached).collect();
+        let tables: Vec<&[i64]> = rows.iter().map(|&i| &self.running[i].table[..]).collect();
+        let feed = self.in_flight.as_ref().map(|f| Feed {
+            from: &f.draws.tokens,
+            rows: &fed,
+        });
+        let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+        let graphed = match self.graphs.as_mut() {
+            Some(graphs) => {
+                match graphs.step(&self.decoder, cache, &tokens, feed.as_ref(), &tables, &past) {
+                    Ok(logits) => Some(logits),
+                    Err(err) => {
+                        eprintln!("ooze-engine: CUDA graphs turned off: {err}");
+                        self.graphs = None;
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let is_graphed = graphed.is_some();
+        let logits = match graphed {
+            Some(logits) => logits,
+            None => {
+                let device = self.decoder.device();
+                let ids = upload(&tokens, device);
+                if let Some(feed) = &feed {
+                    feed.apply(&ids);
+                }
+                let cache = kv_memory(&mut self.cache, &self.decoder, &self.config);
+                let b = rows.len() as i64;
+                let hidden = paged_hidden(
+                    &self.decoder,
+                    cache,
+                    &ids.view([b, 1]),
+                    &past,
+                    1,
+                    &tables,
+                    &past,
+                );
+                self.decoder.logits_f32(&hidden.select(1, 0))
+            }
+        };
+        let forward_ms = match (self.config.profile_steps, self.decoder.device()) {
+            (true, Device::Cuda(i)) => {
+                ooze_torch::cuda_graph::synchronize(i);
+                Some(t0.elapsed().as_secs_f64() * 1e3)
+            }
+            (true, _) => Some(t0.elapsed().as_secs_f64() * 1e3),
+            _ => None,
+        };
+        let banned: Vec<Vec<u32>> = rows.iter().map(|&i| self.banned(i)).collect();
+        let specs: Vec<RowSampling<'_>> = rows
+            .iter()
+            .zip(&banned)
+            .map(|(&i, banned)| {
+                let r = &self.running[i];
+                RowSampling {
+                    params: &r.sampling,
+                    seed: r.seed,
+                    step: (r.output.len() + r.pending as usize) as u64,
+                    banned,
+                }
+            })
+            .collect();
+        let draws = draw_async(&logits, &specs);
+        drop(specs);
+        for &i in rows {
+            let r = &mut self.running[i];
+            r.cached += 1;
+            r.pending += 1;
+        }
+        InFlight {
+            ids: rows.iter().map(|&i| self.running[i].id).collect(),
+            draws,
+            graphed: is_graphed,
+            forward_ms,
+        }
+    }
+
+    /// Tokens running request `i` must not draw next: its stop tokens (and EOS) before
+    /// `min_new_tokens`.
+    fn banned(&self, i: usize) -> Vec<u32> {
+        let r = &self.running[i];
+        if r.output.len() + r.pending as usize >= r.sampling.min_new_tokens {
+            return Vec::new();
+        }
+        let mut b = r.sampling.stop_token_ids.clone();
+        if !r.sampling.ignore_eos {
+            b.extend(&self.config.eos_token_ids);
+        }
+        b
+    }
+
+    /// Handles a step's draws: each row's token goes to its request (unless it ended while the
+    /// step was in flight), is streamed, and ends the request when it stops.
+    fn process(&mut self, step: InFlight) {
+        let t0 = Instant::now();
+        let draws = step.draws.wait();
+        let index: HashMap<RequestId, usize> = (self.running.iter().enumerate())
+            .map(|(i, r)| (r.id, i))
+            .collect();
+        let accepted: Vec<(usize, Draw)> = (step.ids.iter().zip(draws))
+            .filter_map(|(id, d)| index.get(id).map(|&i| (i, d)))
+            .collect();
+        self.accept(accepted);
+        if let Some(forward_ms) = step.forward_ms {
+            eprintln!(
+                "engine step: batch {} forward {forward_ms:.2} ms ({}), sample+host {:.2} ms",
+                step.ids.len(),
+                if step.graphed { "graph" } else { "eager" },
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+
+    /// Draws one token for each listed running request with no draw pending (row `i` of
+    /// `logits` belongs to `rows[i]`), streams it, and finishes the requests that stop.
+    pub(crate) fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
+        let banned: Vec<Vec<u32>> = rows.iter().map(|&i| self.banned(i)).collect();
+        let specs: Vec<RowSampling<'_>> = rows
+            .iter()
+            .zip(&banned)
+            .map(|(&i, banned)| {
+                let r = &self.running[i];
+                RowSampling {
+                    params: &r.sampling,
+                    seed: r.seed,
+                    step: r.output.len() as u64,
+                    banned,
+                }
+            })
+            .collect();
+        let draws = draw(logits, &specs);
+        drop(specs);
+        for &i in rows {
+            self.running[i].pending += 1;
+        }
+        self.accept(rows.iter().copied().zip(draws).collect());
+    }
+
+    /// Gives each running request `i` its drawn token (the oldest of its pending draws), streams
+    /// it, and finishes the requests that stop.
+    fn accept(&mut self, draws: Vec<(usize, Draw)>) {
+        let mut done = Vec::new();
+        for (i, d) in draws {
+            let r = &mut self.running[i];
+            r.pending -= 1;
+            r.output.push(d.token);
+            r.log_probs.push(d.log_prob);
+            if r.events.is_closed() {
+                done.push((i, FinishReason::Abort));
+                continue;
+            }
+            self.outbox.push((
+                r.events.clone(),
+                Event::Token {
+                    token: d.token,
+                    log_prob: d.log_prob,
+                },
+            ));
+            // The cached length when this token was drawn: later steps in flight added theirs.
+            let cached = r.cached - r.pending as i64;
+            if let Some(reason) = stop_reason(r, cached, &self.config, self.tokenizer.as_deref()) {
+                done.push((i, reason));
+            }
+        }
+        // Remove from the back so earlier indices stay valid.
+        done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, reason) in done {
+            let r = self.running.swap_remove(i);
+            self.finish(r, reason);
+        }
+    }
+}
+
+/// Why `r` stops after its last token, drawn with `cached` tokens in its blocks, if it does.
+fn stop_reason(
+    r: &Running,
+    cached: i64,
+    config: &EngineConfig,
+    tokenizer: Option<&Tokenizer>,
+) -> Option<FinishReason> {
+    let token = *r.output.last()?;
+    let s = &r.sampling;
+    if r.output.len() >= s.min_new_tokens {
+        if (!s.ignore_eos && config.eos_token_ids.contains(&token))
+            || s.stop_token_ids.contains(&token)
+        {
+            return Some(FinishReason::Stop {
+                matched: StopMatch::Token(token),
+            });
+        }
+        if let (false, Some(tok)) = (s.stop.is_empty(), tokenizer) {
+            // Only the tail can hold a new match: the last token's text plus the longest stop string.
+            let window = s.stop.iter().map(|x| x.len()).max().unwrap_or(0) + 16;
+            let from = r.output.len().saturating_sub(window);
+            if let Ok(text) = tok.decode(&r.output[from..], false) {
+                if let Some(hit) = s.stop.iter().find(|x| text.contains(x.as_str())) {
+                    return Some(FinishReason::Stop {
+                        matched: StopMatch::Text(hit.clone()),
+                    });
+                }
+            }
+        }
+    }
+    if r.output.len() >= s.max_new_tokens || cached + 1 >= config.context_len {
+        return Some(FinishReason::Length);
+    }
+    None
+}

@@ -1,0 +1,156 @@
+//! Overlapped decode steps (each step queued before the host handles the draws of the one before)
+//! give every request what it gets without overlap: the same tokens, finish reasons and
+//! log-probs, across stop tokens, EOS under `min_new_tokens`, stop strings, length limits, the
+//! context's end, top-k/top-p rows beside plain and greedy ones, more requests than batch rows,
+//! and preemption when blocks run out. Tiny CPU model, one libtorch thread.
+
+use ooze_core::FinishReason;
+use ooze_engine::{
+    EngineConfig, EngineHandle, Event, Output, PauseMode, Request, SamplingParams, StopStrings,
+};
+use ooze_model::Tokenizer;
+use std::path::Path;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+mod common;
+use common::runtime;
+
+fn start_engine(dir: &Path, config: EngineConfig) -> EngineHandle {
+    ooze_torch::tch::set_num_threads(1);
+    common::start_engine(dir, config)
+}
+
+/// Requests whose ends differ in kind and in step, so that a request ends while the step after
+/// its last token is already queued, and others end exactly when known in advance.
+fn workload(tokenizer: &Tokenizer) -> Vec<Request> {
+    let text = tokenizer
+        .decode(&(40..90).collect::<Vec<u32>>(), false)
+        .unwrap();
+    let stop: String = text.chars().skip(7).take(2).collect();
+    (0..24u32)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..5 + i % 7)
+                .map(|j| (i * 37 + j * 11) % 390 + 1)
+                .collect();
+            let mut p = SamplingParams {
+                seed: Some(500 + u64::from(i)),
+                max_new_tokens: Some(6 + (i as usize * 5) % 40),
+                ..Default::default()
+            };
+            match i % 6 {
+                // Stop tokens: about one token in 25 ends the request.
+                0 => p.stop_token_ids = Some((0..16).map(|t| t * 25 + i % 25).collect()),
+                // EOS (the engine's), not before 8 tokens: banned until then.
+                1 => p.min_new_tokens = Some(8),
+                2 => {
+                    p.top_p = Some(0.8);
+                    p.stop_token_ids = Some((0..10).map(|t| t * 40 + 3).collect());
+                }
+                3 => {
+                    p.temperature = Some(0.0);
+                    p.stop = Some(StopStrings::One(stop.clone()));
+                }
+                4 => {
+                    p.top_k = Some(20);
+                    p.ignore_eos = Some(true);
+                }
+                // Up to the context's end (64 tokens).
+                _ => {
+                    p.ignore_eos = Some(true);
+                    p.max_new_tokens = Some(64 - prompt.len());
+                }
+            }
+            Request {
+                input_ids: prompt,
+                sampling: p.validate().unwrap(),
+                session: None,
+            }
+        })
+        .collect()
+}
+
+async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<Output> {
+    handle.pause(PauseMode::InPlace);
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| handle.submit(r).unwrap().1)
+        .collect();
+    handle.resume();
+    let mut outs = Vec::new();
+    for rx in streams {
+        outs.push(streamed(rx).await);
+    }
+    outs
+}
+
+/// The output, checked against the tokens streamed before it.
+async fn streamed(mut rx: UnboundedReceiver<Event>) -> Output {
+    let mut tokens = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Token { token, .. } => tokens.push(token),
+            Event::Done(out) => {
+                assert_eq!(out.tokens, tokens, "streamed tokens are the output's");
+                return out;
+            }
+        }
+    }
+    panic!("the stream ended without an output")
+}
+
+fn config(max_running: i64, kv_tokens: Option<i64>, overlap: bool) -> EngineConfig {
+    let mut c = EngineConfig::new(max_running, 64, vec![7, 19, 101, 230, 333])
+        .with_kv(Some(16), kv_tokens)
+        .unwrap();
+    c.overlap_steps = overlap;
+    c
+}
+
+fn assert_same(got: &[Output], want: &[Output]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.finish, w.finish, "request {i}");
+        let worst = (g.log_probs.iter().zip(&w.log_probs))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        // Bitwise where both ran the same batches; a row computed for nothing in a step (overlap)
+        // changes the CPU matmul's row count, which may round the last bit differently.
+        assert!(worst < 1e-5, "request {i}: log-probs differ by {worst}");
+    }
+}
+
+#[test]
+fn overlapped_steps_give_what_sequential_steps_give() {
+    let dir = common::tiny_model(31);
+    let tokenizer = Tokenizer::load(dir.path()).unwrap();
+    let rt = runtime();
+    let run =
+        |c: EngineConfig| rt.block_on(all(&start_engine(dir.path(), c), workload(&tokenizer)));
+    let sequential = run(config(32, None, false));
+    let finishes: Vec<&FinishReason> = sequential.iter().map(|o| &o.finish).collect();
+    let stopped = finishes
+        .iter()
+        .filter(|f| matches!(f, FinishReason::Stop { .. }))
+        .count();
+    let lengths = finishes.len() - stopped;
+    assert!(
+        stopped >= 6 && lengths >= 6,
+        "the workload ends requests both ways: {finishes:?}"
+    );
+    assert!(
+        sequential
+            .iter()
+            .any(|o| o.tokens.len() + o.prompt_tokens == 64),
+        "some request reaches the context's end"
+    );
+    // Every request in one batch; then 5 rows for 24 requests (they join as others end); then
+    // memory for 10 blocks of 16, so running requests are preempted and recomputed.
+    assert_same(&run(config(32, None, true)), &sequential);
+    assert_same(&run(config(5, None, true)), &run(config(5, None, false)));
+    let tight = start_engine(dir.path(), config(8, Some(10 * 16), true));
+    assert_same(&rt.block_on(all(&tight, workload(&tokenizer))), &sequential);
+    let stats = rt.block_on(tight.stats()).unwrap();
+    assert!(stats.preempted > 0, "blocks ran out: {stats:?}");
+    assert_eq!((stats.kv_blocks_free, stats.running), (10, 0), "{stats:?}");
+}
