@@ -2,6 +2,7 @@
 // PyTorch that tch links (and CUDA's host headers from the nvidia wheels), only when that PyTorch
 // has CUDA. Every entry point catches C++ exceptions and reports them through ooze_shim_last_error.
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -86,6 +87,20 @@ int ooze_stream_synchronize(int device) {
   } catch (const std::exception& e) {
     last_error = e.what();
     return 1;
+  }
+}
+
+// The CPU tensor `host` on CUDA device `device` (null on error), copied asynchronously on the
+// current stream from pinned memory, which PyTorch's caching host allocator keeps until the copy
+// has run: the call returns without waiting for the GPU. (tch's pin_memory passes a device
+// argument, which PyTorch warns about on every call.)
+at::Tensor* ooze_upload(const at::Tensor* host, int device) {
+  try {
+    const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+    return new at::Tensor(host->pin_memory().to(cuda, /*non_blocking=*/true));
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
   }
 }
 

@@ -12,6 +12,7 @@ mod ffi {
     use std::ffi::{c_char, c_int, c_void};
     extern "C" {
         pub fn ooze_shim_last_error() -> *const c_char;
+        pub fn ooze_upload(host: *const c_void, device: c_int) -> *mut c_void;
         pub fn ooze_event_record(device: c_int) -> *mut c_void;
         pub fn ooze_event_synchronize(event: *mut c_void) -> c_int;
         pub fn ooze_event_free(event: *mut c_void);
@@ -33,10 +34,18 @@ fn last_error() -> String {
 pub fn upload<T: Element>(values: &[T], device: Device) -> Tensor {
     let host = Tensor::from_slice(values);
     match device {
-        Device::Cuda(_) => host
-            .pin_memory(device)
-            .to_device_(device, T::KIND, true, false),
-        _ => host,
+        #[cfg(ooze_cuda_graphs)]
+        Device::Cuda(i) => {
+            // SAFETY: a CPU tensor and a device index; the shim returns a new tensor or null.
+            let raw = unsafe { ffi::ooze_upload(host.as_ptr().cast(), i as std::ffi::c_int) };
+            if raw.is_null() {
+                panic!("uploading to the GPU failed: {}", last_error());
+            }
+            // SAFETY: an `at::Tensor*` the shim allocated for the caller to own.
+            unsafe { Tensor::from_ptr(raw.cast()) }
+        }
+        Device::Cpu => host,
+        _ => host.to_device(device),
     }
 }
 
