@@ -226,19 +226,7 @@ impl EngineLoop {
             _ => None,
         };
         let banned: Vec<Vec<u32>> = rows.iter().map(|&i| self.banned(i)).collect();
-        let specs: Vec<RowSampling<'_>> = rows
-            .iter()
-            .zip(&banned)
-            .map(|(&i, banned)| {
-                let r = &self.running[i];
-                RowSampling {
-                    params: &r.sampling,
-                    seed: r.seed,
-                    step: (r.output.len() + r.pending as usize) as u64,
-                    banned,
-                }
-            })
-            .collect();
+        let specs = self.row_sampling(rows, &banned);
         let draws = draw_async(&logits, &specs);
         drop(specs);
         for &i in rows {
@@ -252,6 +240,22 @@ impl EngineLoop {
             graphed: is_graphed,
             forward_ms,
         }
+    }
+
+    /// The sampling state of `rows` for their next draw (after the ones pending), `banned[k]`
+    /// being what `rows[k]` must not draw.
+    fn row_sampling<'a>(&'a self, rows: &[usize], banned: &'a [Vec<u32>]) -> Vec<RowSampling<'a>> {
+        (rows.iter().zip(banned))
+            .map(|(&i, banned)| {
+                let r = &self.running[i];
+                RowSampling {
+                    params: &r.sampling,
+                    seed: r.seed,
+                    step: (r.output.len() + r.pending as usize) as u64,
+                    banned,
+                }
+            })
+            .collect()
     }
 
     /// Tokens running request `i` must not draw next: its stop tokens (and EOS) before
@@ -294,19 +298,7 @@ impl EngineLoop {
     /// `logits` belongs to `rows[i]`), streams it, and finishes the requests that stop.
     pub(crate) fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
         let banned: Vec<Vec<u32>> = rows.iter().map(|&i| self.banned(i)).collect();
-        let specs: Vec<RowSampling<'_>> = rows
-            .iter()
-            .zip(&banned)
-            .map(|(&i, banned)| {
-                let r = &self.running[i];
-                RowSampling {
-                    params: &r.sampling,
-                    seed: r.seed,
-                    step: r.output.len() as u64,
-                    banned,
-                }
-            })
-            .collect();
+        let specs = self.row_sampling(rows, &banned);
         let draws = draw(logits, &specs);
         drop(specs);
         for &i in rows {

@@ -5,15 +5,12 @@
 //! and preemption when blocks run out. Tiny CPU model, one libtorch thread.
 
 use ooze_core::FinishReason;
-use ooze_engine::{
-    EngineConfig, EngineHandle, Event, Output, PauseMode, Request, SamplingParams, StopStrings,
-};
+use ooze_engine::{EngineConfig, EngineHandle, Output, Request, SamplingParams, StopStrings};
 use ooze_model::Tokenizer;
 use std::path::Path;
-use tokio::sync::mpsc::UnboundedReceiver;
 
 mod common;
-use common::runtime;
+use common::{all, runtime};
 
 fn start_engine(dir: &Path, config: EngineConfig) -> EngineHandle {
     ooze_torch::tch::set_num_threads(1);
@@ -67,35 +64,6 @@ fn workload(tokenizer: &Tokenizer) -> Vec<Request> {
             }
         })
         .collect()
-}
-
-async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<Output> {
-    handle.pause(PauseMode::InPlace);
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap().1)
-        .collect();
-    handle.resume();
-    let mut outs = Vec::new();
-    for rx in streams {
-        outs.push(streamed(rx).await);
-    }
-    outs
-}
-
-/// The output, checked against the tokens streamed before it.
-async fn streamed(mut rx: UnboundedReceiver<Event>) -> Output {
-    let mut tokens = Vec::new();
-    while let Some(event) = rx.recv().await {
-        match event {
-            Event::Token { token, .. } => tokens.push(token),
-            Event::Done(out) => {
-                assert_eq!(out.tokens, tokens, "streamed tokens are the output's");
-                return out;
-            }
-        }
-    }
-    panic!("the stream ended without an output")
 }
 
 fn config(max_running: i64, kv_tokens: Option<i64>, overlap: bool) -> EngineConfig {

@@ -2,12 +2,12 @@
 //! one fixed slot per sequence gives; running out of blocks preempts and recomputes without
 //! changing a token; 1,000 random aborts, pauses and flushes leave every block free.
 
-use ooze_engine::{EngineConfig, EngineHandle, Event, Output, PauseMode, Request, SamplingParams};
+use ooze_engine::{EngineConfig, EngineHandle, Event, PauseMode, Request, SamplingParams};
 use std::path::Path;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 mod common;
-use common::runtime;
+use common::{all, runtime};
 
 fn model_dir() -> tempfile::TempDir {
     common::tiny_model(23)
@@ -61,32 +61,6 @@ fn workload() -> Vec<Request> {
         }
     }
     requests
-}
-
-/// Runs every request to the end. The engine is paused while they are submitted, so it admits
-/// them all at once: which requests share a pass must not depend on how fast this thread submits
-/// (a CPU matmul of another row count may round differently).
-async fn all(handle: &EngineHandle, requests: Vec<Request>) -> Vec<Output> {
-    handle.pause(PauseMode::InPlace);
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| handle.submit(r).unwrap().1)
-        .collect();
-    handle.resume();
-    let mut outs = Vec::new();
-    for rx in streams {
-        outs.push(done(rx).await);
-    }
-    outs
-}
-
-async fn done(mut rx: UnboundedReceiver<Event>) -> Output {
-    while let Some(event) = rx.recv().await {
-        if let Event::Done(out) = event {
-            return out;
-        }
-    }
-    panic!("the stream ended without an output")
 }
 
 fn worst(a: &[f32], b: &[f32]) -> f32 {
@@ -214,7 +188,7 @@ fn a_thousand_random_aborts_leak_no_block() {
                 handle.abort(*id);
                 aborted += 1;
                 let (_, rx, _) = live.swap_remove(i);
-                done(rx).await;
+                common::done(rx).await;
                 continue;
             }
             *left -= 1;
