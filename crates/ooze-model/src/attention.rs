@@ -4,17 +4,21 @@
 
 use crate::config::ModelConfig;
 use ooze_torch::tch::{Device, Kind, Tensor};
+use ooze_torch::transfer::upload;
 
-/// The keys (or values) of `cells [B, L]` in a layer's paged memory `[blocks, block_size, kv_heads,
-/// head_dim]`, as `[B, kv_heads, L, head_dim]`.
-pub(crate) fn gather_cells(layer: &Tensor, cells: &Tensor) -> Tensor {
+/// The keys (or values) of the first `read_len` positions of each row in a layer's paged memory
+/// `[blocks, block_size, kv_heads, head_dim]`, read through `tables [B, W]`, as
+/// `[B, kv_heads, read_len, head_dim]`. Whole blocks are gathered (a row of block_size · kv_heads ·
+/// head_dim elements per table entry, not one per position: on a CPU a tenth of the time).
+pub(crate) fn gather_blocks(layer: &Tensor, tables: &Tensor, read_len: i64) -> Tensor {
     let size = layer.size();
-    let (kv, d) = (size[2], size[3]);
-    let (b, l) = (cells.size()[0], cells.size()[1]);
+    let (block_size, kv, d) = (size[1], size[2], size[3]);
+    let b = tables.size()[0];
+    let width = (read_len + block_size - 1) / block_size;
     layer
-        .view([-1, kv, d])
-        .index_select(0, &cells.view([-1]))
-        .view([b, l, kv, d])
+        .index_select(0, &tables.narrow(1, 0, width).reshape([-1]))
+        .view([b, width * block_size, kv, d])
+        .narrow(1, 0, read_len)
         .transpose(1, 2)
 }
 
@@ -147,9 +151,6 @@ pub(crate) enum KvTarget<'a> {
         cache: &'a mut PagedKv,
         /// `[B, T]` flat cell (block · block size + offset) of every new token: where to write.
         write_cells: Tensor,
-        /// `[B, L]` cells of the positions each row reads ([`read_cells`]), made the first time a
-        /// layer reads through them: the fused decode kernel reads through `tables` instead.
-        read_cells: std::cell::OnceCell<Tensor>,
         /// `[B, W]` block tables and `[B]` cached lengths, for the fused decode kernels.
         tables: Tensor,
         past: Tensor,
@@ -187,10 +188,10 @@ impl KvTarget<'_> {
             flat.extend_from_slice(&table[..table.len().min(width)]);
             flat.resize(start + width, cache.scratch());
         }
-        let tables = Tensor::from_slice(&flat)
-            .to_device(device)
-            .view([-1, width as i64]);
-        let past = Tensor::from_slice(past).to_device(device);
+        // Uploads that do not wait for the device (the engine queues a step while the one before
+        // it still runs).
+        let tables = upload(&flat, device).view([-1, width as i64]);
+        let past = upload(past, device);
         let mask = paged_mask(&past, t, read_len);
         (KvTarget::paged(cache, tables, past, t, read_len), mask)
     }
@@ -207,7 +208,6 @@ impl KvTarget<'_> {
         let new = past.unsqueeze(1) + Tensor::arange(t, (Kind::Int64, past.device())).unsqueeze(0);
         KvTarget::Paged {
             write_cells: cells(&tables, &new, cache.block_size()),
-            read_cells: std::cell::OnceCell::new(),
             tables,
             past,
             read_len,
@@ -220,22 +220,6 @@ impl KvTarget<'_> {
 fn cells(tables: &Tensor, positions: &Tensor, block_size: i64) -> Tensor {
     tables.gather(1, &positions.divide_scalar_mode(block_size, "floor"), false) * block_size
         + positions.remainder(block_size)
-}
-
-/// The `[B, read_len]` cells a paged target's rows read, made once per forward pass in `read`.
-pub(crate) fn read_cells<'r>(
-    read: &'r std::cell::OnceCell<Tensor>,
-    tables: &Tensor,
-    read_len: i64,
-    block_size: i64,
-) -> &'r Tensor {
-    read.get_or_init(|| {
-        let b = tables.size()[0];
-        let positions = Tensor::arange(read_len, (Kind::Int64, tables.device()))
-            .unsqueeze(0)
-            .expand([b, read_len], false);
-        cells(tables, &positions, block_size)
-    })
 }
 
 /// `[B, KV, H/KV, L]` additive bias (0 where attending, −∞ elsewhere) from a `[B, 1, 1, L]` mask.

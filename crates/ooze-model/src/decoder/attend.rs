@@ -4,7 +4,7 @@
 //! FlashAttention over packed sequences, or libtorch's attention with a mask.
 
 use super::{kernels_fit, rms_norm, Decoder};
-use crate::attention::{decode_attention, gather_cells, read_cells, KvTarget, PaddedPacking};
+use crate::attention::{decode_attention, gather_blocks, KvTarget, PaddedPacking};
 use crate::rope;
 use ooze_torch::kernels::{self, RopeStore};
 use ooze_torch::tch::Tensor;
@@ -55,7 +55,6 @@ impl Decoder {
             KvTarget::Paged {
                 cache,
                 write_cells,
-                read_cells: read_cells_once,
                 tables,
                 past,
                 read_len,
@@ -108,11 +107,10 @@ impl Decoder {
                         .decode_bias
                         .as_ref()
                         .expect("invariant: built when not fused");
-                    let reads = read_cells(read_cells_once, tables, *read_len, cache.block_size());
                     decode_attention(
                         &q.view([b, c.num_heads, t, c.head_dim]),
-                        &gather_cells(&cache.k[i], reads),
-                        &gather_cells(&cache.v[i], reads),
+                        &gather_blocks(&cache.k[i], tables, *read_len),
+                        &gather_blocks(&cache.v[i], tables, *read_len),
                         bias,
                         plan.scale,
                     )
@@ -315,7 +313,6 @@ impl Decoder {
                 KvTarget::Paged {
                     cache,
                     write_cells,
-                    read_cells: read_cells_once,
                     tables,
                     read_len,
                     ..
@@ -334,10 +331,9 @@ impl Decoder {
                         // The caller reads through the block tables itself.
                         return (q, k, v);
                     }
-                    let reads = read_cells(read_cells_once, tables, *read_len, cache.block_size());
                     (
-                        gather_cells(&cache.k[i], reads),
-                        gather_cells(&cache.v[i], reads),
+                        gather_blocks(&cache.k[i], tables, *read_len),
+                        gather_blocks(&cache.v[i], tables, *read_len),
                     )
                 }
             };
