@@ -8,8 +8,8 @@ use ooze_torch::transfer::upload;
 
 /// The keys (or values) of the first `read_len` positions of each row in a layer's paged memory
 /// `[blocks, block_size, kv_heads, head_dim]`, read through `tables [B, W]`, as
-/// `[B, kv_heads, read_len, head_dim]`. Whole blocks are gathered (a row of block_size · kv_heads ·
-/// head_dim elements per table entry, not one per position: on a CPU a tenth of the time).
+/// `[B, kv_heads, read_len, head_dim]`. Whole blocks are gathered, one index per table entry, so no
+/// per-position index is built (on a CPU the copy itself takes as long either way).
 pub(crate) fn gather_blocks(layer: &Tensor, tables: &Tensor, read_len: i64) -> Tensor {
     let size = layer.size();
     let (block_size, kv, d) = (size[1], size[2], size[3]);
