@@ -9,8 +9,9 @@
 //! context's end) are left out of step n + 1. What changes the batch otherwise (preemption when
 //! blocks run out, pausing, weight updates, releasing memory) first finishes the step in flight
 //! ([`EngineLoop::drain`]). Draws depend only on each request's seed, step and logits, so a
-//! request's tokens are the same with and without overlap. `OOZE_ENGINE_OVERLAP=0`
-//! ([`crate::EngineConfig::overlap_steps`]) reads every step's tokens before queuing the next.
+//! request's tokens are the same with and without overlap. On a CPU, or with
+//! `OOZE_ENGINE_OVERLAP=0` ([`crate::EngineConfig::overlap_steps`]), every step's tokens are read
+//! before the next is queued.
 
 use crate::admit::paged_hidden;
 use crate::engine::{kv_memory, EngineLoop, Running};
@@ -92,10 +93,11 @@ impl EngineLoop {
         // The step is queued: deliver what was drawn before while the device computes.
         self.send_outbox();
         if let Some(previous) = previous {
+            self.overlapped_steps += 1;
             self.process(previous);
             self.send_outbox();
         }
-        if !self.config.overlap_steps {
+        if !self.overlap {
             self.drain();
         }
     }

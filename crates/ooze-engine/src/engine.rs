@@ -88,6 +88,10 @@ pub(crate) struct EngineLoop {
     pub(crate) admissions: u64,
     paused: bool,
     preempted: u64,
+    /// Whether decode steps are queued ahead ([`EngineConfig::overlap_steps`], resolved for the
+    /// device), and how many were.
+    pub(crate) overlap: bool,
+    pub(crate) overlapped_steps: u64,
     /// Captured decode steps (GPU only; `None` on CPU, when turned off, or after a capture failed).
     pub(crate) graphs: Option<DecodeGraphs>,
     /// The decode step queued on the device whose draws are not handled yet.
@@ -113,6 +117,7 @@ pub fn start(
         None
     };
     let weight_version = config.initial_weight_version;
+    let overlap = config.overlap_steps.unwrap_or(decoder.device().is_cuda());
     let state = EngineLoop {
         decoder,
         tokenizer,
@@ -126,6 +131,8 @@ pub fn start(
         admissions: 0,
         paused: false,
         preempted: 0,
+        overlap,
+        overlapped_steps: 0,
         graphs,
         in_flight: None,
         outbox: Vec::new(),
@@ -247,6 +254,7 @@ impl EngineLoop {
                     paused: self.paused,
                     kv_allocated: self.cache.is_some(),
                     preempted: self.preempted,
+                    overlapped_steps: self.overlapped_steps,
                 });
             }
             Command::FlushCache(reply) => {

@@ -31,8 +31,10 @@ pub struct EngineConfig {
     /// Replay decode steps from CUDA graphs on a GPU (set `OOZE_CUDA_GRAPHS=0` to turn off).
     pub cuda_graphs: bool,
     /// Queue each decode step before handling the draws of the one before, so the host's work
-    /// overlaps the device's (set `OOZE_ENGINE_OVERLAP=0` to turn off).
-    pub overlap_steps: bool,
+    /// overlaps the device's. `None`: on a GPU only (on a CPU a step has run by the time it is
+    /// queued, so queuing ahead would only deliver each token a step later).
+    /// `OOZE_ENGINE_OVERLAP=0` or `1` sets it.
+    pub overlap_steps: Option<bool>,
     /// Print the forward and sampling time of every decode step (synchronises the GPU; set
     /// `OOZE_ENGINE_PROFILE=1`).
     pub profile_steps: bool,
@@ -66,7 +68,11 @@ impl EngineConfig {
             eos_token_ids,
             min_prefix_reuse: 16,
             cuda_graphs: std::env::var("OOZE_CUDA_GRAPHS").as_deref() != Ok("0"),
-            overlap_steps: std::env::var("OOZE_ENGINE_OVERLAP").as_deref() != Ok("0"),
+            overlap_steps: match std::env::var("OOZE_ENGINE_OVERLAP").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            },
             profile_steps: std::env::var_os("OOZE_ENGINE_PROFILE").is_some(),
             initial_weight_version: 0,
         }
@@ -235,6 +241,9 @@ pub struct EngineStats {
     /// Requests preempted so far (each time counts): by a retracting pause, a memory release, or
     /// running out of KV blocks.
     pub preempted: u64,
+    /// Decode steps queued while the step before was still in flight (see
+    /// [`EngineConfig::overlap_steps`]).
+    pub overlapped_steps: u64,
 }
 
 /// The messages an engine worker serves: the embedded engine thread ([`crate::engine`]), or a

@@ -70,7 +70,7 @@ fn config(max_running: i64, kv_tokens: Option<i64>, overlap: bool) -> EngineConf
     let mut c = EngineConfig::new(max_running, 64, vec![7, 19, 101, 230, 333])
         .with_kv(Some(16), kv_tokens)
         .unwrap();
-    c.overlap_steps = overlap;
+    c.overlap_steps = Some(overlap);
     c
 }
 
@@ -93,9 +93,14 @@ fn overlapped_steps_give_what_sequential_steps_give() {
     let dir = common::tiny_model(31);
     let tokenizer = Tokenizer::load(dir.path()).unwrap();
     let rt = runtime();
-    let run =
-        |c: EngineConfig| rt.block_on(all(&start_engine(dir.path(), c), workload(&tokenizer)));
-    let sequential = run(config(32, None, false));
+    // The outputs, and how many steps were queued while the one before was in flight.
+    let run = |c: EngineConfig| {
+        let handle = start_engine(dir.path(), c);
+        let outs = rt.block_on(all(&handle, workload(&tokenizer)));
+        (outs, rt.block_on(handle.stats()).unwrap().overlapped_steps)
+    };
+    let (sequential, none) = run(config(32, None, false));
+    assert_eq!(none, 0);
     let finishes: Vec<&FinishReason> = sequential.iter().map(|o| &o.finish).collect();
     let stopped = finishes
         .iter()
@@ -114,8 +119,13 @@ fn overlapped_steps_give_what_sequential_steps_give() {
     );
     // Every request in one batch; then 5 rows for 24 requests (they join as others end); then
     // memory for 10 blocks of 16, so running requests are preempted and recomputed.
-    assert_same(&run(config(32, None, true)), &sequential);
-    assert_same(&run(config(5, None, true)), &run(config(5, None, false)));
+    let (overlapped, steps) = run(config(32, None, true));
+    assert_same(&overlapped, &sequential);
+    assert!(steps > 30, "steps were queued ahead: {steps}");
+    assert_same(
+        &run(config(5, None, true)).0,
+        &run(config(5, None, false)).0,
+    );
     let tight = start_engine(dir.path(), config(8, Some(10 * 16), true));
     assert_same(&rt.block_on(all(&tight, workload(&tokenizer))), &sequential);
     let stats = rt.block_on(tight.stats()).unwrap();

@@ -558,6 +558,7 @@ fn serve(shared: Arc<Shared>, commands: mpsc::Receiver<Command>) {
                     paused: false,
                     kv_allocated: true,
                     preempted: 0,
+                    overlapped_steps: 0,
                 });
             }
             Command::FlushCache(reply) => {

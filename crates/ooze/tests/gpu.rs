@@ -215,16 +215,19 @@ fn gpu_cuda_graph_decode_matches_eager() {
     eprintln!("graph vs eager: max |log-prob diff| {worst:.2e}");
 }
 
-/// Overlapped decode steps on a GPU (CUDA graphs, ooze's kernels, bf16): inputs uploaded from
-/// pinned memory without waiting, the previous step's tokens fed on the device (in order, then
-/// through an index copy once requests of different lengths end), draws read back behind an event.
-/// With requests that end at known lengths both modes run the same batches, so the tokens and
-/// log-probs are bitwise those of sequential steps (`overlap_steps` false).
+/// Overlapped decode steps on a GPU (CUDA graphs, ooze's kernels): inputs uploaded from pinned
+/// memory without waiting, the previous step's tokens fed on the device (in order, then through an
+/// index copy once requests end), draws read back behind an event. In bf16 with requests that end
+/// at known lengths both modes run the same batches, so tokens and log-probs are bitwise those of
+/// sequential steps (`overlap_steps` off). In fp32 requests also end on stop tokens while the step
+/// after their last token is in flight (a row computed for nothing, blocks given back while the
+/// device still writes them): the same tokens, log-probs within 1e-4 (a step's row count differs).
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_overlapped_decode_matches_sequential() {
     require_gpu();
-    use ooze_engine::{start, EngineConfig, Event, PauseMode, Request, SamplingParams};
+    use ooze_core::FinishReason;
+    use ooze_engine::{start, EngineConfig, Event, Output, PauseMode, Request, SamplingParams};
     let dir = tempfile::tempdir().unwrap();
     let mut options = InitOptions::new(Family::Qwen3, Size::Small);
     options.seed = 13;
@@ -234,34 +237,37 @@ fn gpu_overlapped_decode_matches_sequential() {
         &options,
     )
     .unwrap();
-    let requests: Vec<Request> = (sequences(600).into_iter().enumerate())
-        .map(|(i, prompt)| Request {
-            input_ids: prompt,
-            sampling: SamplingParams {
-                seed: Some(40 + i as u64),
-                max_new_tokens: Some(20 + 17 * i),
-                ignore_eos: Some(true),
-                temperature: Some(if i % 2 == 0 { 1.0 } else { 0.0 }),
-                ..Default::default()
-            }
-            .validate()
-            .unwrap(),
-            session: None,
-        })
-        .collect();
+    let requests = |stop_tokens: bool| -> Vec<Request> {
+        (sequences(600).into_iter().enumerate())
+            .map(|(i, prompt)| Request {
+                input_ids: prompt,
+                sampling: SamplingParams {
+                    seed: Some(40 + i as u64),
+                    max_new_tokens: Some(20 + 17 * i),
+                    ignore_eos: Some(true),
+                    temperature: Some(if i % 2 == 0 { 1.0 } else { 0.0 }),
+                    stop_token_ids: stop_tokens
+                        .then(|| (0..30).map(|t| t * 20 + i as u32).collect()),
+                    ..Default::default()
+                }
+                .validate()
+                .unwrap(),
+                session: None,
+            })
+            .collect()
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut results = Vec::new();
-    for overlap in [true, false] {
+    let run = |kind: Kind, requests: &[Request], overlap: bool| -> (Vec<Output>, u64) {
         let mut config = EngineConfig::new(16, 512, vec![]);
-        config.overlap_steps = overlap;
+        config.overlap_steps = Some(overlap);
         let engine = start(
-            Decoder::load(dir.path(), Device::Cuda(0), Kind::BFloat16).unwrap(),
+            Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap(),
             None,
             config,
         );
-        let outs: Vec<_> = runtime.block_on(async {
+        runtime.block_on(async {
             engine.pause(PauseMode::InPlace);
             let streams: Vec<_> = (requests.iter())
                 .map(|r| engine.submit(r.clone()).unwrap().1)
@@ -280,11 +286,17 @@ fn gpu_overlapped_decode_matches_sequential() {
                     }
                 }
             }
-            outs
-        });
-        results.push(outs);
-    }
-    for (i, (o, s)) in results[0].iter().zip(&results[1]).enumerate() {
+            (outs, engine.stats().await.unwrap().overlapped_steps)
+        })
+    };
+    let fixed = requests(false);
+    let (overlapped, steps) = run(Kind::BFloat16, &fixed, true);
+    let (sequential, none) = run(Kind::BFloat16, &fixed, false);
+    assert!(
+        steps > 50 && none == 0,
+        "{steps} and {none} steps queued ahead"
+    );
+    for (i, (o, s)) in overlapped.iter().zip(&sequential).enumerate() {
         assert_eq!(o.tokens.len(), 20 + 17 * i);
         assert_eq!(
             o.tokens, s.tokens,
@@ -294,6 +306,24 @@ fn gpu_overlapped_decode_matches_sequential() {
             o.log_probs, s.log_probs,
             "request {i}: bitwise equal log-probs"
         );
+    }
+    let stopping = requests(true);
+    let (overlapped, _) = run(Kind::Float, &stopping, true);
+    let (sequential, _) = run(Kind::Float, &stopping, false);
+    let stopped = (sequential.iter())
+        .filter(|o| matches!(o.finish, FinishReason::Stop { .. }))
+        .count();
+    assert!(stopped >= 3, "stop tokens end requests: {stopped} of 6");
+    for (i, (o, s)) in overlapped.iter().zip(&sequential).enumerate() {
+        assert_eq!(
+            (&o.tokens, &o.finish),
+            (&s.tokens, &s.finish),
+            "request {i}"
+        );
+        let worst = (o.log_probs.iter().zip(&s.log_probs))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-4, "request {i}: log-probs differ by {worst}");
     }
 }
 
