@@ -440,15 +440,17 @@ impl Trainer {
         }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
         metrics.response_tokens = samples.iter().map(|s| s.response_length).sum();
-        // Activation recomputation is not counted (model FLOPs, not hardware FLOPs).
-        let forwards =
-            1.0 + inputs.old.is_some() as u8 as f64 + inputs.reference.is_some() as u8 as f64;
-        metrics.flops = self.flops(samples, forwards);
+        // The step's own passes: one forward and its backward over every sample. `logp_old` and
+        // the reference's log-probs were computed before the step, outside its time, and
+        // activation recomputation is not counted (model FLOPs, not hardware FLOPs).
+        metrics.flops = self.flops(samples);
         metrics.seconds = started.elapsed().as_secs_f64();
         metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
+        // The ranks share the step's samples, so its FLOPs are over all their GPUs.
+        let gpus = self.group.as_ref().map_or(1, |g| g.world_size()) as f64;
         metrics.mfu = self
             .peak_flops
-            .map(|peak| metrics.flops / metrics.seconds / peak);
+            .map(|peak| metrics.flops / metrics.seconds / (peak * gpus));
         Ok(metrics)
     }
 }

@@ -131,10 +131,10 @@ pub struct StepMetrics {
     pub response_tokens: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
-    /// Model FLOPs of the step (forward 2N, backward 4N per token, attention included; the
-    /// recomputation passes counted as forwards).
+    /// Model FLOPs of the step over all ranks (forward 2N, backward 4N per token, attention
+    /// included; recomputation not counted).
     pub flops: f64,
-    /// Model FLOPs per second over the GPU's dense bf16 peak, on GPUs ooze knows.
+    /// Model FLOPs per second over the dense bf16 peak of all the step's GPUs, on GPUs ooze knows.
     pub mfu: Option<f64>,
     /// |trainer − rollout engine| log-prob over trained tokens (RL steps with rollout log-probs).
     pub rollout_logp_diff_mean: Option<f64>,
@@ -702,9 +702,10 @@ impl Trainer {
         Ok(steps)
     }
 
-    /// Model FLOPs of a step: `2N` per token per forward (`forwards` of them) plus `4N` for the
-    /// backward, with causal attention `2·layers·(q heads·head_dim)·n²` per forward per sequence.
-    pub(crate) fn flops(&self, samples: &[Sample], forwards: f64) -> f64 {
+    /// Model FLOPs of a step over `samples` (all ranks' together): `2N` per token for the
+    /// forward plus `4N` for the backward, with causal attention `2·layers·(q heads·head_dim)·n²`
+    /// per sequence for the forward and twice that for the backward.
+    pub(crate) fn flops(&self, samples: &[Sample]) -> f64 {
         let c = &self.policy.config;
         let n = match &self.shards {
             Some(model) => model.num_parameters(),
@@ -718,7 +719,7 @@ impl Trainer {
                 2.0 * c.num_layers as f64 * (c.num_heads * c.head_dim) as f64 * len * len
             })
             .sum();
-        (2.0 * n * tokens + attention) * (forwards + 2.0)
+        (2.0 * n * tokens + attention) * 3.0
     }
 }
 

@@ -1,6 +1,7 @@
 //! `ooze bench`: throughput measurements. `forward`: the full-sequence scoring pass the trainer
 //! runs (blocks + chunked LM-head log-probs) over a batch of random token ids. `generate`: the
 //! rollout engine. `train` ([`super::bench_train`]): full training steps on one or more ranks.
+//! `weight-sync` ([`super::bench_weight_sync`]): the weight update to engines on GPUs of their own.
 
 use super::{load_decoder, ComputeArgs};
 use ooze_model::scoring::head_log_probs;
@@ -24,6 +25,9 @@ enum What {
     /// Training steps on B sequences of L random tokens (every token trained, one optimizer step
     /// per batch).
     Train(super::bench_train::Args),
+    /// The trainer-to-engine weight update over a process group (NCCL between GPUs), timed
+    /// against running engines.
+    WeightSync(super::bench_weight_sync::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -89,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         What::Forward(a) => forward(a),
         What::Generate(a) => generate(a),
         What::Train(a) => super::bench_train::run(a),
+        What::WeightSync(a) => super::bench_weight_sync::run(a),
     }
 }
 

@@ -153,7 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let achieved = m.flops / m.seconds;
     let mfu = m
         .mfu
-        .map(|u| format!(", MFU {:.1}%", 100.0 * u / world as f64))
+        .map(|u| format!(", MFU {:.1}%", 100.0 * u))
         .unwrap_or_default();
     let how = match (world, sharded) {
         (1, _) => String::new(),

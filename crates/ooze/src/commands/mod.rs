@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_train;
+pub mod bench_weight_sync;
 pub mod env;
 pub mod generate;
 pub mod info;
