@@ -79,8 +79,9 @@ std::pair<at::Tensor, at::Tensor> split_attention(const at::Tensor& q, const at:
 
 // Causal attention over packed sequences with split attention's arithmetic (the engine's, so a
 // trained token's forward agrees bitwise with how it was sampled). The backward is
-// FlashAttention-2's (ATen), from a forward of its own: the gradient of the same function, to
-// rounding.
+// FlashAttention-2's (ATen) over this forward's own output and log-sum-exp (FlashAttention's
+// layout, [heads, tokens]): the gradient of the same function, to rounding, without running
+// FlashAttention's forward again.
 struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
@@ -109,10 +110,9 @@ struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionF
     const at::Tensor table = at::tensor(starts, at::kLong).to(device);
     const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
     const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
-    auto out = split_attention(q, kp, kv_heads * dim, vp, kv_heads * dim, table, 1, 0, tiles, pos,
-                               kv_heads, longest, scale, false)
-                   .first;
-    ctx->save_for_backward({q, k, v, cu_seqlens});
+    auto [out, lse] = split_attention(q, kp, kv_heads * dim, vp, kv_heads * dim, table, 1, 0,
+                                      tiles, pos, kv_heads, longest, scale, /*want_lse=*/true);
+    ctx->save_for_backward({q, k, v, cu_seqlens, out, lse});
     ctx->saved_data["longest"] = longest;
     ctx->saved_data["scale"] = scale;
     return out;
@@ -121,13 +121,15 @@ struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionF
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &cu = saved[3];
+    const at::Tensor &out = saved[4], &lse = saved[5];
     const int64_t longest = ctx->saved_data["longest"].toInt();
     const double scale = ctx->saved_data["scale"].toDouble();
-    auto fwd = at::_flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0,
-                                            /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+    // No dropout: the random-number state is not read (FlashAttention's forward returns these
+    // empty scalars then too).
+    const at::Tensor unused_seed = at::empty({}, at::kLong), unused_offset = at::empty({}, at::kLong);
     auto [dq, dk, dv] = at::_flash_attention_backward(
-        grads[0].contiguous(), q, k, v, std::get<0>(fwd), std::get<1>(fwd), cu, cu, longest,
-        longest, 0.0, /*is_causal=*/true, std::get<2>(fwd), std::get<3>(fwd), scale);
+        grads[0].contiguous(), q, k, v, out, lse, cu, cu, longest, longest, 0.0,
+        /*is_causal=*/true, unused_seed, unused_offset, scale);
     return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -799,3 +799,68 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
         "the projection's gradient differs by {diff} (largest entry {size})"
     );
 }
+
+/// Split attention over packed sequences (deterministic training's forward) trains like
+/// FlashAttention-2: the same outputs to bf16 rounding, and the same gradients, which
+/// FlashAttention's backward takes from split attention's own output and log-sum-exp.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_split_attention_gradients_match_flash_attention() {
+    require_gpu();
+    use ooze_torch::kernels::{flash_attention_varlen, split_attention_varlen};
+    use ooze_torch::tch::Tensor;
+    let lengths = [300i64, 517, 64, 1, 129];
+    let total: i64 = lengths.iter().sum();
+    let mut offsets = vec![0i32];
+    for &l in &lengths {
+        offsets.push(offsets[offsets.len() - 1] + l as i32);
+    }
+    let device = Device::Cuda(0);
+    let cu = Tensor::from_slice(&offsets).to_device(device);
+    let relative = |a: &Tensor, b: &Tensor| -> f64 {
+        let d = (a.to_kind(Kind::Float) - b.to_kind(Kind::Float)).norm();
+        d.double_value(&[]) / b.to_kind(Kind::Float).norm().double_value(&[])
+    };
+    for (heads, kv_heads, dim) in [(14i64, 2i64, 64i64), (32, 8, 128)] {
+        ooze_torch::tch::manual_seed(5);
+        let leaf = |h: i64| {
+            Tensor::randn([total, h, dim], (Kind::BFloat16, device)).set_requires_grad(true)
+        };
+        let (q, k, v) = (leaf(heads), leaf(kv_heads), leaf(kv_heads));
+        let weight = Tensor::randn([total, heads, dim], (Kind::Float, device));
+        let scale = 1.0 / (dim as f64).sqrt();
+        let run = |split: bool| {
+            for t in [&q, &k, &v] {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let out = if split {
+                split_attention_varlen(&q, &k, &v, &cu, &lengths, scale).unwrap()
+            } else {
+                flash_attention_varlen(&q, &k, &v, &cu, 517, scale).unwrap()
+            };
+            (out.to_kind(Kind::Float) * &weight).sum(Kind::Float).backward();
+            (out.detach(), q.grad().copy(), k.grad().copy(), v.grad().copy())
+        };
+        let (out_s, dq_s, dk_s, dv_s) = run(true);
+        let (out_f, dq_f, dk_f, dv_f) = run(false);
+        let errors = [
+            relative(&out_s, &out_f),
+            relative(&dq_s, &dq_f),
+            relative(&dk_s, &dk_f),
+            relative(&dv_s, &dv_f),
+        ];
+        eprintln!(
+            "split vs flash attention {heads}/{kv_heads}x{dim}: relative error of out, dq, dk, dv {:.2e} {:.2e} {:.2e} {:.2e}",
+            errors[0], errors[1], errors[2], errors[3]
+        );
+        for (what, e) in ["out", "dq", "dk", "dv"].iter().zip(errors) {
+            assert!(
+                e < 1e-2,
+                "{heads}/{kv_heads}x{dim}: {what} differs by {e:.3e} (relative)"
+            );
+        }
+    }
+}
