@@ -841,8 +841,15 @@ fn gpu_split_attention_gradients_match_flash_attention() {
             } else {
                 flash_attention_varlen(&q, &k, &v, &cu, 517, scale).unwrap()
             };
-            (out.to_kind(Kind::Float) * &weight).sum(Kind::Float).backward();
-            (out.detach(), q.grad().copy(), k.grad().copy(), v.grad().copy())
+            (out.to_kind(Kind::Float) * &weight)
+                .sum(Kind::Float)
+                .backward();
+            (
+                out.detach(),
+                q.grad().copy(),
+                k.grad().copy(),
+                v.grad().copy(),
+            )
         };
         let (out_s, dq_s, dk_s, dv_s) = run(true);
         let (out_f, dq_f, dk_f, dv_f) = run(false);

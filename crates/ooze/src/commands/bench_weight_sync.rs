@@ -64,7 +64,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut seconds = Vec::new();
     for i in 0..a.iters {
         let started = Instant::now();
-        let version = runtime.block_on(engine.update_weights_from_tensors(decoder.named_parameters()))?;
+        let version =
+            runtime.block_on(engine.update_weights_from_tensors(decoder.named_parameters()))?;
         let took = started.elapsed().as_secs_f64();
         println!(
             "update {}: weight version {version}, {:.3} s, {:.1} GB/s{}",
