@@ -14,18 +14,16 @@
 //! engine's block tables) runs ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
-use crate::attention::{
-    decode_bias, offset_causal_mask, packed_mask, paged_mask, KvTarget, PaddedPacking,
-};
+use crate::attention::KvTarget;
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::rope;
-use attend::AttentionPlan;
 use ooze_torch::kernels;
 
 mod attend;
+mod plan;
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
 
@@ -487,118 +485,7 @@ impl Decoder {
         let size = x.size();
         let (b, t) = (size[0], size[1]);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
-        // Packed sequences on a GPU in 16 bits: FlashAttention over variable lengths instead of a
-        // dense [N, N] block-diagonal mask (no work across sequence boundaries).
-        let varlen = match &attention {
-            Attention::Packed { lengths }
-                if self.device.is_cuda()
-                    && matches!(self.kind, Kind::BFloat16 | Kind::Half)
-                    && kernels::available()
-                    && self.flash_attention_fits() =>
-            {
-                let mut offsets = vec![0i32];
-                for &l in lengths.iter() {
-                    offsets.push(offsets[offsets.len() - 1] + l as i32);
-                }
-                let longest = lengths.iter().copied().max().unwrap_or(0);
-                Some((
-                    Tensor::from_slice(&offsets).to_device(self.device),
-                    longest,
-                    lengths.to_vec(),
-                ))
-            }
-            _ => None,
-        };
-        // Elsewhere: as a right-padded batch under plain causal attention when that is cheaper
-        // than the dense block-diagonal mask.
-        let padded = match &attention {
-            Attention::Packed { lengths } if varlen.is_none() => {
-                PaddedPacking::new(lengths, self.device)
-            }
-            _ => None,
-        };
-        // Deterministic numerics: every attention runs split attention (the decode kernel's
-        // arithmetic), for the engine's prefill and for training alike.
-        let split = kernels::deterministic() && self.decode_attention_fused();
-        let prefill_past = match &attention {
-            Attention::Paged { past, .. } if split && t > 1 => Some(past.to_vec()),
-            _ => None,
-        };
-        let (mask, mut target, causal) = match attention {
-            Attention::Causal => (None, KvTarget::None, true),
-            Attention::Packed { lengths } => (
-                (varlen.is_none() && padded.is_none()).then(|| packed_mask(lengths, self.device)),
-                KvTarget::None,
-                false,
-            ),
-            Attention::Cached(cache) => {
-                let past = cache.len;
-                // One new token attends to everything; several need the causal part written out,
-                // because the kernel's is_causal aligns the triangle to the top-left corner.
-                let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
-                (mask, KvTarget::Contiguous(cache), false)
-            }
-            Attention::PagedDecode {
-                cache,
-                tables,
-                past,
-                read_len,
-            } => {
-                let mask = paged_mask(past, 1, read_len);
-                let target = KvTarget::paged(
-                    cache,
-                    tables.shallow_clone(),
-                    past.shallow_clone(),
-                    1,
-                    read_len,
-                );
-                (Some(mask), target, false)
-            }
-            Attention::Paged {
-                cache,
-                tables,
-                past,
-            } => {
-                let (target, mask) = KvTarget::paged_from_host(cache, tables, past, t, self.device);
-                (Some(mask), target, false)
-            }
-        };
-        let scale = 1.0 / (c.head_dim as f64).sqrt();
-        let group = c.num_heads / c.num_kv_heads;
-        let one_token_paged =
-            matches!(target, KvTarget::Paged { .. }) && t == 1 && self.device.is_cuda();
-        // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
-        // (bf16) ooze's split-key attention kernel.
-        let fused_rope = one_token_paged && kernels_apply(&x) && self.rope_kernel_fits();
-        let fused_attention = fused_rope && self.decode_attention_kernel_fits();
-        // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
-        // additive bias, built once for all layers.
-        let decode_bias = match &mask {
-            Some(mask) if one_token_paged && !fused_attention => {
-                Some(decode_bias(mask, c.num_kv_heads, group, self.kind))
-            }
-            _ => None,
-        };
-        // Packed training or scoring in bf16 without q/k norms, outside deterministic numerics
-        // (which run split attention): the rotary embedding and FlashAttention as one operation
-        // on the projection's output.
-        // (Packed sequences write no KV memory, and FlashAttention's head sizes suit the rotary
-        // kernel.)
-        let fused_qkv_varlen =
-            varlen.is_some() && !split && self.kind == Kind::BFloat16 && !c.qk_norm;
-        let plan = AttentionPlan {
-            scale,
-            mask,
-            causal,
-            fused_qkv_varlen,
-            varlen,
-            padded,
-            fused_rope,
-            fused_attention,
-            split,
-            prefill_past,
-            decode_bias,
-        };
+        let (plan, mut target) = self.plan_attention(attention, &x, t);
         for (i, l) in self
             .layers
             .iter()

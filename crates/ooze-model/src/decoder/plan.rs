@@ -1,0 +1,136 @@
+//! How one forward pass attends, decided once for all its blocks (a child of `decoder`): which
+//! path the layout, device, dtype and numerics mode call for ([`AttentionPlan`]), and where the
+//! pass keeps the keys and values it writes ([`KvTarget`]).
+
+use super::attend::AttentionPlan;
+use super::{kernels_apply, Decoder};
+use crate::attention::{
+    decode_bias, offset_causal_mask, packed_mask, paged_mask, Attention, KvTarget, PaddedPacking,
+};
+use ooze_torch::kernels;
+use ooze_torch::tch::{Kind, Tensor};
+
+impl Decoder {
+    /// The plan and KV target of a pass over `x [B, T, hidden]` under `attention`.
+    pub(super) fn plan_attention<'a>(
+        &self,
+        attention: Attention<'a>,
+        x: &Tensor,
+        t: i64,
+    ) -> (AttentionPlan, KvTarget<'a>) {
+        let c = &self.config;
+        // Packed sequences on a GPU in 16 bits: FlashAttention over variable lengths instead of a
+        // dense [N, N] block-diagonal mask (no work across sequence boundaries).
+        let varlen = match &attention {
+            Attention::Packed { lengths }
+                if self.device.is_cuda()
+                    && matches!(self.kind, Kind::BFloat16 | Kind::Half)
+                    && kernels::available()
+                    && self.flash_attention_fits() =>
+            {
+                let mut offsets = vec![0i32];
+                for &l in lengths.iter() {
+                    offsets.push(offsets[offsets.len() - 1] + l as i32);
+                }
+                let longest = lengths.iter().copied().max().unwrap_or(0);
+                Some((
+                    Tensor::from_slice(&offsets).to_device(self.device),
+                    longest,
+                    lengths.to_vec(),
+                ))
+            }
+            _ => None,
+        };
+        // Elsewhere: as a right-padded batch under plain causal attention when that is cheaper
+        // than the dense block-diagonal mask.
+        let padded = match &attention {
+            Attention::Packed { lengths } if varlen.is_none() => {
+                PaddedPacking::new(lengths, self.device)
+            }
+            _ => None,
+        };
+        // Deterministic numerics: every attention runs split attention (the decode kernel's
+        // arithmetic), for the engine's prefill and for training alike.
+        let split = kernels::deterministic() && self.decode_attention_fused();
+        let prefill_past = match &attention {
+            Attention::Paged { past, .. } if split && t > 1 => Some(past.to_vec()),
+            _ => None,
+        };
+        let (mask, target, causal) = match attention {
+            Attention::Causal => (None, KvTarget::None, true),
+            Attention::Packed { lengths } => (
+                (varlen.is_none() && padded.is_none()).then(|| packed_mask(lengths, self.device)),
+                KvTarget::None,
+                false,
+            ),
+            Attention::Cached(cache) => {
+                let past = cache.len;
+                // One new token attends to everything; several need the causal part written out,
+                // because the kernel's is_causal aligns the triangle to the top-left corner.
+                let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
+                (mask, KvTarget::Contiguous(cache), false)
+            }
+            Attention::PagedDecode {
+                cache,
+                tables,
+                past,
+                read_len,
+            } => {
+                let mask = paged_mask(past, 1, read_len);
+                let target = KvTarget::paged(
+                    cache,
+                    tables.shallow_clone(),
+                    past.shallow_clone(),
+                    1,
+                    read_len,
+                );
+                (Some(mask), target, false)
+            }
+            Attention::Paged {
+                cache,
+                tables,
+                past,
+            } => {
+                let (target, mask) = KvTarget::paged_from_host(cache, tables, past, t, self.device);
+                (Some(mask), target, false)
+            }
+        };
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let group = c.num_heads / c.num_kv_heads;
+        let one_token_paged =
+            matches!(target, KvTarget::Paged { .. }) && t == 1 && self.device.is_cuda();
+        // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
+        // (bf16) ooze's split-key attention kernel.
+        let fused_rope = one_token_paged && kernels_apply(x) && self.rope_kernel_fits();
+        let fused_attention = fused_rope && self.decode_attention_kernel_fits();
+        // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
+        // additive bias, built once for all layers.
+        let decode_bias = match &mask {
+            Some(mask) if one_token_paged && !fused_attention => {
+                Some(decode_bias(mask, c.num_kv_heads, group, self.kind))
+            }
+            _ => None,
+        };
+        // Packed training or scoring in bf16 without q/k norms, outside deterministic numerics
+        // (which run split attention): the rotary embedding and FlashAttention as one operation
+        // on the projection's output.
+        // (Packed sequences write no KV memory, and FlashAttention's head sizes suit the rotary
+        // kernel.)
+        let fused_qkv_varlen =
+            varlen.is_some() && !split && self.kind == Kind::BFloat16 && !c.qk_norm;
+        let plan = AttentionPlan {
+            scale,
+            mask,
+            causal,
+            fused_qkv_varlen,
+            varlen,
+            padded,
+            fused_rope,
+            fused_attention,
+            split,
+            prefill_past,
+            decode_bias,
+        };
+        (plan, target)
+    }
+}
