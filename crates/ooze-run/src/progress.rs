@@ -1,10 +1,21 @@
 //! Console progress: on a terminal, a bar redrawn in place while samples finish; elsewhere (logs,
-//! CI) nothing until the rollout's summary line.
+//! CI) nothing until the rollout's summary line. A rank started by `--nproc-per-node` writes to its
+//! launcher through a pipe; the launcher says in [`STDERR_IS_TERMINAL`] when that reaches a
+//! terminal.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Set (to `1`) in a rank's environment by a launcher whose standard error is a terminal, which
+/// relays the rank's standard error to it.
+pub const STDERR_IS_TERMINAL: &str = "OOZE_STDERR_IS_TERMINAL";
+
+fn stderr_reaches_terminal() -> bool {
+    std::io::stderr().is_terminal()
+        || std::env::var_os(STDERR_IS_TERMINAL).is_some_and(|v| v == "1")
+}
 
 pub struct Progress {
     label: String,
@@ -21,7 +32,7 @@ impl Progress {
             label,
             total: AtomicUsize::new(total),
             done: AtomicUsize::new(0),
-            enabled: enabled && std::io::stderr().is_terminal(),
+            enabled: enabled && stderr_reaches_terminal(),
             last: Mutex::new(None),
             started: Instant::now(),
         }
