@@ -26,7 +26,8 @@ pub struct Args {
     /// Embedding rows (default: the tokenizer's size; 151936 for 0.5b).
     #[arg(long)]
     vocab_size: Option<i64>,
-    /// Give the LM head its own weights instead of tying it to the embeddings.
+    /// Give the LM head its own weights instead of tying it to the embeddings (the 7b shape's
+    /// head has its own whatever this says, as Qwen2.5-7B's).
     #[arg(long)]
     untied: bool,
     #[arg(long, default_value_t = 0)]
@@ -39,6 +40,23 @@ pub struct Args {
     max_shard_mib: usize,
     /// Output directory.
     out: PathBuf,
+}
+
+/// The model the flags ask for: the size's shape (the 7b shape's head untied, as Qwen2.5-7B's),
+/// with the flags' changes.
+fn options(args: &Args) -> InitOptions {
+    let mut options = InitOptions::new(args.family, args.size);
+    options.tokenizer_vocab = args.tokenizer_vocab;
+    if args.vocab_size.is_some() {
+        options.vocab_size = args.vocab_size;
+    }
+    if args.untied {
+        options.tie_word_embeddings = false;
+    }
+    options.seed = args.seed;
+    options.dtype = args.dtype.kind();
+    options.max_shard_bytes = args.max_shard_mib << 20;
+    options
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,15 +79,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if corpus.trim().is_empty() {
         anyhow::bail!("the tokenizer corpus is empty");
     }
-    let mut options = InitOptions::new(args.family, args.size);
-    options.tokenizer_vocab = args.tokenizer_vocab;
-    if args.vocab_size.is_some() {
-        options.vocab_size = args.vocab_size;
-    }
-    options.tie_word_embeddings = !args.untied;
-    options.seed = args.seed;
-    options.dtype = args.dtype.kind();
-    options.max_shard_bytes = args.max_shard_mib << 20;
+    let options = options(&args);
     let started = std::time::Instant::now();
     let config = init_model(&args.out, &corpus, &options)?;
     eprintln!(
@@ -82,4 +92,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{options, Args};
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn tied(flags: &[&str]) -> bool {
+        let cli = Cli::parse_from(["init-model"].iter().chain(flags).chain(&["out"]));
+        options(&cli.args).tie_word_embeddings
+    }
+
+    #[test]
+    fn the_head_is_tied_as_the_shape_has_it_unless_untied_is_asked() {
+        assert!(tied(&["--size", "tiny"]));
+        assert!(tied(&["--size", "0.5b"]));
+        assert!(!tied(&["--size", "7b"]), "Qwen2.5-7B's head is its own");
+        assert!(!tied(&["--size", "tiny", "--untied"]));
+        assert!(!tied(&["--size", "7b", "--untied"]));
+    }
 }
