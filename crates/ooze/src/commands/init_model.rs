@@ -12,7 +12,8 @@ pub struct Args {
     /// qwen2 (Qwen2/Qwen2.5), qwen3 or llama (Llama 3.x).
     #[arg(long, default_value = "qwen2", value_parser = |s: &str| s.parse::<Family>())]
     family: Family,
-    /// tiny, small, medium or 0.5b (the Qwen2.5-0.5B shape).
+    /// tiny, small, medium, or a real shape: 0.5b (Qwen2.5-0.5B), 4b (Qwen3-4B with --family qwen3),
+    /// 7b (Qwen2.5-7B).
     #[arg(long, default_value = "tiny", value_parser = |s: &str| s.parse::<Size>())]
     size: Size,
     /// Text to train the BPE tokenizer on (one document per line), or chat JSONL (a `.jsonl` file
