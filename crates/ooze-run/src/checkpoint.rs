@@ -76,14 +76,23 @@ pub(crate) fn metrics_kept_through(state: &RunState) -> Option<u64> {
     (state.rollout > 0).then_some(state.rollout)
 }
 
+/// Whether rollout `index` of `total` ends with a checkpoint: every `interval` rollouts, and the
+/// last one always (`interval` 0: the last one only).
+fn due(index: u64, total: u64, interval: u64) -> bool {
+    index == total || (interval > 0 && index.is_multiple_of(interval))
+}
+
 impl Run {
     /// Saves after rollout `index` when due: a checkpoint every `trainer.save_interval` rollouts
     /// and after the last; a rollout-only run's counters after every rollout.
     /// Every rank calls it (a sharded trainer's ranks each write their part); rank 0 writes the
     /// rest.
     pub(crate) fn checkpoint(&self, index: u64) -> anyhow::Result<()> {
-        let total = self.recipe.rollout.num_rollouts;
-        let save = index == total || index.is_multiple_of(self.recipe.trainer.save_interval.max(1));
+        let save = due(
+            index,
+            self.recipe.rollout.num_rollouts,
+            self.recipe.trainer.save_interval,
+        );
         match self.trainer.as_ref() {
             Some(trainer) if save => {
                 let t = Instant::now();
@@ -111,5 +120,21 @@ impl Run {
             )?,
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::due;
+
+    #[test]
+    fn checkpoints_fall_every_interval_and_after_the_last_rollout() {
+        let at = |total: u64, interval: u64| -> Vec<u64> {
+            (1..=total).filter(|&i| due(i, total, interval)).collect()
+        };
+        assert_eq!(at(7, 3), [3, 6, 7]);
+        assert_eq!(at(6, 3), [3, 6]);
+        assert_eq!(at(4, 1), [1, 2, 3, 4]);
+        assert_eq!(at(5, 0), [5], "0: the last rollout only");
     }
 }

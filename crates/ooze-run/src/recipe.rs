@@ -214,7 +214,7 @@ pub struct TrainerSection {
     /// starts that many ranks itself. 0 = as launched (`--nproc-per-node`, torchrun; one process
     /// otherwise).
     pub gpus: usize,
-    /// Checkpoint every N rollouts (and after the last).
+    /// Checkpoint every N rollouts, and after the last (0: after the last only).
     pub save_interval: u64,
 }
 
