@@ -47,7 +47,7 @@ rm -rf "$run"
 setsid $ooze train recipes/addition-gpu.toml --nproc-per-node 2 --set "model.path=\"$models/q7\"" \
   --set 'trainer.sharding="sharded"' --set rollout.num_rollouts=4 --set rollout.batch_size=16 \
   --set eval.interval=0 --set eval.at_start=false --set 'eval.datasets=[]' \
-  --set trainer.save_interval=100 --set algorithm.loss.entropy_coef=0.01 \
+  --set trainer.save_interval=0 --set algorithm.loss.entropy_coef=0.01 \
   --set "logging.run_dir=\"$run\"" > "$out/grpo-7b.log" 2>&1 &
 trainer=$!
 for _ in $(seq 1 600); do
