@@ -328,48 +328,11 @@ pub fn compute_advantages(
             broadcast(processed(config.std_normalization))
         }
         Estimator::DrGrpo => broadcast(processed(false)),
-        Estimator::Rloo => {
-            let stats = group_stats(samples);
-            broadcast(
-                samples
-                    .iter()
-                    .map(|s| {
-                        let g = &stats[&s.group];
-                        if g.rollouts < 2 {
-                            return 0.0;
-                        }
-                        // This rollout's reward is one of the group's; the others' mean excludes it.
-                        let own: Vec<f64> = samples
-                            .iter()
-                            .filter(|o| o.group == s.group && o.rollout == s.rollout)
-                            .map(|o| o.reward)
-                            .collect();
-                        let own = own.iter().sum::<f64>() / own.len() as f64;
-                        s.reward - (g.sum - own) / (g.rollouts - 1) as f64
-                    })
-                    .collect(),
-            )
-        }
+        Estimator::Rloo => broadcast(leave_one_out(samples)),
         Estimator::ReinforcePlusPlus => samples
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                let kl = kl_terms(s, i, config)?;
-                let mut rewards: Vec<f64> = kl
-                    .iter()
-                    .zip(s.mask)
-                    .map(|(k, &m)| -config.kl_coef * k * m as f64)
-                    .collect();
-                if let Some(last) = s.mask.iter().rposition(|&m| m > 0) {
-                    rewards[last] += s.reward;
-                }
-                let mut running = 0.0;
-                for r in rewards.iter_mut().rev() {
-                    running = *r + config.gamma * running;
-                    *r = running;
-                }
-                Ok(rewards)
-            })
+            .map(|(i, s)| discounted_returns(s, i, config))
             .collect::<Result<Vec<_>, AlgoError>>()?,
         Estimator::ReinforcePlusPlusBaseline => {
             let centred = processed(false);
@@ -386,32 +349,13 @@ pub fn compute_advantages(
                 .collect::<Result<Vec<_>, AlgoError>>()?
         }
         Estimator::Ppo => {
-            let mut all_returns = Vec::with_capacity(samples.len());
-            let advantages = samples
+            let (advantages, all_returns): (Vec<_>, Vec<_>) = samples
                 .iter()
                 .enumerate()
-                .map(|(i, s)| {
-                    let values = require(s.values, "ppo", "values (a critic)", i)?;
-                    let mut rewards: Vec<f64> = kl_terms(s, i, config)?
-                        .iter()
-                        .map(|k| -config.kl_coef * k)
-                        .collect();
-                    if let Some(last) = rewards.last_mut() {
-                        *last += s.reward;
-                    }
-                    let n = rewards.len();
-                    let mut adv = vec![0.0; n];
-                    let mut next_adv = 0.0;
-                    for t in (0..n).rev() {
-                        let next_value = if t + 1 < n { values[t + 1] } else { 0.0 };
-                        let delta = rewards[t] + config.gamma * next_value - values[t];
-                        next_adv = delta + config.gamma * config.lambda * next_adv;
-                        adv[t] = next_adv;
-                    }
-                    all_returns.push(adv.iter().zip(values).map(|(a, v)| a + v).collect());
-                    Ok(adv)
-                })
-                .collect::<Result<Vec<_>, AlgoError>>()?;
+                .map(|(i, s)| gae(s, i, config))
+                .collect::<Result<Vec<_>, AlgoError>>()?
+                .into_iter()
+                .unzip();
             returns = Some(all_returns);
             advantages
         }
@@ -426,28 +370,120 @@ pub fn compute_advantages(
         whiten(&mut advantages, &masks);
     }
     if config.opd_coef != 0.0 {
-        for (i, (s, adv)) in samples.iter().zip(&mut advantages).enumerate() {
-            let old = require(s.logp_old, "on-policy distillation", "logp_old", i)?;
-            let teacher = require(s.logp_teacher, "on-policy distillation", "logp_teacher", i)?;
-            for ((a, o), t) in adv.iter_mut().zip(old).zip(teacher) {
-                *a -= config.opd_coef * (o - t);
-            }
-        }
+        add_distillation(samples, &mut advantages, config.opd_coef)?;
     }
     if let Some(c) = config.clip {
-        if c.is_nan() || c <= 0.0 {
-            return Err(AlgoError::Config(format!(
-                "advantage clip must be > 0, got {c}"
-            )));
-        }
-        for a in advantages.iter_mut().flatten() {
-            *a = a.clamp(-c, c);
-        }
+        clip(&mut advantages, c)?;
     }
     Ok(Advantages {
         advantages,
         returns,
     })
+}
+
+/// RLOO's baseline: each rollout's reward minus the mean of the other rollouts of its group (0
+/// for a group of one rollout). A rollout's samples (an agent's turns) count as one.
+fn leave_one_out(samples: &[SampleInput<'_>]) -> Vec<f64> {
+    let stats = group_stats(samples);
+    samples
+        .iter()
+        .map(|s| {
+            let g = &stats[&s.group];
+            if g.rollouts < 2 {
+                return 0.0;
+            }
+            // This rollout's reward is one of the group's; the others' mean excludes it.
+            let own: Vec<f64> = samples
+                .iter()
+                .filter(|o| o.group == s.group && o.rollout == s.rollout)
+                .map(|o| o.reward)
+                .collect();
+            let own = own.iter().sum::<f64>() / own.len() as f64;
+            s.reward - (g.sum - own) / (g.rollouts - 1) as f64
+        })
+        .collect()
+}
+
+/// REINFORCE++: per-token rewards (the KL penalty on every trained token, the reward on the
+/// last), summed backwards with discount `gamma`.
+fn discounted_returns(
+    s: &SampleInput<'_>,
+    i: usize,
+    config: &AdvantageConfig,
+) -> Result<Vec<f64>, AlgoError> {
+    let kl = kl_terms(s, i, config)?;
+    let mut rewards: Vec<f64> = kl
+        .iter()
+        .zip(s.mask)
+        .map(|(k, &m)| -config.kl_coef * k * m as f64)
+        .collect();
+    if let Some(last) = s.mask.iter().rposition(|&m| m > 0) {
+        rewards[last] += s.reward;
+    }
+    let mut running = 0.0;
+    for r in rewards.iter_mut().rev() {
+        running = *r + config.gamma * running;
+        *r = running;
+    }
+    Ok(rewards)
+}
+
+/// PPO's generalised advantage estimate over the critic's values, and the returns
+/// (advantage + value) the critic is trained towards.
+fn gae(
+    s: &SampleInput<'_>,
+    i: usize,
+    config: &AdvantageConfig,
+) -> Result<(Vec<f64>, Vec<f64>), AlgoError> {
+    let values = require(s.values, "ppo", "values (a critic)", i)?;
+    let mut rewards: Vec<f64> = kl_terms(s, i, config)?
+        .iter()
+        .map(|k| -config.kl_coef * k)
+        .collect();
+    if let Some(last) = rewards.last_mut() {
+        *last += s.reward;
+    }
+    let n = rewards.len();
+    let mut adv = vec![0.0; n];
+    let mut next_adv = 0.0;
+    for t in (0..n).rev() {
+        let next_value = if t + 1 < n { values[t + 1] } else { 0.0 };
+        let delta = rewards[t] + config.gamma * next_value - values[t];
+        next_adv = delta + config.gamma * config.lambda * next_adv;
+        adv[t] = next_adv;
+    }
+    let returns = adv.iter().zip(values).map(|(a, v)| a + v).collect();
+    Ok((adv, returns))
+}
+
+/// On-policy distillation: every token's advantage moves by `coef` times the teacher's log-prob
+/// minus the policy's.
+fn add_distillation(
+    samples: &[SampleInput<'_>],
+    advantages: &mut [Vec<f64>],
+    coef: f64,
+) -> Result<(), AlgoError> {
+    for (i, (s, adv)) in samples.iter().zip(advantages).enumerate() {
+        let old = require(s.logp_old, "on-policy distillation", "logp_old", i)?;
+        let teacher = require(s.logp_teacher, "on-policy distillation", "logp_teacher", i)?;
+        for ((a, o), t) in adv.iter_mut().zip(old).zip(teacher) {
+            *a -= coef * (o - t);
+        }
+    }
+    Ok(())
+}
+
+/// Clamps every advantage to `[-c, c]`.
+fn clip(advantages: &mut [Vec<f64>], c: f64) -> Result<(), AlgoError> {
+    if c.is_nan() || c <= 0.0 {
+        return Err(AlgoError::Config(format!(
+            "advantage clip must be > 0, got {c}"
+        )));
+    }
+    for a in advantages.iter_mut().flatten() {
+        *a = a.clamp(-c, c);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
