@@ -288,12 +288,28 @@ pub fn rewards(siblings: &[Value]) -> Vec<f64> {
         .collect()
 }
 
-/// The shape of a rendered prompt: each line kept where it is one of the demonstrations' common
-/// lines (in at least 5% of their prompts), else its label (`Problem:`, `Step 2:`) and `*` where the
-/// label is common, else `*`; what follows a masked line, up to the next kept one, is part of it.
+/// A prompt line with every run of digits as `#`: numbers are values, not shape (tool_orchestra's
+/// prompt carries each expert's latency as measured in the run, 0.0 s or 0.1 s by the machine's load).
+fn numbers_masked(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    for c in line.chars() {
+        if !c.is_ascii_digit() {
+            out.push(c);
+        } else if !out.ends_with('#') {
+            out.push('#');
+        }
+    }
+    out
+}
+
+/// The shape of a rendered prompt: each line (numbers masked) kept where it is one of the
+/// demonstrations' common lines (in at least 5% of their prompts), else its label (`Problem:`,
+/// `Step #:`) and `*` where the label is common, else `*`; what follows a masked line, up to the
+/// next kept one, is part of it.
 pub fn shape(text: &str, common: &std::collections::HashSet<String>) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for line in text.lines() {
+    for line in text.lines().map(numbers_masked) {
+        let line = line.as_str();
         let label = line.split_once(':').map(|(l, _)| format!("{l}:"));
         let shown = if common.contains(line) {
             line.to_owned()
@@ -317,9 +333,9 @@ pub fn shapes_are_demonstrated(demonstrated: &[String], seen: &[String], what: &
     let mut counts: std::collections::HashMap<String, usize> = Default::default();
     for d in demonstrated {
         let mut once = std::collections::HashSet::new();
-        for line in d.lines() {
+        for line in d.lines().map(numbers_masked) {
             let label = line.split_once(':').map(|(l, _)| format!("{l}:"));
-            for key in std::iter::once(line.to_owned()).chain(label) {
+            for key in std::iter::once(line.clone()).chain(label) {
                 if once.insert(key.clone()) {
                     *counts.entry(key).or_default() += 1;
                 }
