@@ -608,11 +608,7 @@ fn external_engines(
     config.initial_weight_version = version;
     config.trainer_address = r.trainer_address.clone();
     config.api = r.engine_api;
-    config.weight_backend = if device.is_cuda() {
-        ooze_torch::dist::Backend::Nccl
-    } else {
-        ooze_torch::dist::Backend::Gloo
-    };
+    config.weight_backend = ooze_torch::dist::Backend::for_device(device);
     let engine = ooze_router::start(config)?;
     eprintln!(
         "engine: external, {n} engine(s){}{}; sequences up to {slot_len} tokens",

@@ -30,6 +30,17 @@ pub enum Backend {
     Nccl,
 }
 
+impl Backend {
+    /// The backend for tensors on `device`: NCCL between GPUs, Gloo between CPUs.
+    pub fn for_device(device: crate::tch::Device) -> Backend {
+        if device.is_cuda() {
+            Backend::Nccl
+        } else {
+            Backend::Gloo
+        }
+    }
+}
+
 /// How the ranks combine their tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {

@@ -44,7 +44,8 @@ pub struct Args {
     ranks: RankArgs,
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count).
+pub(super) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     xs[xs.len() / 2]
 }

@@ -45,21 +45,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         decoder.config.vocab_size,
     );
     config.trainer_address = a.trainer_address.clone();
-    config.weight_backend = if device.is_cuda() {
-        ooze_torch::dist::Backend::Nccl
-    } else {
-        ooze_torch::dist::Backend::Gloo
-    };
+    config.weight_backend = ooze_torch::dist::Backend::for_device(device);
+    let config_backend = config.weight_backend;
     let engine = ooze_router::start(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     eprintln!(
-        "weight-sync: {} tensors, {:.2} GB, to {} engine(s) over {}",
+        "weight-sync: {} tensors, {:.2} GB, to {} engine(s) over {:?}",
         tensors,
         bytes as f64 / 1e9,
         a.engines.len(),
-        if device.is_cuda() { "NCCL" } else { "Gloo" }
+        config_backend
     );
     let mut seconds = Vec::new();
     for i in 0..a.iters {
@@ -78,12 +75,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let stats = runtime.block_on(engine.stats())?;
     runtime.block_on(engine.shutdown());
-    let mut later: Vec<f64> = seconds.iter().skip(1).copied().collect();
-    if later.is_empty() {
-        later = seconds;
-    }
-    later.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
-    let median = later[later.len() / 2];
+    // The first update also forms the group: the median is of the later ones, when there are.
+    let later = if seconds.len() > 1 {
+        seconds[1..].to_vec()
+    } else {
+        seconds
+    };
+    let median = super::bench_train::median(later);
     println!(
         "weight-sync {:.2} GB to {} engine(s): median {:.3} s per update, {:.1} GB/s; engines at weight version {}",
         bytes as f64 / 1e9,
