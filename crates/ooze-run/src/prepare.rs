@@ -43,12 +43,7 @@ impl Run {
         check_rank_shares(&recipe, ranks.as_ref())?;
         crate::checkpoint::refuse_to_overwrite(run_dir, resume)?;
         if first {
-            std::fs::create_dir_all(run_dir)
-                .with_context(|| format!("creating {}", run_dir.display()))?;
-            ooze_train::checkpoint::write_atomic(
-                &run_dir.join("recipe.toml"),
-                recipe.to_toml().as_bytes(),
-            )?;
+            write_run_dir(&recipe, run_dir)?;
         }
 
         let (device, kind) = device_and_kind(&recipe)?;
@@ -160,11 +155,7 @@ impl Run {
             .enable_all()
             .build()?;
         let log = if first {
-            Some(MetricsLog::open(
-                run_dir,
-                crate::checkpoint::metrics_kept_through(&state),
-                recipe.logging.tensorboard,
-            )?)
+            Some(open_metrics(&recipe, run_dir, &state)?)
         } else {
             None
         };
@@ -191,6 +182,29 @@ impl Run {
             last_eval: Vec::new(),
         })
     }
+}
+
+/// Creates the run directory and saves the resolved recipe in it (rank 0).
+fn write_run_dir(recipe: &Recipe, run_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    ooze_train::checkpoint::write_atomic(
+        &run_dir.join("recipe.toml"),
+        recipe.to_toml().as_bytes(),
+    )?;
+    Ok(())
+}
+
+/// The run's metrics log, keeping the lines of the rollouts a resumed run restored.
+fn open_metrics(
+    recipe: &Recipe,
+    run_dir: &Path,
+    state: &crate::run::RunState,
+) -> anyhow::Result<MetricsLog> {
+    MetricsLog::open(
+        run_dir,
+        crate::checkpoint::metrics_kept_through(state),
+        recipe.logging.tensorboard,
+    )
 }
 
 /// Turns on `rollout.deterministic` for this process (the trainer and an embedded engine).
