@@ -25,9 +25,10 @@ namespace {
 //
 // Keys and values reach shared memory in rounds of 8 KiB, copied 16 bytes at a time (cp.async)
 // into two slots: the next round's copy is in flight while this round's products run, and the
-// first round of values is fetched during the last round of scores and the softmax. (Tensor-core
-// loads straight from global memory, as before, issue 4-byte loads that each fetch half a sector
-// and fit fewer bytes in flight: H200 decode, 4B 16.8 → 15.0 ms per step, 0.5B 3.49 → 3.29 ms.)
+// first round of values is fetched during the last round of scores and the softmax. Tensor-core
+// loads straight from global memory (the kernel before) issue 4-byte loads, each fetching half of
+// every 32-byte sector it touches; staged, H200 decode went from 16.8 to 14.8 ms per step at 4B
+// and from 3.48 to 3.29 ms at 0.5B (docs/benchmarks.md).
 constexpr int ATT_CHUNK = 256;
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_PAD = 8;  // keeps shared-memory rows off the same banks, multiple of 8 (wmma)
