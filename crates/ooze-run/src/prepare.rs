@@ -5,7 +5,9 @@
 //! in process or a `/generate` endpoint), the restored state of a resumed run, and the engine,
 //! sized from the free memory once helper models are loaded.
 
-use crate::agents::{agent_context_len, agent_rollout, build_helpers, load_helper_models};
+use crate::agents::{
+    agent_context_len, agent_rollout, build_helpers, load_helper_models, LoadedHelper,
+};
 use crate::engine_processes::{EngineLaunch, EngineProcesses};
 use crate::eval::EvalSet;
 use crate::metrics_log::MetricsLog;
@@ -105,15 +107,7 @@ impl Run {
 
         // Helpers with weights of their own are loaded first: their weights are then out of the
         // free memory measured below, and their caches are taken out of the policy's share.
-        let helper_models = if recipe.agent.spec().is_none() {
-            Vec::new()
-        } else {
-            load_helper_models(&recipe, device, kind)?
-        };
-        let helper_cache: i64 = helper_models
-            .iter()
-            .map(|m| m.cache_bytes(slot_len, kind))
-            .sum();
+        let (helper_models, helper_cache) = helper_models_first(&recipe, device, kind, slot_len)?;
         settings.agent = agent_rollout(&recipe, slot_len as usize, Some(run_dir))?;
         // A resumed run's engine continues the weight versions from the trainer's step.
         let version = trainer.as_ref().map_or(0, |t| t.step());
@@ -154,11 +148,9 @@ impl Run {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let log = if first {
-            Some(open_metrics(&recipe, run_dir, &state)?)
-        } else {
-            None
-        };
+        let log = first
+            .then(|| open_metrics(&recipe, run_dir, &state))
+            .transpose()?;
         Ok(Run {
             recipe,
             run_dir: run_dir.to_owned(),
@@ -192,6 +184,22 @@ fn write_run_dir(recipe: &Recipe, run_dir: &Path) -> anyhow::Result<()> {
         recipe.to_toml().as_bytes(),
     )?;
     Ok(())
+}
+
+/// An agent recipe's helper models with weights of their own, and the KV memory their caches
+/// take for `slot_len`-token sequences.
+fn helper_models_first(
+    recipe: &Recipe,
+    device: Device,
+    kind: Kind,
+    slot_len: i64,
+) -> anyhow::Result<(Vec<LoadedHelper>, i64)> {
+    if recipe.agent.spec().is_none() {
+        return Ok((Vec::new(), 0));
+    }
+    let models = load_helper_models(recipe, device, kind)?;
+    let cache = models.iter().map(|m| m.cache_bytes(slot_len, kind)).sum();
+    Ok((models, cache))
 }
 
 /// The run's metrics log, keeping the lines of the rollouts a resumed run restored.

@@ -34,18 +34,11 @@ impl AgentContext {
         conv: &mut Conversation,
         message: Value,
     ) -> Result<(), AgentError> {
-        let template = self.template(&conv.tools)?;
         let mut delta = String::new();
         if conv.open_turn {
             delta.push_str(&self.turn_closing(conv)?);
         }
-        let added = template
-            .continuation(
-                &conv.messages,
-                std::slice::from_ref(&message),
-                &self.render_options(&conv.tools, true),
-            )
-            .map_err(Self::template_error)?;
+        let added = self.rendered_after(conv, &message)?;
         let content = self.content_span(conv, &message, &added)?.map(|r| {
             let offset = delta.len();
             r.start + offset..r.end + offset
@@ -80,6 +73,18 @@ impl AgentContext {
         Ok(())
     }
 
+    /// What the template adds to the conversation for `message`, up to and including the next
+    /// assistant turn's generation prompt.
+    fn rendered_after(&self, conv: &Conversation, message: &Value) -> Result<String, AgentError> {
+        self.template(&conv.tools)?
+            .continuation(
+                &conv.messages,
+                std::slice::from_ref(message),
+                &self.render_options(&conv.tools, true),
+            )
+            .map_err(Self::template_error)
+    }
+
     /// Where `message`'s text content lies in `added` (the template's rendering of it after the
     /// conversation): the occurrence whose removal leaves the rendering of the same message with
     /// empty content. `None` when the content is not a string or the template does not render it
@@ -93,16 +98,9 @@ impl AgentContext {
         let Some(content) = message["content"].as_str().filter(|c| !c.is_empty()) else {
             return Ok(None);
         };
-        let template = self.template(&conv.tools)?;
         let mut hollow = message.clone();
         hollow["content"] = Value::String(String::new());
-        let without = template
-            .continuation(
-                &conv.messages,
-                std::slice::from_ref(&hollow),
-                &self.render_options(&conv.tools, true),
-            )
-            .map_err(Self::template_error)?;
+        let without = self.rendered_after(conv, &hollow)?;
         Ok(added
             .match_indices(content)
             .map(|(at, _)| at..at + content.len())

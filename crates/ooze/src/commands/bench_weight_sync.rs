@@ -45,8 +45,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         decoder.config.vocab_size,
     );
     config.trainer_address = a.trainer_address.clone();
-    config.weight_backend = ooze_torch::dist::Backend::for_device(device);
-    let config_backend = config.weight_backend;
+    let backend = ooze_torch::dist::Backend::for_device(device);
+    config.weight_backend = backend;
     let engine = ooze_router::start(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -56,7 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tensors,
         bytes as f64 / 1e9,
         a.engines.len(),
-        config_backend
+        backend
     );
     let mut seconds = Vec::new();
     for i in 0..a.iters {
