@@ -124,6 +124,12 @@ template <int D>
 __host__ __device__ constexpr int att_round() {
   return D == 64 ? 4 : 2;
 }
+// Blocks a multiprocessor holds at once, as shared memory allows (≈ 38 KiB a block); the
+// register cap follows from it.
+template <int D>
+__host__ __device__ constexpr int att_blocks_per_sm() {
+  return D == 64 ? 6 : 5;
+}
 constexpr int ATT_STAGES = 2;  // copy slots: the next round in flight while this one is used
 
 template <int D>
@@ -138,7 +144,8 @@ struct AttentionShared {
 };
 
 template <int D>
-__global__ void __launch_bounds__(ATT_WARPS * 32, 5) split_attention_kernel(AttentionArgs a) {
+__global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
+    split_attention_kernel(AttentionArgs a) {
   using namespace nvcuda;
   constexpr int ATT_ROUND = att_round<D>();
   static_assert(ATT_ROUND <= ATT_WARPS, "one tile per warp in pass A");
@@ -167,11 +174,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 5) split_attention_kernel(Atte
     for (int t = tid; t < key_tiles; t += blockDim.x) {
       sh.cell[t] = a.keys.cell(tile.seq, first + static_cast<int64_t>(t) * 16);
     }
-    for (int i = tid; i < 16 * D; i += blockDim.x) {
-      const int r = i / D, d = i % D;
-      sh.q[r][d] = r < rows ? a.q[static_cast<int64_t>(tile.first + r / group) * a.q_stride +
-                                  (kv * group + r % group) * D + d]
-                            : __float2bfloat16(0.f);
+    // The query tile, 16 bytes a piece (the launcher checks the alignment); rows past the tile's
+    // are zeros.
+    constexpr int Q_PIECES = 16 * D / 8 / (ATT_WARPS * 32);
+#pragma unroll
+    for (int j = 0; j < Q_PIECES; ++j) {
+      const int p = tid + j * ATT_WARPS * 32;
+      const int r = p / (D / 8), d = p % (D / 8) * 8;
+      *reinterpret_cast<uint4*>(&sh.q[r][d]) =
+          r < rows ? *reinterpret_cast<const uint4*>(
+                         a.q + static_cast<int64_t>(tile.first + r / group) * a.q_stride +
+                         (kv * group + r % group) * D + d)
+                   : make_uint4(0, 0, 0, 0);
     }
     __syncthreads();
     // Copies round i (the keys' rounds 0..rounds-1, then the values') into its ring slot, as one
@@ -182,13 +196,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 5) split_attention_kernel(Atte
         const int round = values ? i - rounds : i;
         const __nv_bfloat16* from = values ? a.v : a.k;
         const int64_t stride = values ? a.v_stride : a.k_stride;
+        const __nv_bfloat16* head = from + static_cast<int64_t>(kv) * D;
         constexpr int PIECES = 16 * D / 8;  // 16-byte pieces of one 16-key tile
-        for (int p = tid; p < ATT_ROUND * PIECES; p += blockDim.x) {
+#pragma unroll
+        for (int j = 0; j < ATT_ROUND * PIECES / (ATT_WARPS * 32); ++j) {
+          const int p = tid + j * ATT_WARPS * 32;
           const int within = p / PIECES, key = p % PIECES / (D / 8), piece = p % (D / 8);
           const int t = round * ATT_ROUND + within;
-          if (t >= key_tiles) break;
-          copy_async_16(&sh.kv[i % ATT_STAGES][within * 16 + key][piece * 8],
-                        from + (sh.cell[t] + key) * stride + static_cast<int64_t>(kv) * D + piece * 8);
+          if (t < key_tiles) {
+            copy_async_16(&sh.kv[i % ATT_STAGES][within * 16 + key][piece * 8],
+                          head + (sh.cell[t] + key) * stride + piece * 8);
+          }
         }
       }
       copy_async_commit();
@@ -227,22 +245,28 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, 5) split_attention_kernel(Atte
           __syncthreads();
           // Softmax over the chunk, one warp per row; a row sees keys up to its own token's
           // position. The row's scores are read whole before its probabilities overwrite them.
-          for (int r = warp; r < 16; r += ATT_WARPS) {
-            float x[ATT_CHUNK / 32];
-#pragma unroll
-            for (int j = 0; j < ATT_CHUNK / 32; ++j) x[j] = sh.s[r][lane + 32 * j];
-            __syncwarp();
-            const int64_t own = r < rows ? a.positions[tile.first + r / group] + 1 - first : 0;
-            const int row_valid = static_cast<int>(own < ATT_CHUNK ? own : ATT_CHUNK);
-            __nv_bfloat16* p = s_p + r * P_LD;
+          // Rows past the tile's, and rows that see none of the chunk's keys, are skipped: their
+          // probabilities reach only output rows that are never read (rows past the tile's are
+          // not written out, and the merge skips a split whose max is −∞).
+          for (int r = warp; r < rows; r += ATT_WARPS) {
+            // How many of the chunk's keys the row sees: in decode (one token a tile) all of them.
+            int row_valid = valid;
+            if (tile.count > 1) {
+              const int64_t own = a.positions[tile.first + r / group] + 1 - first;
+              row_valid = static_cast<int>(own < ATT_CHUNK ? own : ATT_CHUNK);
+            }
             if (row_valid <= 0) {
-              for (int j = lane; j < key_tiles * 16; j += 32) p[j] = __float2bfloat16(0.f);
               if (lane == 0) {
                 sh.max[r] = -INFINITY;
                 sh.sum[r] = 0.f;
               }
               continue;
             }
+            float x[ATT_CHUNK / 32];
+#pragma unroll
+            for (int j = 0; j < ATT_CHUNK / 32; ++j) x[j] = sh.s[r][lane + 32 * j];
+            __syncwarp();
+            __nv_bfloat16* p = s_p + r * P_LD;
             float m = -INFINITY;
 #pragma unroll
             for (int j = 0; j < ATT_CHUNK / 32; ++j) {
@@ -348,6 +372,10 @@ int ooze_launch_split_attention(const void* q, int64_t q_stride, const void* k, 
                      static_cast<__nv_bfloat16*>(out),
                      out_stride,
                      lse};
+  // The query tile is loaded 16 bytes at a time.
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride % 8 != 0) {
+    return static_cast<int>(cudaErrorMisalignedAddress);
+  }
   if (dim == 64) return launch_split_attention<64>(args, n_tiles, stream);
   if (dim == 128) return launch_split_attention<128>(args, n_tiles, stream);
   return static_cast<int>(cudaErrorInvalidValue);
