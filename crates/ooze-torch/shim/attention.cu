@@ -88,34 +88,59 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// Lets the kernel launched after this one on the stream start its blocks early, where the
+// launcher asked for it (programmatic dependent launch, Hopper on); it still waits for this
+// kernel's results (dependent_wait).
+__device__ __forceinline__ void dependents_may_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+// Waits until the kernel before this one on the stream has finished and its writes are visible
+// (a no-op unless launched as a programmatic dependent).
+__device__ __forceinline__ void dependent_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Merges the splits of each (token, head) in order: out = Σ_s e^{m_s − m} O_s / Σ_s e^{m_s − m}
-// l_s. Block (head, tile), a thread per output column. With `lse` ([heads, tokens] fp32), also
-// the log-sum-exp of the scaled scores, m + log Σ_s e^{m_s − m} l_s.
+// l_s. Block (key head, tile), a thread per row of the tile and 4 output columns. With `lse`
+// ([heads, tokens] fp32), also the log-sum-exp of the scaled scores, m + log Σ_s e^{m_s − m} l_s.
 template <int D>
 __global__ void split_attention_merge(AttentionArgs a) {
-  const int head = blockIdx.x, d = threadIdx.x;
+  dependent_wait();
+  const int kv = blockIdx.x;
   const TileOf tile(a.tiles, blockIdx.y);
   const int group = a.heads / a.kv_heads;
-  const int kv = head / group, g = head % group;
+  const int r = threadIdx.x / (D / 4), c = threadIdx.x % (D / 4) * 4;
+  if (r >= tile.count * group) return;
+  const int token = r / group, head = kv * group + r % group;
   const int64_t first = (static_cast<int64_t>(blockIdx.y) * a.kv_heads + kv) * a.splits;
-  for (int token = 0; token < tile.count; ++token) {
-    const int r = token * group + g;
-    const float* ml = a.part_ml + (first * 16 + r) * 2;
-    const float* o = a.part_o + (first * 16 + r) * D + d;
-    float m = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) m = fmaxf(m, ml[s * 32]);
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float ms = ml[s * 32];
-      if (ms == -INFINITY) continue;
-      const float w = __expf(ms - m);
-      den += w * ml[s * 32 + 1];
-      num += w * o[static_cast<int64_t>(s) * 16 * D];
-    }
-    const int64_t at = tile.first + token;
-    a.out[at * a.out_stride + static_cast<int64_t>(head) * D + d] = __float2bfloat16(num / den);
-    if (a.lse != nullptr && d == 0) a.lse[static_cast<int64_t>(head) * a.tokens + at] = m + logf(den);
+  const float* ml = a.part_ml + (first * 16 + r) * 2;
+  const float* o = a.part_o + (first * 16 + r) * D + c;
+  float m = -INFINITY;
+  for (int s = 0; s < a.splits; ++s) m = fmaxf(m, ml[s * 32]);
+  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+  float den = 0.f;
+  for (int s = 0; s < a.splits; ++s) {
+    const float ms = ml[s * 32];
+    if (ms == -INFINITY) continue;
+    const float w = __expf(ms - m);
+    den += w * ml[s * 32 + 1];
+    const float4 os = *reinterpret_cast<const float4*>(o + static_cast<int64_t>(s) * 16 * D);
+    num.x += w * os.x;
+    num.y += w * os.y;
+    num.z += w * os.z;
+    num.w += w * os.w;
   }
+  const int64_t at = tile.first + token;
+  __nv_bfloat16* out = a.out + at * a.out_stride + static_cast<int64_t>(head) * D + c;
+  out[0] = __float2bfloat16(num.x / den);
+  out[1] = __float2bfloat16(num.y / den);
+  out[2] = __float2bfloat16(num.z / den);
+  out[3] = __float2bfloat16(num.w / den);
+  if (a.lse != nullptr && c == 0) a.lse[static_cast<int64_t>(head) * a.tokens + at] = m + logf(den);
 }
 
 // 16-key tiles per copy round, 8 KiB of keys or values (at most one per warp: pass A gives each
@@ -138,7 +163,7 @@ struct AttentionShared {
   float s[16][ATT_S_LD];  // scores; then each row's probabilities (bf16); then the output tile
   __nv_bfloat16 q[16][D + ATT_PAD];
   // Where each 16-key tile of the chunk starts (keys [first + 16t, +16) are one run of memory:
-  // block sizes are multiples of 16), looked up once, up front.
+  // block sizes are multiples of 16).
   int64_t cell[ATT_CHUNK / 16];
   float max[16], sum[16];
 };
@@ -151,6 +176,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
   static_assert(ATT_ROUND <= ATT_WARPS, "one tile per warp in pass A");
   constexpr int BANDS = D / 16 / ATT_WARPS;  // pass B's 16-column bands per warp
   __shared__ __align__(128) AttentionShared<D> sh;
+  dependents_may_start();
   const int split = blockIdx.x, kv = blockIdx.y, tile_index = blockIdx.z;
   const TileOf tile(a.tiles, tile_index);
   const int group = a.heads / a.kv_heads;
@@ -159,6 +185,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
   const int64_t first = static_cast<int64_t>(split) * ATT_CHUNK;
   // The tile's last token sees the most keys.
   const int64_t n_keys = a.positions[tile.first + tile.count - 1] + 1;
+  // Where each 16-key tile of the chunk starts, looked up for every tile inside the block table
+  // before the key count is known (the two loads overlap; tiles past the keys are never copied).
+  int64_t cell = 0;
+  if (tid < ATT_CHUNK / 16) {
+    const int64_t key = first + static_cast<int64_t>(tid) * 16;
+    if (a.keys.block_size == 0 || key / a.keys.block_size < a.keys.width) {
+      cell = a.keys.cell(tile.seq, key);
+    }
+  }
   const int valid = static_cast<int>(n_keys - first < ATT_CHUNK ? n_keys - first : ATT_CHUNK);
   const int64_t part = (static_cast<int64_t>(tile_index) * a.kv_heads + kv) * a.splits + split;
   float* out_o = a.part_o + part * 16 * D;
@@ -171,9 +206,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
   } else {
     const int key_tiles = (valid + 15) / 16;
     const int rounds = (key_tiles + ATT_ROUND - 1) / ATT_ROUND;
-    for (int t = tid; t < key_tiles; t += blockDim.x) {
-      sh.cell[t] = a.keys.cell(tile.seq, first + static_cast<int64_t>(t) * 16);
-    }
+    if (tid < key_tiles) sh.cell[tid] = cell;
     // The query tile, 16 bytes a piece (the launcher checks the alignment); rows past the tile's
     // are zeros.
     constexpr int Q_PIECES = 16 * D / 8 / (ATT_WARPS * 32);
@@ -328,11 +361,40 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
   }
 }
 
+// Whether the current device launches programmatic dependents (compute capability 9.0 on).
+bool att_dependent_launch() {
+  static int major[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  if (major[device] == 0 &&
+      cudaDeviceGetAttribute(&major[device], cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return false;
+  }
+  return major[device] >= 9;
+}
+
 template <int D>
 int launch_split_attention(const AttentionArgs& args, int tiles, cudaStream_t stream) {
   split_attention_kernel<D><<<dim3(args.splits, args.kv_heads, tiles), ATT_WARPS * 32, 0, stream>>>(
       args);
-  split_attention_merge<D><<<dim3(args.heads, tiles), D, 0, stream>>>(args);
+  // The merge's blocks (a thread per row and 4 columns; decode tiles have `group` rows, others
+  // up to 16) are launched as programmatic dependents on Hopper: they are placed while the last
+  // attention blocks run and wait there for their results.
+  const int group = args.heads / args.kv_heads;
+  const int rows = args.tiles == nullptr ? group : 16;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(args.kv_heads, tiles);
+  config.blockDim = dim3(rows * D / 4);
+  config.stream = stream;
+  cudaLaunchAttribute early[1];
+  early[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early[0].val.programmaticStreamSerializationAllowed = 1;
+  if (att_dependent_launch()) {
+    config.attrs = early;
+    config.numAttrs = 1;
+  }
+  const cudaError_t e = cudaLaunchKernelEx(&config, split_attention_merge<D>, args);
+  if (e != cudaSuccess) return static_cast<int>(e);
   return static_cast<int>(cudaGetLastError());
 }
 
