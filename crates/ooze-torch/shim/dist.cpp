@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,29 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
   std::chrono::milliseconds timeout;
+  bool gloo;
 };
+
+// Starting a collective on a Gloo group records it in c10d's flight recorder, one per process for
+// every Gloo group in it (FlightRecorder<c10::Event>, on by default). Its record call adds the
+// group to a std::map on the group's first collective before it takes its own lock (PyTorch
+// 2.11, FlightRecorderDetail.hpp): two groups of one process starting collectives on two threads
+// at once (ranks as threads, a weight group beside another group) insert into or read that map
+// while the other rebalances it, and the process crashes in std::_Rb_tree_insert_and_rebalance.
+// So collectives on Gloo groups start one at a time in a process. Starting one only queues it
+// for the group's worker threads (it never waits for a peer); the wait is outside this lock.
+// (NCCL's recorder has the same map, but starting an NCCL collective can wait for the peers, as
+// the first one creates the communicator, so NCCL groups do not take it.)
+std::mutex gloo_start_mutex;
+
+template <typename F>
+c10::intrusive_ptr<c10d::Work> start(const Group& g, F f) {
+  if (!g.gloo) {
+    return f();
+  }
+  std::lock_guard<std::mutex> lock(gloo_start_mutex);
+  return f();
+}
 
 c10d::ReduceOp reduce_op(int op) {
   switch (op) {
@@ -94,7 +117,7 @@ void* ooze_dist_new(int backend, const char* host, int port, int rank, int world
       auto gloo = c10d::ProcessGroupGloo::Options::create_default(timeout);
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo);
     }
-    out = new Group{store, pg, timeout};
+    out = new Group{store, pg, timeout, backend != 1};
   });
   return out;
 }
@@ -118,7 +141,7 @@ int ooze_dist_all_reduce(void* group, at::Tensor* tensor, int op) {
     std::vector<at::Tensor> tensors{*tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = reduce_op(op);
-    finish(g, g.backend->allreduce(tensors, opts), "all-reduce");
+    finish(g, start(g, [&] { return g.backend->allreduce(tensors, opts); }), "all-reduce");
   });
 }
 
@@ -129,7 +152,7 @@ int ooze_dist_broadcast(void* group, at::Tensor* tensor, int root) {
     std::vector<at::Tensor> tensors{*tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    finish(g, g.backend->broadcast(tensors, opts), "broadcast");
+    finish(g, start(g, [&] { return g.backend->broadcast(tensors, opts); }), "broadcast");
   });
 }
 
@@ -137,7 +160,8 @@ int ooze_dist_broadcast(void* group, at::Tensor* tensor, int root) {
 int ooze_dist_all_gather(void* group, at::Tensor* out, at::Tensor* in) {
   return guarded([&] {
     auto& g = *static_cast<Group*>(group);
-    finish(g, g.backend->_allgather_base(*out, *in, c10d::AllgatherOptions()), "all-gather");
+    auto gather = [&] { return g.backend->_allgather_base(*out, *in, c10d::AllgatherOptions()); };
+    finish(g, start(g, gather), "all-gather");
   });
 }
 
@@ -147,7 +171,8 @@ int ooze_dist_reduce_scatter(void* group, at::Tensor* out, at::Tensor* in, int o
     auto& g = *static_cast<Group*>(group);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = reduce_op(op);
-    finish(g, g.backend->_reduce_scatter_base(*out, *in, opts), "reduce-scatter");
+    auto scatter = [&] { return g.backend->_reduce_scatter_base(*out, *in, opts); };
+    finish(g, start(g, scatter), "reduce-scatter");
   });
 }
 
@@ -156,8 +181,8 @@ void* ooze_dist_all_gather_start(void* group, at::Tensor* out, at::Tensor* in) {
   c10::intrusive_ptr<c10d::Work>* work = nullptr;
   guarded([&] {
     auto& g = *static_cast<Group*>(group);
-    work = new c10::intrusive_ptr<c10d::Work>(
-        g.backend->_allgather_base(*out, *in, c10d::AllgatherOptions()));
+    auto gather = [&] { return g.backend->_allgather_base(*out, *in, c10d::AllgatherOptions()); };
+    work = new c10::intrusive_ptr<c10d::Work>(start(g, gather));
   });
   return work;
 }
@@ -168,7 +193,8 @@ void* ooze_dist_reduce_scatter_start(void* group, at::Tensor* out, at::Tensor* i
     auto& g = *static_cast<Group*>(group);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = reduce_op(op);
-    work = new c10::intrusive_ptr<c10d::Work>(g.backend->_reduce_scatter_base(*out, *in, opts));
+    auto scatter = [&] { return g.backend->_reduce_scatter_base(*out, *in, opts); };
+    work = new c10::intrusive_ptr<c10d::Work>(start(g, scatter));
   });
   return work;
 }
@@ -193,7 +219,7 @@ int ooze_dist_wait(void* group, void* handle) {
 int ooze_dist_barrier(void* group) {
   return guarded([&] {
     auto& g = *static_cast<Group*>(group);
-    finish(g, g.backend->barrier(c10d::BarrierOptions()), "barrier");
+    finish(g, start(g, [&] { return g.backend->barrier(c10d::BarrierOptions()); }), "barrier");
   });
 }
 

@@ -700,6 +700,59 @@ mod collective_tests {
         }
     }
 
+    /// Several groups of one process (two ranks each, as threads) start their first collectives
+    /// at the same instant, as the data-parallel tests' ranks do: c10d's flight recorder, shared
+    /// by every Gloo group of the process, must not see them at once (it crashed the process).
+    #[test]
+    fn gloo_groups_of_one_process_start_collectives_at_once() {
+        let groups = 8;
+        for _ in 0..4 {
+            // Ports held together until all are known, so no two groups get the same one.
+            let listeners: Vec<_> = (0..groups)
+                .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap())
+                .collect();
+            let ports: Vec<u16> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().port())
+                .collect();
+            drop(listeners);
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2 * groups));
+            let ranks: Vec<_> = ports
+                .into_iter()
+                .flat_map(|port| (0..2).map(move |rank| (port, rank)))
+                .map(|(port, rank)| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        let rendezvous = Rendezvous {
+                            rank,
+                            world_size: 2,
+                            local_rank: rank,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                            agent_store: false,
+                        };
+                        let g = ProcessGroup::connect(
+                            &rendezvous,
+                            Backend::Gloo,
+                            Duration::from_secs(60),
+                        );
+                        // Every thread reaches the barrier, also one whose group failed.
+                        start.wait();
+                        let g = g.unwrap();
+                        let mut t = Tensor::full([2], rank as f64, (Kind::Double, Device::Cpu));
+                        for _ in 0..10 {
+                            g.all_reduce(&mut t, ReduceOp::Max).unwrap();
+                        }
+                        Vec::<f64>::try_from(&t).unwrap()
+                    })
+                })
+                .collect();
+            for r in ranks {
+                assert_eq!(r.join().unwrap(), vec![1.0, 1.0]);
+            }
+        }
+    }
+
     /// A rank whose peer never comes stops with an error naming it, not a hang or an abort.
     #[test]
     fn a_missing_peer_is_an_error_after_the_timeout() {
