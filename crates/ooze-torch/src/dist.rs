@@ -582,6 +582,18 @@ mod collective_tests {
     use super::*;
     use crate::tch::{Device, Kind};
 
+    /// Rank `rank` of `world_size`, as a thread of this process, rendezvousing on `port`.
+    fn local_rank(rank: usize, world_size: usize, port: u16) -> Rendezvous {
+        Rendezvous {
+            rank,
+            world_size,
+            local_rank: rank,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+            agent_store: false,
+        }
+    }
+
     /// Two ranks as two threads of this process, on Gloo.
     #[test]
     fn two_gloo_ranks_reduce_broadcast_gather_and_scatter() {
@@ -589,14 +601,7 @@ mod collective_tests {
         let ranks: Vec<_> = (0..2)
             .map(|rank| {
                 std::thread::spawn(move || {
-                    let rendezvous = Rendezvous {
-                        rank,
-                        world_size: 2,
-                        local_rank: rank,
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        agent_store: false,
-                    };
+                    let rendezvous = local_rank(rank, 2, port);
                     let g =
                         ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(60))
                             .unwrap();
@@ -649,14 +654,7 @@ mod collective_tests {
         let ranks: Vec<_> = (0..3)
             .map(|rank| {
                 std::thread::spawn(move || {
-                    let rendezvous = Rendezvous {
-                        rank,
-                        world_size: 3,
-                        local_rank: rank,
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        agent_store: false,
-                    };
+                    let rendezvous = local_rank(rank, 3, port);
                     let g =
                         ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(60))
                             .unwrap();
@@ -723,14 +721,7 @@ mod collective_tests {
                 .map(|(port, rank)| {
                     let start = start.clone();
                     std::thread::spawn(move || {
-                        let rendezvous = Rendezvous {
-                            rank,
-                            world_size: 2,
-                            local_rank: rank,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                            agent_store: false,
-                        };
+                        let rendezvous = local_rank(rank, 2, port);
                         let g = ProcessGroup::connect(
                             &rendezvous,
                             Backend::Gloo,
@@ -756,14 +747,7 @@ mod collective_tests {
     /// A rank whose peer never comes stops with an error naming it, not a hang or an abort.
     #[test]
     fn a_missing_peer_is_an_error_after_the_timeout() {
-        let rendezvous = Rendezvous {
-            rank: 0,
-            world_size: 2,
-            local_rank: 0,
-            master_addr: "127.0.0.1".into(),
-            master_port: free_port("127.0.0.1").unwrap(),
-            agent_store: false,
-        };
+        let rendezvous = local_rank(0, 2, free_port("127.0.0.1").unwrap());
         let e = ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(2))
             .unwrap_err()
             .to_string();
