@@ -46,6 +46,11 @@ struct KeyMap {
     if (block_size == 0) return table[seq] + p;
     return table[static_cast<int64_t>(seq) * width + p / block_size] * block_size + p % block_size;
   }
+  // cell(seq, p) where the block table reaches position p, else 0 (a position past the table,
+  // never read): safe to look up before knowing how many keys the sequence has.
+  __device__ __forceinline__ int64_t cell_if_mapped(int seq, int64_t p) const {
+    return block_size == 0 || p / block_size < width ? cell(seq, p) : 0;
+  }
 };
 
 // A tile's tokens: `tiles` is int32 [tiles, 3] (first token, token count, sequence), or null for
@@ -187,13 +192,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32, att_blocks_per_sm<D>())
   const int64_t n_keys = a.positions[tile.first + tile.count - 1] + 1;
   // Where each 16-key tile of the chunk starts, looked up for every tile inside the block table
   // before the key count is known (the two loads overlap; tiles past the keys are never copied).
-  int64_t cell = 0;
-  if (tid < ATT_CHUNK / 16) {
-    const int64_t key = first + static_cast<int64_t>(tid) * 16;
-    if (a.keys.block_size == 0 || key / a.keys.block_size < a.keys.width) {
-      cell = a.keys.cell(tile.seq, key);
-    }
-  }
+  const int64_t cell =
+      tid < ATT_CHUNK / 16 ? a.keys.cell_if_mapped(tile.seq, first + static_cast<int64_t>(tid) * 16)
+                           : 0;
   const int valid = static_cast<int>(n_keys - first < ATT_CHUNK ? n_keys - first : ATT_CHUNK);
   const int64_t part = (static_cast<int64_t>(tile_index) * a.kv_heads + kv) * a.splits + split;
   float* out_o = a.part_o + part * 16 * D;

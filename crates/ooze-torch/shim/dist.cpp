@@ -105,7 +105,8 @@ void* ooze_dist_new(int backend, const char* host, int port, int rank, int world
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
     auto store = c10::make_intrusive<c10d::PrefixStore>(std::string(prefix), tcp);
     c10::intrusive_ptr<c10d::Backend> pg;
-    if (backend == 1) {
+    const bool nccl = backend == 1;
+    if (nccl) {
 #ifdef OOZE_NCCL
       auto nccl = c10d::ProcessGroupNCCL::Options::create();
       nccl->timeout = timeout;
@@ -117,7 +118,7 @@ void* ooze_dist_new(int backend, const char* host, int port, int rank, int world
       auto gloo = c10d::ProcessGroupGloo::Options::create_default(timeout);
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo);
     }
-    out = new Group{store, pg, timeout, backend != 1};
+    out = new Group{store, pg, timeout, !nccl};
   });
   return out;
 }
