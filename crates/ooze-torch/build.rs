@@ -91,6 +91,8 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     }
     println!("cargo:rerun-if-changed=shim/kernels.cu");
     println!("cargo:rerun-if-changed=shim/attention.cu");
+    println!("cargo:rerun-if-changed=shim/fa_order_attention.cu");
+    println!("cargo:rerun-if-changed=shim/attention_common.cuh");
     println!("cargo:rerun-if-changed=shim/common.cuh");
     println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/ops.cpp");
@@ -101,6 +103,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .cuda(true)
         .file("shim/kernels.cu")
         .file("shim/attention.cu")
+        .file("shim/fa_order_attention.cu")
         .include(cuda.join("include"))
         .debug(false)
         .opt_level(3)

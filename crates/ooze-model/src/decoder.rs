@@ -71,24 +71,11 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
     x.linear(weight, bias)
 }
 
-/// `x + linear(input)`. Without autograd and without a bias, the sum is accumulated into `x` by the
-/// matrix multiply itself (one kernel instead of two), except under deterministic numerics.
+/// `x + linear(input)`, the product rounded before the add (as autograd's training forward does
+/// it): cuBLAS's accumulate-into-C rounds once, and only for some row counts, so a fused add
+/// would make a decode step's residual stream depend on its batch.
 fn add_linear(x: Tensor, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
-    // Deterministic numerics round the product before the add, as training (with autograd) does:
-    // cuBLAS's fused accumulate rounds once, and only for some row counts.
-    if bias.is_some()
-        || x.requires_grad()
-        || input.requires_grad()
-        || !x.is_contiguous()
-        || kernels::deterministic()
-    {
-        return x + linear(input, weight, bias);
-    }
-    let (width, inner) = (x.size()[x.dim() - 1], input.size()[input.dim() - 1]);
-    let _ = x
-        .view([-1, width])
-        .addmm_(&input.reshape([-1, inner]), &weight.tr());
-    x
+    x + linear(input, weight, bias)
 }
 
 /// Whether ooze's CUDA kernels can stand in for libtorch operations on `x`: a CUDA tensor of a
@@ -177,6 +164,17 @@ impl Decoder {
         device: Device,
         kind: Kind,
     ) -> Result<Decoder> {
+        if device.is_cuda() {
+            // bf16/fp16 GEMMs without split-K, process-wide: a row's product then does not
+            // depend on how many rows share the GEMM (a decode step's batch against the trainer's
+            // sequences).
+            ooze_torch::cuda_graph::set_gemm_reduction(
+                ooze_torch::cuda_graph::GemmReduction::NoSplit,
+            )
+            .map_err(|e| {
+                crate::ModelError::Invalid(format!("setting cuBLAS's GEMM reduction: {e}"))
+            })?;
+        }
         let c = &config;
         let (h, q_dim, kv_dim) = (
             c.hidden_size,

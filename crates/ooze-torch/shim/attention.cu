@@ -5,6 +5,7 @@
 
 #include <mma.h>
 
+#include "attention_common.cuh"
 #include "common.cuh"
 
 namespace {
@@ -35,37 +36,6 @@ constexpr int ATT_PAD = 8;  // keeps shared-memory rows off the same banks, mult
 // The scores' rows in shared memory, in floats; the bf16 probabilities reuse each row.
 constexpr int ATT_S_LD = ATT_CHUNK + ATT_PAD;
 
-// Where the keys and values of a sequence live. Paged (block_size > 0): position p of sequence s
-// is cell table[s · width + p / block_size] · block_size + p % block_size. Contiguous
-// (block_size == 0): row table[s] + p.
-struct KeyMap {
-  const int64_t* table;
-  int width;
-  int64_t block_size;
-  __device__ __forceinline__ int64_t cell(int seq, int64_t p) const {
-    if (block_size == 0) return table[seq] + p;
-    return table[static_cast<int64_t>(seq) * width + p / block_size] * block_size + p % block_size;
-  }
-  // cell(seq, p) where the block table reaches position p, else 0 (a position past the table,
-  // never read): safe to look up before knowing how many keys the sequence has.
-  __device__ __forceinline__ int64_t cell_if_mapped(int seq, int64_t p) const {
-    return block_size == 0 || p / block_size < width ? cell(seq, p) : 0;
-  }
-};
-
-// A tile's tokens: `tiles` is int32 [tiles, 3] (first token, token count, sequence), or null for
-// decode (tile i is token i alone, of sequence i).
-struct TileOf {
-  int first, count, seq;
-  __device__ __forceinline__ TileOf(const int* tiles, int tile) {
-    if (tiles == nullptr) {
-      first = tile, count = 1, seq = tile;
-    } else {
-      first = tiles[3 * tile], count = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
-    }
-  }
-};
-
 struct AttentionArgs {
   const __nv_bfloat16* q;  // [tokens, ·] rows of q_stride elements, heads · D at the start
   const __nv_bfloat16* k;  // key rows of k_stride elements, kv_heads · D at the start
@@ -82,32 +52,6 @@ struct AttentionArgs {
   int64_t out_stride;
   float* lse;  // [heads, tokens] or null
 };
-
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global));
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
-
-// Lets the kernel launched after this one on the stream start its blocks early, where the
-// launcher asked for it (programmatic dependent launch, Hopper on); it still waits for this
-// kernel's results (dependent_wait).
-__device__ __forceinline__ void dependents_may_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-// Waits until the kernel before this one on the stream has finished and its writes are visible
-// (a no-op unless launched as a programmatic dependent).
-__device__ __forceinline__ void dependent_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // Merges the splits of each (token, head) in order: out = Σ_s e^{m_s − m} O_s / Σ_s e^{m_s − m}
 // l_s. Block (key head, tile), a thread per row of the tile and 4 output columns. With `lse`

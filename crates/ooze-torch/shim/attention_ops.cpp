@@ -1,6 +1,7 @@
-// Tensor-level entry points of ooze's attention: split attention (attention.cu) for decode,
-// the engine's prefill and deterministic training, and FlashAttention-2 (ATen) for packed
-// training batches. Checks and error reporting as in ops.cpp.
+// Tensor-level entry points of ooze's attention: FlashAttention-2 (ATen) for training and
+// fresh prefills; over paged keys, attention in FlashAttention-2's order (fa_order_attention.cu,
+// the default numerics) or split attention (attention.cu, deterministic numerics, where training
+// runs it too). Checks and error reporting as in ops.cpp.
 
 #include "ops.h"
 
@@ -75,6 +76,36 @@ std::pair<at::Tensor, at::Tensor> split_attention(const at::Tensor& q, const at:
         out.data_ptr(), heads * dim, want_lse ? lse.data_ptr<float>() : nullptr, stream()));
   }
   return {out, lse};
+}
+
+// Runs attention in FlashAttention-2's order over rows that see at most max_keys keys; tiles as
+// split_attention's, or undefined for decode (one token per row). Returns out [tokens, heads, dim].
+at::Tensor fa_order_attention(const at::Tensor& q, const at::Tensor& k, int64_t k_stride,
+                              const at::Tensor& v, int64_t v_stride, const at::Tensor& table,
+                              int64_t width, int64_t block_size, const at::Tensor& tiles,
+                              const at::Tensor& positions, int64_t kv_heads, int64_t max_keys,
+                              double scale) {
+  const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t n_tiles = tiles.defined() ? tiles.size(0) : tokens;
+  const int chunks = ooze_fa_order_chunks(static_cast<int>(std::max<int64_t>(max_keys, 1)));
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor part_o, part_ml;
+  if (chunks > 1) {
+    part_o = at::empty({n_tiles, kv_heads, chunks, 16, dim}, f32);
+    part_ml = at::empty({n_tiles, kv_heads, chunks, 16, 2}, f32);
+  }
+  at::Tensor out = at::empty({tokens, heads, dim}, q.options());
+  if (tokens > 0) {
+    check_launch(ooze_launch_fa_order_attention(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k_stride, v.data_ptr(), v_stride,
+        table.data_ptr<int64_t>(), static_cast<int>(width), block_size,
+        tiles.defined() ? tiles.data_ptr<int>() : nullptr, static_cast<int>(n_tiles),
+        positions.data_ptr<int64_t>(), static_cast<int>(heads), static_cast<int>(kv_heads),
+        static_cast<int>(dim), static_cast<float>(scale), chunks,
+        chunks > 1 ? part_o.data_ptr<float>() : nullptr,
+        chunks > 1 ? part_ml.data_ptr<float>() : nullptr, out.data_ptr(), heads * dim, stream()));
+  }
+  return out;
 }
 
 // Causal attention over packed sequences with split attention's arithmetic (the engine's, so a
@@ -223,10 +254,12 @@ using namespace ooze_ops;
 // tables [rows, width] int64: position p is offset p % block_size of block tables[r][p / block_size].
 // read_len bounds every row's key count (it fixes the number of key splits, so a CUDA graph can be
 // captured for it). Returns [rows, heads, dim] bf16. dim 64 or 128, at most 16 query heads per key
-// head, block_size a multiple of 16.
+// head, block_size a multiple of 16. flash_order: FlashAttention-2's arithmetic, else split
+// attention's.
 at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache,
                                   const at::Tensor* v_cache, const at::Tensor* tables,
-                                  const at::Tensor* positions, int64_t read_len, double scale) {
+                                  const at::Tensor* positions, int64_t read_len, double scale,
+                                  int flash_order) {
   return guarded([&] {
     check_cuda(*q, "q");
     c10::cuda::CUDAGuard guard(q->device());
@@ -253,6 +286,11 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
     TORCH_CHECK(positions->scalar_type() == at::kLong && positions->is_contiguous() &&
                     positions->numel() == rows,
                 "positions must be contiguous int64 [rows]");
+    if (flash_order) {
+      return fa_order_attention(*q, *k_cache, kv_heads * dim, *v_cache, kv_heads * dim, *tables,
+                                width, block_size, at::Tensor(), *positions, kv_heads, read_len,
+                                scale);
+    }
     const int splits = ooze_attention_splits(static_cast<int>(read_len));
     auto f32 = q->options().dtype(at::kFloat);
     at::Tensor part_o = at::empty({rows, kv_heads, splits, 16, dim}, f32);
@@ -320,14 +358,15 @@ at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Ten
   });
 }
 
-// Split attention (the decode kernel's arithmetic) of new tokens appended to paged sequences, for
-// the engine's prefill: q [tokens, heads, dim] (bf16, heads contiguous), row b's `counts[b]` tokens
-// one after another at positions past[b] + i, k_cache / v_cache [blocks, block_size, kv_heads,
-// dim], tables [rows, width] int64. Returns [tokens, heads, dim].
-at::Tensor* ooze_split_attention_paged(const at::Tensor* q, const at::Tensor* k_cache,
-                                       const at::Tensor* v_cache, const at::Tensor* tables,
-                                       const int64_t* past, const int64_t* counts, int64_t rows,
-                                       double scale) {
+// Attention of new tokens appended to paged sequences, for the engine's prefill, with the decode
+// kernel's arithmetic (flash_order: FlashAttention-2's, else split attention's): q [tokens, heads,
+// dim] (bf16, heads contiguous), row b's `counts[b]` tokens one after another at positions
+// past[b] + i, k_cache / v_cache [blocks, block_size, kv_heads, dim], tables [rows, width] int64.
+// Returns [tokens, heads, dim].
+at::Tensor* ooze_paged_prefill_attention(const at::Tensor* q, const at::Tensor* k_cache,
+                                         const at::Tensor* v_cache, const at::Tensor* tables,
+                                         const int64_t* past, const int64_t* counts, int64_t rows,
+                                         double scale, int flash_order) {
   return guarded([&] {
     check_cuda(*q, "q");
     c10::cuda::CUDAGuard guard(q->device());
@@ -354,6 +393,11 @@ at::Tensor* ooze_split_attention_paged(const at::Tensor* q, const at::Tensor* k_
     auto device = q->device();
     const at::Tensor pos = at::tensor(positions, at::kLong).to(device);
     const at::Tensor tiles = query_tiles(lengths, std::max<int64_t>(16 / group, 1), device);
+    if (flash_order) {
+      return fa_order_attention(*q, *k_cache, kv_heads * dim, *v_cache, kv_heads * dim, *tables,
+                                tables->size(1), block_size, tiles, pos, kv_heads, max_keys,
+                                scale);
+    }
     return split_attention(*q, *k_cache, kv_heads * dim, *v_cache, kv_heads * dim, *tables,
                            tables->size(1), block_size, tiles, pos, kv_heads, max_keys, scale,
                            false)

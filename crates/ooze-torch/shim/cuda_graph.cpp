@@ -144,6 +144,12 @@ int64_t ooze_cuda_peak_allocated(int device, int reset) {
   }
 }
 
+// Drops libtorch warnings while alive (WarningHandlerGuard): switching the preferred BLAS library
+// warns that the switch is experimental, which a user can do nothing about.
+struct DropWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 // How cuBLAS may reduce 16-bit GEMMs (libtorch's process-wide setting, for bf16 and fp16 alike):
 // 0 reduced-precision split-K (PyTorch's default), 2 no split-K (1, split-K reduced in fp32,
 // is PyTorch's third option; ooze does not use it).
@@ -153,7 +159,11 @@ int ooze_set_gemm_reduction(int mode) {
     at::globalContext().setAllowBF16ReductionCuBLAS(reduced, split_k);
     at::globalContext().setAllowFP16ReductionCuBLAS(reduced, split_k);
     // Only cuBLASLt can be told not to split.
-    if (!split_k) at::globalContext().setBlasPreferredBackend(at::BlasBackend::Cublaslt);
+    if (!split_k) {
+      static DropWarnings drop;
+      c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+      at::globalContext().setBlasPreferredBackend(at::BlasBackend::Cublaslt);
+    }
     return 0;
   } catch (const std::exception& e) {
     last_error = e.what();

@@ -39,6 +39,14 @@ int ooze_launch_split_attention(const void* q, int64_t q_stride, const void* k, 
                                 const int64_t* positions, int heads, int kv_heads, int dim,
                                 int splits, float scale, float* part_o, float* part_ml, void* out,
                                 int64_t out_stride, float* lse, cudaStream_t stream);
+int ooze_fa_order_chunks(int read_len);
+int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* k,
+                                   int64_t k_stride, const void* v, int64_t v_stride,
+                                   const int64_t* table, int width, int64_t block_size,
+                                   const int* tiles, int n_tiles, const int64_t* positions,
+                                   int heads, int kv_heads, int dim, float scale, int chunks,
+                                   float* part_o, float* part_ml, void* out, int64_t out_stride,
+                                   cudaStream_t stream);
 }
 
 namespace ooze_ops {

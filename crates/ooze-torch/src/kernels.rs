@@ -9,7 +9,8 @@
 //! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
 //!   intermediates.
 //! - [`decode_attention`]: one query token per row over its keys (through its block table),
-//!   grouped query heads on tensor cores (bf16).
+//!   grouped query heads on tensor cores (bf16), in FlashAttention-2's arithmetic
+//!   (`shim/fa_order_attention.cu`) or split attention's ([`PagedArithmetic`]).
 
 use crate::tch::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,17 +44,17 @@ pub fn set_enabled(on: bool) {
 
 /// Deterministic numerics (`rollout.deterministic`): the engine's decode and the trainer's forward
 /// compute every token with the same kernels in the same reduction order — split attention in
-/// training too, GEMMs without split-K, residual adds after the product is rounded, q/k norms as
-/// their own operation, and log-probs from the trainer's kernel — so a sampled token's log-prob
-/// equals the trainer's bitwise. Process-wide, like libtorch's GEMM settings it changes. Needs
-/// the kernels (a CUDA build) to mean anything: callers check [`deterministic_supported`].
+/// training too, and log-probs from the trainer's kernel — so a sampled token's log-prob equals
+/// the trainer's bitwise, for any batch. (Both modes run GEMMs without split-K, residual adds
+/// after the product is rounded and q/k norms as their own operation; the default mode's decode
+/// reproduces FlashAttention-2's arithmetic instead, which leaves the sampler's log-softmax as the
+/// only difference.) Process-wide. Needs the kernels (a CUDA build) to mean anything: callers
+/// check [`deterministic_supported`].
 pub fn set_deterministic(on: bool) -> Result<(), crate::cuda_graph::GraphError> {
     use crate::cuda_graph::{set_gemm_reduction, GemmReduction};
-    set_gemm_reduction(if on {
-        GemmReduction::NoSplit
-    } else {
-        GemmReduction::ReducedPrecision
-    })?;
+    if on {
+        set_gemm_reduction(GemmReduction::NoSplit)?;
+    }
     DETERMINISTIC.store(on, Ordering::Relaxed);
     Ok(())
 }
@@ -158,7 +159,7 @@ mod ffi {
             max_seqlen: i64,
             scale: f64,
         ) -> *mut CTensor;
-        pub fn ooze_split_attention_paged(
+        pub fn ooze_paged_prefill_attention(
             q: *const CTensor,
             k_cache: *const CTensor,
             v_cache: *const CTensor,
@@ -167,6 +168,7 @@ mod ffi {
             counts: *const i64,
             rows: i64,
             scale: f64,
+            flash_order: i32,
         ) -> *mut CTensor;
         pub fn ooze_split_attention_varlen(
             q: *const CTensor,
@@ -190,6 +192,7 @@ mod ffi {
             positions: *const CTensor,
             read_len: i64,
             scale: f64,
+            flash_order: i32,
         ) -> *mut CTensor;
     }
 
@@ -281,6 +284,31 @@ pub fn sample(logits: &Tensor, params: &Tensor) -> Result<Tensor, KernelError> {
     Err(KernelError::Unavailable)
 }
 
+/// Whose arithmetic the paged attention kernels ([`decode_attention`],
+/// [`paged_prefill_attention`]) reproduce, so that the engine's tokens get bitwise the outputs the
+/// trainer's forward computes for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PagedArithmetic {
+    /// FlashAttention-2's forward, operation for operation (rows of up to 4,096 keys; longer rows
+    /// are split into chunks of that many and merged): the default numerics, where training runs
+    /// FlashAttention-2.
+    FlashOrder,
+    /// Split attention's (fixed 256-key chunks, merged in order): deterministic numerics, where
+    /// training runs split attention too.
+    Split,
+}
+
+impl PagedArithmetic {
+    /// The arithmetic of the current numerics mode ([`deterministic`]).
+    pub fn current() -> PagedArithmetic {
+        if deterministic() {
+            PagedArithmetic::Split
+        } else {
+            PagedArithmetic::FlashOrder
+        }
+    }
+}
+
 /// Whether [`decode_attention`] takes this shape: bf16, head_dim 64 or 128, at most 16 query heads
 /// per key head.
 pub fn decode_attention_supports(kind: crate::tch::Kind, head_dim: i64, group: i64) -> bool {
@@ -295,7 +323,7 @@ pub fn decode_attention_supports(kind: crate::tch::Kind, head_dim: i64, group: i
 /// block_size, kv_heads, head_dim]`: position `p` is offset `p % block_size` of block
 /// `tables[r][p / block_size]` (`tables [rows, width]` int64; block_size a multiple of 16).
 /// `read_len` bounds every row's key count. Returns `[rows, heads, head_dim]`.
-#[allow(unused_variables)]
+#[allow(unused_variables, clippy::too_many_arguments)]
 pub fn decode_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -304,6 +332,7 @@ pub fn decode_attention(
     positions: &Tensor,
     read_len: i64,
     scale: f64,
+    arithmetic: PagedArithmetic,
 ) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
@@ -317,6 +346,7 @@ pub fn decode_attention(
                 positions.as_ptr().cast(),
                 read_len,
                 scale,
+                (arithmetic == PagedArithmetic::FlashOrder).into(),
             )
         };
         ffi::result("decode_attention", raw)
@@ -325,12 +355,12 @@ pub fn decode_attention(
     Err(KernelError::Unavailable)
 }
 
-/// Split attention (the arithmetic of [`decode_attention`]) of new tokens appended to paged
-/// sequences, for a prefill: row `b`'s `counts[b]` tokens sit one after another in `q [tokens,
+/// Attention of new tokens appended to paged sequences, for a prefill, with [`decode_attention`]'s
+/// kernel and `arithmetic`: row `b`'s `counts[b]` tokens sit one after another in `q [tokens,
 /// heads, head_dim]` (bf16, heads contiguous) at positions `past[b] + i`, and see their sequence's
 /// keys through `tables [rows, width]`. Returns `[tokens, heads, head_dim]`.
-#[allow(unused_variables)]
-pub fn split_attention_paged(
+#[allow(unused_variables, clippy::too_many_arguments)]
+pub fn paged_prefill_attention(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -338,13 +368,14 @@ pub fn split_attention_paged(
     past: &[i64],
     counts: &[i64],
     scale: f64,
+    arithmetic: PagedArithmetic,
 ) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
         assert_eq!(past.len(), counts.len(), "a count for every row");
         // SAFETY: live tensors and slices of `rows` entries; the shim checks the tensors.
         let raw = unsafe {
-            ffi::ooze_split_attention_paged(
+            ffi::ooze_paged_prefill_attention(
                 q.as_ptr().cast(),
                 k_cache.as_ptr().cast(),
                 v_cache.as_ptr().cast(),
@@ -353,9 +384,10 @@ pub fn split_attention_paged(
                 counts.as_ptr(),
                 past.len() as i64,
                 scale,
+                (arithmetic == PagedArithmetic::FlashOrder).into(),
             )
         };
-        ffi::result("split_attention_paged", raw)
+        ffi::result("paged_prefill_attention", raw)
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

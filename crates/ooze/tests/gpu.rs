@@ -503,8 +503,9 @@ fn gpu_kernels_match_libtorch_ops() {
     eprintln!("kernels on vs off: max |log-prob diff| {worst:.2e}");
 }
 
-/// The split-key decode attention kernel against attention written out in fp32, for key counts
-/// around the tile (16) and split (256) boundaries, two head sizes and grouped queries.
+/// The paged decode attention kernels (both arithmetics) against attention written out in fp32,
+/// for key counts around the tile (16), split (256) and FlashAttention block (64/128) boundaries,
+/// two head sizes and grouped queries.
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_decode_attention_matches_reference() {
@@ -531,30 +532,148 @@ fn gpu_decode_attention_matches_reference() {
         let slots = Tensor::from_slice(&slot_ids).to_device(dev).unsqueeze(1);
         let positions = Tensor::from_slice(&lengths.map(|n| n - 1)).to_device(dev);
         let scale = 1.0 / (dim as f64).sqrt();
-        let out =
-            kernels::decode_attention(&q, &k_cache, &v_cache, &slots, &positions, 1024, scale)
-                .unwrap()
-                .to_kind(Kind::Float);
-        let group = heads / kv_heads;
-        let mut worst = 0.0f64;
-        for (r, (&n, &slot)) in lengths.iter().zip(&slot_ids).enumerate() {
-            let k = k_cache.get(slot).narrow(0, 0, n).to_kind(Kind::Float); // [n, kv, d]
-            let v = v_cache.get(slot).narrow(0, 0, n).to_kind(Kind::Float);
-            for h in 0..heads {
-                let kv = h / group;
-                let qh = q.get(r as i64).get(h).to_kind(Kind::Float); // [d]
-                let scores = k.select(1, kv).mv(&qh) * scale; // [n]
-                let p = scores.softmax(0, Kind::Float);
-                let want = v.select(1, kv).tr().mv(&p); // [d]
-                let got = out.get(r as i64).get(h);
-                worst = worst.max((got - want).abs().max().double_value(&[]));
+        for arithmetic in [
+            kernels::PagedArithmetic::FlashOrder,
+            kernels::PagedArithmetic::Split,
+        ] {
+            let out = kernels::decode_attention(
+                &q, &k_cache, &v_cache, &slots, &positions, 1024, scale, arithmetic,
+            )
+            .unwrap()
+            .to_kind(Kind::Float);
+            let group = heads / kv_heads;
+            let mut worst = 0.0f64;
+            for (r, (&n, &slot)) in lengths.iter().zip(&slot_ids).enumerate() {
+                let k = k_cache.get(slot).narrow(0, 0, n).to_kind(Kind::Float); // [n, kv, d]
+                let v = v_cache.get(slot).narrow(0, 0, n).to_kind(Kind::Float);
+                for h in 0..heads {
+                    let kv = h / group;
+                    let qh = q.get(r as i64).get(h).to_kind(Kind::Float); // [d]
+                    let scores = k.select(1, kv).mv(&qh) * scale; // [n]
+                    let p = scores.softmax(0, Kind::Float);
+                    let want = v.select(1, kv).tr().mv(&p); // [d]
+                    let got = out.get(r as i64).get(h);
+                    worst = worst.max((got - want).abs().max().double_value(&[]));
+                }
+            }
+            assert!(
+            worst < 2e-2,
+            "{arithmetic:?}, heads {heads}/{kv_heads}, dim {dim}: max |kernel - reference| {worst}"
+        );
+            eprintln!(
+                "decode attention {arithmetic:?} {heads}/{kv_heads}x{dim}: max |diff| {worst:.2e}"
+            );
+        }
+    }
+}
+
+/// Decode attention in FlashAttention-2's order gives, for the last token of each sequence, the
+/// bits FlashAttention-2's forward (what training runs) gives it over the whole sequence — up to
+/// 4,096 keys — and the paged prefill kernel gives every token's; past that, rows are merged from
+/// chunks and stay close.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_flash_order_attention_equals_flash_attention() {
+    require_gpu();
+    use ooze_torch::kernels::{self, PagedArithmetic};
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    for (heads, kv_heads, dim) in [(14, 2, 64), (32, 8, 128), (28, 4, 128)] {
+        let lengths: Vec<i64> = vec![
+            1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 700, 2048, 4096, 5000,
+        ];
+        let total: i64 = lengths.iter().sum();
+        let q = Tensor::randn([total, heads, dim], (Kind::BFloat16, dev));
+        let k = Tensor::randn([total, kv_heads, dim], (Kind::BFloat16, dev)) * 2.0;
+        let k = k.to_kind(Kind::BFloat16);
+        let v = Tensor::randn([total, kv_heads, dim], (Kind::BFloat16, dev));
+        let mut offsets = vec![0i32];
+        for &n in &lengths {
+            offsets.push(offsets[offsets.len() - 1] + n as i32);
+        }
+        let cu = Tensor::from_slice(&offsets).to_device(dev);
+        let longest = *lengths.iter().max().unwrap();
+        let scale = 1.0 / (dim as f64).sqrt();
+        let flash = kernels::flash_attention_varlen(&q, &k, &v, &cu, longest, scale).unwrap();
+        // The same keys as paged memory: one block of 16 positions per cell run, the sequences'
+        // blocks in order (block tables of consecutive blocks).
+        let block = 16;
+        let width = (longest + block - 1) / block;
+        let rows = lengths.len() as i64;
+        let k_cache = Tensor::zeros([rows * width, block, kv_heads, dim], (Kind::BFloat16, dev));
+        let v_cache = Tensor::zeros([rows * width, block, kv_heads, dim], (Kind::BFloat16, dev));
+        for (r, &n) in lengths.iter().enumerate() {
+            let start = offsets[r] as i64;
+            let cells = |x: &Tensor| x.view([rows * width * block, kv_heads, dim]);
+            cells(&k_cache)
+                .narrow(0, r as i64 * width * block, n)
+                .copy_(&k.narrow(0, start, n));
+            cells(&v_cache)
+                .narrow(0, r as i64 * width * block, n)
+                .copy_(&v.narrow(0, start, n));
+        }
+        let tables = (Tensor::arange(rows * width, (Kind::Int64, dev))).view([rows, width]);
+        let last: Vec<i64> = offsets[1..].iter().map(|&o| o as i64 - 1).collect();
+        let last = Tensor::from_slice(&last).to_device(dev);
+        let positions =
+            Tensor::from_slice(&lengths.iter().map(|n| n - 1).collect::<Vec<_>>()).to_device(dev);
+        let decoded = kernels::decode_attention(
+            &q.index_select(0, &last).contiguous(),
+            &k_cache,
+            &v_cache,
+            &tables,
+            &positions,
+            longest,
+            scale,
+            PagedArithmetic::FlashOrder,
+        )
+        .unwrap();
+        let past = vec![0i64; lengths.len()];
+        // Every token of every row as a prefill (rows padded to the longest: q laid out row after
+        // row, `longest` tokens each).
+        let padded_q = Tensor::zeros([rows * longest, heads, dim], (Kind::BFloat16, dev));
+        for (r, &n) in lengths.iter().enumerate() {
+            padded_q
+                .narrow(0, r as i64 * longest, n)
+                .copy_(&q.narrow(0, offsets[r] as i64, n));
+        }
+        let prefilled = kernels::paged_prefill_attention(
+            &padded_q,
+            &k_cache,
+            &v_cache,
+            &tables,
+            &past,
+            &vec![longest; lengths.len()],
+            scale,
+            PagedArithmetic::FlashOrder,
+        )
+        .unwrap();
+        for (r, &n) in lengths.iter().enumerate() {
+            let want = flash.get(offsets[r + 1] as i64 - 1);
+            let got = decoded.get(r as i64);
+            let all_want = flash.narrow(0, offsets[r] as i64, n);
+            let all_got = prefilled.narrow(0, r as i64 * longest, n);
+            if n <= 4096 {
+                assert!(
+                    got.equal(&want),
+                    "{heads}/{kv_heads}x{dim}, {n} keys: decode differs from FlashAttention-2"
+                );
+                assert!(
+                    all_got.equal(&all_want),
+                    "{heads}/{kv_heads}x{dim}, {n} keys: prefill differs from FlashAttention-2"
+                );
+            } else {
+                let worst = (got.to_kind(Kind::Float) - want.to_kind(Kind::Float))
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                assert!(
+                    worst < 2e-2,
+                    "{heads}/{kv_heads}x{dim}, {n} keys: merged rows off by {worst}"
+                );
             }
         }
-        assert!(
-            worst < 2e-2,
-            "heads {heads}/{kv_heads}, dim {dim}: max |kernel - reference| {worst}"
-        );
-        eprintln!("decode attention {heads}/{kv_heads}x{dim}: max |diff| {worst:.2e}");
+        eprintln!("flash-order attention {heads}/{kv_heads}x{dim}: bitwise FlashAttention-2's up to 4,096 keys");
     }
 }
 

@@ -29,10 +29,27 @@ pub(super) struct AttentionPlan {
     /// embedding included) in one differentiable operation: no q/k norms, bf16 on a GPU, not
     /// under deterministic numerics.
     pub fused_qkv_varlen: bool,
-    /// Deterministic paged prefill: the rows' cached lengths (split attention reads the blocks).
+    /// Paged prefill through the decode kernel (deterministic numerics, or rows with cached
+    /// keys): the rows' cached lengths (the kernel reads the blocks).
     pub prefill_past: Option<Vec<i64>>,
+    /// Causal attention over each row's own `T` tokens (rows of equal length) through
+    /// FlashAttention-2 for packed sequences: plain causal passes and prefills of rows without
+    /// cached keys, outside deterministic numerics.
+    pub flash_causal: bool,
     /// One-token paged decode without the fused kernel: the additive bias of the keys read.
     pub decode_bias: Option<Tensor>,
+}
+
+impl AttentionPlan {
+    /// The arithmetic the paged kernels reproduce: split attention's where training runs it
+    /// (deterministic numerics), else FlashAttention-2's.
+    fn paged_arithmetic(&self) -> kernels::PagedArithmetic {
+        if self.split {
+            kernels::PagedArithmetic::Split
+        } else {
+            kernels::PagedArithmetic::FlashOrder
+        }
+    }
 }
 
 impl Decoder {
@@ -64,19 +81,17 @@ impl Decoder {
                     cos.view([b, c.head_dim]),
                     sin.view([b, c.head_dim]),
                 );
-                // Deterministic numerics normalise q and k as training does (their own
-                // operation) instead of inside the kernel.
-                let (rows, q_norm, k_norm) = match (&l.q_norm, &l.k_norm) {
-                    (Some(qn), Some(kn)) if plan.split => {
-                        (self.normed_qk_rows(&rows, qn, kn, b), None, None)
-                    }
-                    _ => (rows, l.q_norm.as_ref(), l.k_norm.as_ref()),
+                // q and k normalised as training does (their own operation): the kernel's fused
+                // norm sums in another order than ATen's.
+                let rows = match (&l.q_norm, &l.k_norm) {
+                    (Some(qn), Some(kn)) => self.normed_qk_rows(&rows, qn, kn, b),
+                    _ => rows,
                 };
                 let args = RopeStore {
                     cos: &cos,
                     signed_sin: &sin,
-                    q_norm,
-                    k_norm,
+                    q_norm: None,
+                    k_norm: None,
                     eps: c.rms_norm_eps,
                     heads: c.num_heads,
                     kv_heads: c.num_kv_heads,
@@ -99,6 +114,7 @@ impl Decoder {
                         past,
                         *read_len,
                         plan.scale,
+                        plan.paged_arithmetic(),
                     )
                     .expect("invariant: bf16 decode rows are valid for decode_attention")
                     .view([b, c.num_heads, t, c.head_dim])
@@ -139,7 +155,7 @@ impl Decoder {
                 .unsqueeze(0)
             }
             _ => {
-                let gather = plan.prefill_past.is_none();
+                let gather = plan.prefill_past.is_none() && !plan.flash_causal;
                 let (q, k, v) = self.project_and_store(i, qkv, cos, sin, target, b, t, gather);
                 self.attend_projected(i, &q, &k, &v, target, plan, b, t)
             }
@@ -166,7 +182,7 @@ impl Decoder {
         let tokens = |x: &Tensor| x.transpose(1, 2).reshape([b * t, -1, c.head_dim]);
         let heads_first = |x: Tensor| x.view([b, t, -1, c.head_dim]).transpose(1, 2);
         if let (Some(past), KvTarget::Paged { cache, tables, .. }) = (&plan.prefill_past, target) {
-            let out = kernels::split_attention_paged(
+            let out = kernels::paged_prefill_attention(
                 &tokens(q),
                 &cache.k[i],
                 &cache.v[i],
@@ -174,19 +190,14 @@ impl Decoder {
                 past,
                 &vec![t; b as usize],
                 plan.scale,
+                plan.paged_arithmetic(),
             )
-            .expect("invariant: bf16 prefill rows are valid for split attention");
+            .expect("invariant: bf16 prefill rows are valid for paged attention");
             heads_first(out)
         } else if plan.split && (plan.varlen.is_some() || plan.causal) {
             let (offsets, lengths) = match &plan.varlen {
                 Some((offsets, _, lengths)) => (offsets.shallow_clone(), lengths.clone()),
-                None => {
-                    let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
-                    (
-                        Tensor::from_slice(&offsets).to_device(self.device),
-                        vec![t; b as usize],
-                    )
-                }
+                None => (self.equal_offsets(b, t), vec![t; b as usize]),
             };
             let out = kernels::split_attention_varlen(
                 &tokens(q),
@@ -197,6 +208,17 @@ impl Decoder {
                 plan.scale,
             )
             .expect("invariant: bf16 CUDA rows are valid for split attention");
+            heads_first(out)
+        } else if plan.flash_causal {
+            let out = kernels::flash_attention_varlen(
+                &tokens(q),
+                &tokens(k),
+                &tokens(v),
+                &self.equal_offsets(b, t),
+                t,
+                plan.scale,
+            )
+            .expect("invariant: 16-bit CUDA rows are valid for flash attention");
             heads_first(out)
         } else if let Some((offsets, longest, _)) = &plan.varlen {
             // [1, heads, T, D] → [T, heads, D] and back.
@@ -238,6 +260,13 @@ impl Decoder {
                 ),
             }
         }
+    }
+
+    /// int32 offsets `[0, t, 2t, …, b·t]` on the model's device: `b` sequences of `t` tokens
+    /// packed one after another.
+    fn equal_offsets(&self, b: i64, t: i64) -> Tensor {
+        let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
+        Tensor::from_slice(&offsets).to_device(self.device)
     }
 
     /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to —

@@ -52,10 +52,29 @@ impl Decoder {
         // Deterministic numerics: every attention runs split attention (the decode kernel's
         // arithmetic), for the engine's prefill and for training alike.
         let split = kernels::deterministic() && self.decode_attention_fused();
+        // Otherwise training runs FlashAttention-2, and the engine reproduces its arithmetic: a
+        // prefill whose rows have no cached keys runs FlashAttention-2 itself over the new keys;
+        // one with cached keys runs the decode kernel (FlashAttention-2's order) over the blocks.
+        let fresh_prefill = matches!(&attention, Attention::Paged { past, .. }
+            if t > 1 && !split && self.decode_attention_fused() && past.iter().all(|&p| p == 0));
         let prefill_past = match &attention {
-            Attention::Paged { past, .. } if split && t > 1 => Some(past.to_vec()),
+            Attention::Paged { past, .. }
+                if t > 1 && self.decode_attention_fused() && (split || !fresh_prefill) =>
+            {
+                Some(past.to_vec())
+            }
             _ => None,
         };
+        // Rows of equal length under plain causal attention, on a GPU in 16 bits: FlashAttention-2
+        // over them as packed sequences (its kernel for variable lengths never splits the keys,
+        // whatever the batch, so every row gets the trainer's arithmetic).
+        let flash_causal = fresh_prefill
+            || (matches!(attention, Attention::Causal)
+                && !split
+                && self.device.is_cuda()
+                && matches!(self.kind, Kind::BFloat16 | Kind::Half)
+                && kernels::available()
+                && self.flash_attention_fits());
         let (mask, target, causal) = match attention {
             Attention::Causal => (None, KvTarget::None, true),
             Attention::Packed { lengths } => (
@@ -123,6 +142,7 @@ impl Decoder {
             mask,
             causal,
             fused_qkv_varlen,
+            flash_causal,
             varlen,
             padded,
             fused_rope,

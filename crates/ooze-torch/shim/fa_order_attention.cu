@@ -1,0 +1,488 @@
+// Attention in FlashAttention-2's order: the engine's decode attention in the default numerics,
+// computing each (query token, head) with the arithmetic of the trainer's forward — PyTorch's
+// FlashAttention-2, bf16, head sizes 64 and 128 — so that the two agree bitwise without the
+// trainer giving up FlashAttention. Plain C launcher over raw pointers, as in attention.cu.
+//
+// What FlashAttention-2's forward does for one row (a query token of one head), and what this
+// kernel reproduces operation for operation:
+// - keys in blocks of BLOCK_N (128 at head size 64, 64 at 128) aligned at the sequence's first
+//   key, visited from the last block the row sees down to the first;
+// - per block, scores S = q·kᵀ on tensor cores (m16n8k16, fp32 sums from zero, head dimension in
+//   steps of 16 in order); keys after the row's own position masked to −∞;
+// - the running max m over the blocks so far; the previous sums and output scaled by
+//   exp2((m_prev − m)·log2e·scale); P = exp2(S·(log2e·scale) − m·(log2e·scale)), the product
+//   rounded before the subtraction; P rounded to bf16; O += P·V on tensor cores (16 keys a step,
+//   in order, into the running fp32 output);
+// - the row's sum kept as four partial sums, one per thread of a quad, each over the keys
+//   8n + 2t and 8n + 2t + 1 of a block in order of n; at the end (s0 + s2) + (s1 + s3);
+// - out = bf16(O · (1 / sum)).
+// A row's result depends on nothing else in its tile: blocks past a row's own keys add exact
+// zeros, as in FlashAttention-2's causal tiles.
+//
+// Block (kv head, tile), four warps; a tile is up to 16 rows (query tokens × the query heads of
+// the key head), as in split attention. Keys and values arrive block by block (K, then V, of each
+// block, latest block first) through three copy slots, two in flight while one is used. Each warp
+// computes the scores of a quarter of the block's keys; 64 threads (a quad per row) run the
+// softmax over shared memory in FlashAttention-2's per-thread order; each warp then accumulates a
+// quarter of the output columns.
+
+#include "attention_common.cuh"
+#include "common.cuh"
+
+namespace {
+
+// FlashAttention-2's key block for the bf16 forward on sm80/sm90 (PyTorch's
+// flash_fwd_launch_template.h: hdim 64 → 128 × 128 tiles, hdim 128 → 128 × 64).
+template <int D>
+__host__ __device__ constexpr int fao_block_n() {
+  return D == 64 ? 128 : 64;
+}
+// Keys per chunk: a row with more keys is split into chunks of this many, each run by its own
+// block and merged after (as split attention merges); rows of at most this many keys are
+// FlashAttention-2's bitwise. Long single rows would otherwise leave most of the GPU idle.
+constexpr int FAO_CHUNK = 4096;
+constexpr int FAO_WARPS = 4;
+// Copy slots. Three (two blocks in flight while one is used) against two: 4B decode 223 against
+// 240 µs a call, 0.5B 48.8 against 49.7 (H200, scripts/bench/fa_order).
+constexpr int FAO_SLOTS = 3;
+constexpr int FAO_PAD = 8;  // bf16 row padding: ldmatrix rows land on distinct banks
+
+template <int D, int SLOTS>
+struct FaoShared {
+  static constexpr int N = fao_block_n<D>();
+  __nv_bfloat16 kv[SLOTS][N][D + FAO_PAD];  // copy slots: one key or value block each
+  float s[16][N + 4];                            // the block's scores
+  __nv_bfloat16 p[16][N + FAO_PAD];              // its probabilities
+  __nv_bfloat16 q[16][D + FAO_PAD];
+  float rescale[16];  // per row: what the running output is multiplied by before this block
+  float inv_sum[16];
+  int64_t cell[4][N / 16];  // where each 16-key run of a block starts, by block number mod 4
+};
+
+struct FaoArgs {
+  const __nv_bfloat16* q;
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  int64_t q_stride, k_stride, v_stride;
+  KeyMap keys;
+  const int* tiles;
+  const int64_t* positions;
+  int heads, kv_heads;
+  float scale_log2;  // softmax scale · log2(e), as FlashAttention-2's host code rounds it
+  int chunks;
+  float* part_o;   // [tiles, kv_heads, chunks, 16, D]: a multi-chunk row's unnormalised output
+  float* part_ml;  // [tiles, kv_heads, chunks, 16, 2]: its max (raw score) and sum per chunk
+  __nv_bfloat16* out;
+  int64_t out_stride;
+};
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+// c += a·b, m16n8k16, bf16 in, fp32 accumulate (the instruction FlashAttention-2's cute atom
+// SM80_16x8x16_F32BF16BF16F32_TN issues).
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                          unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The A operand (16 rows × 16 columns from `col`) of a row-major bf16 tile in shared memory.
+template <int LD>
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const __nv_bfloat16 (*tile)[LD], int col,
+                                       int lane) {
+  ldmatrix_x4(a, &tile[(lane / 8 % 2) * 8 + lane % 8][col + lane / 16 * 8]);
+}
+
+#ifndef FAO_UNFUSED_EXP
+#define FAO_UNFUSED_EXP 1
+#endif
+#ifndef FAO_RECIPROCAL
+#define FAO_RECIPROCAL 0  // 0: IEEE 1/x; 1: rcp.approx.ftz
+#endif
+
+// exp2(x·scale − max_scaled) as FlashAttention-2 writes it (the product rounded on its own).
+__device__ __forceinline__ float fao_exp(float x, float scale, float max_scaled) {
+#if FAO_UNFUSED_EXP
+  return exp2f(__fmul_rn(x, scale) - max_scaled);
+#else
+  return exp2f(__fmaf_rn(x, scale, -max_scaled));
+#endif
+}
+__device__ __forceinline__ float fao_reciprocal(float x) {
+#if FAO_RECIPROCAL
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.f / x;
+#endif
+}
+
+template <int D, int SLOTS>
+__global__ void __launch_bounds__(FAO_WARPS * 32)
+    fa_order_attention_kernel(FaoArgs a) {
+  constexpr int N = fao_block_n<D>();
+  extern __shared__ __align__(128) unsigned char fao_raw[];
+  FaoShared<D, SLOTS>& sh = *reinterpret_cast<FaoShared<D, SLOTS>*>(fao_raw);
+  const int kv = blockIdx.x, chunk = blockIdx.z;
+  const TileOf tile(a.tiles, blockIdx.y);
+  const int group = a.heads / a.kv_heads;
+  const int rows = tile.count * group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // The tile's last token sees the most keys. This block visits blocks last .. first of its
+  // chunk, latest first.
+  constexpr int CHUNK_BLOCKS = FAO_CHUNK / N;
+  const int64_t n_keys = a.positions[tile.first + tile.count - 1] + 1;
+  const int tile_last = static_cast<int>((n_keys - 1) / N);
+  const bool split = tile_last >= CHUNK_BLOCKS;  // more than one chunk: partials, then a merge
+  const int first = chunk * CHUNK_BLOCKS;
+  const int last = min(tile_last, first + CHUNK_BLOCKS - 1);
+  const int64_t partial = (static_cast<int64_t>(blockIdx.y) * a.kv_heads + kv) * a.chunks + chunk;
+  if (first > last) {
+    // No keys in this chunk: an empty partial for the merge.
+    if (split && tid < 16) {
+      a.part_ml[partial * 32 + 2 * tid] = -INFINITY;
+      a.part_ml[partial * 32 + 2 * tid + 1] = 0.f;
+    }
+    return;
+  }
+  const int items = 2 * (last - first + 1);  // K and V of each block
+
+  // Where the 16-key runs of block b start (threads < N / 16).
+  auto look_up = [&](int b) {
+    if (b >= first && tid < N / 16) {
+      sh.cell[b & 3][tid] = a.keys.cell_if_mapped(tile.seq, static_cast<int64_t>(b) * N + tid * 16);
+    }
+  };
+  // Item i: the keys (even i) or values (odd i) of block last − i / 2, into slot i % SLOTS;
+  // positions past the tile's keys are zeros. One commit group per item (empty past the end).
+  auto stage = [&](int i) {
+    if (i < items) {
+      const int b = last - i / 2;
+      const bool values = i % 2 == 1;
+      const __nv_bfloat16* head = (values ? a.v : a.k) + static_cast<int64_t>(kv) * D;
+      const int64_t stride = values ? a.v_stride : a.k_stride;
+      constexpr int PIECES = N * D / 8;
+#pragma unroll
+      for (int u = 0; u < PIECES / (FAO_WARPS * 32); ++u) {
+        const int p = tid + u * FAO_WARPS * 32;
+        const int key = p / (D / 8), piece = p % (D / 8);
+        __nv_bfloat16* to = &sh.kv[i % SLOTS][key][piece * 8];
+        if (static_cast<int64_t>(b) * N + key < n_keys) {
+          copy_async_16(to, head + (sh.cell[b & 3][key / 16] + key % 16) * stride + piece * 8);
+        } else {
+          *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    copy_async_commit();
+  };
+
+  // The query tile (rows past the tile's are zeros) and the first two blocks' runs.
+  constexpr int Q_PIECES = 16 * D / 8 / (FAO_WARPS * 32);
+#pragma unroll
+  for (int j = 0; j < Q_PIECES; ++j) {
+    const int p = tid + j * FAO_WARPS * 32;
+    const int r = p / (D / 8), d = p % (D / 8) * 8;
+    *reinterpret_cast<uint4*>(&sh.q[r][d]) =
+        r < rows ? *reinterpret_cast<const uint4*>(
+                       a.q + static_cast<int64_t>(tile.first + r / group) * a.q_stride +
+                       (kv * group + r % group) * D + d)
+                 : make_uint4(0, 0, 0, 0);
+  }
+  look_up(last);
+  look_up(last - 1);
+  __syncthreads();
+  for (int i = 0; i < SLOTS - 1; ++i) stage(i);
+
+  // This warp's A operands of q (all of the head dimension).
+  unsigned qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) load_a<D + FAO_PAD>(qa[kk], sh.q, kk * 16, lane);
+
+  // Softmax state of the quad threads (tid < 64): row tid / 4, part tid % 4.
+  const int srow = tid / 4, part = tid % 4;
+  int64_t row_keys = n_keys;
+  if (tid < 64 && srow < rows) row_keys = a.positions[tile.first + srow / group] + 1;
+  float row_max = -INFINITY, row_sum = 0.f;
+
+  // This warp's output columns [warp · D/4, +D/4), as m16n8 fragments.
+  constexpr int OUT_TILES = D / 4 / 8;
+  float acc[OUT_TILES][4] = {};
+  const int g = lane / 4, t = lane % 4;
+
+  for (int i = 0; i < items; ++i) {
+    copy_async_wait<SLOTS - 2>();
+    __syncthreads();
+    stage(i + SLOTS - 1);
+    const int b = last - i / 2;
+    const __nv_bfloat16(*slot)[D + FAO_PAD] = sh.kv[i % SLOTS];
+    if (i % 2 == 0) {
+      // The runs of the block after next: its first copy is at least two items away, and the
+      // block whose entry this reuses (b + 2) was copied before the sync above.
+      look_up(b - 2);
+      // Scores: this warp's N / 4 keys, in 8-key tiles.
+      constexpr int S_TILES = N / 4 / 8;
+#pragma unroll
+      for (int nt = 0; nt < S_TILES; nt += 2) {
+        float s0[4] = {}, s1[4] = {};
+        const int key0 = warp * (N / 4) + nt * 8;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          unsigned kb[4];
+          // Matrices: keys key0.. (cols kk·16, +8), keys key0 + 8.. (same): non-transposed rows
+          // of K are the B operand's columns.
+          ldmatrix_x4(kb, &slot[key0 + (lane / 16) * 8 + lane % 8][kk * 16 + (lane / 8 % 2) * 8]);
+          mma_16816(s0, qa[kk], kb[0], kb[1]);
+          mma_16816(s1, qa[kk], kb[2], kb[3]);
+        }
+        *reinterpret_cast<float2*>(&sh.s[g][key0 + 2 * t]) = make_float2(s0[0], s0[1]);
+        *reinterpret_cast<float2*>(&sh.s[g + 8][key0 + 2 * t]) = make_float2(s0[2], s0[3]);
+        *reinterpret_cast<float2*>(&sh.s[g][key0 + 8 + 2 * t]) = make_float2(s1[0], s1[1]);
+        *reinterpret_cast<float2*>(&sh.s[g + 8][key0 + 8 + 2 * t]) = make_float2(s1[2], s1[3]);
+      }
+      __syncthreads();
+      if (warp < 2) {
+        // FlashAttention-2's softmax_rescale_o for row srow, this thread's keys 8n + 2·part + v.
+        const int64_t base = static_cast<int64_t>(b) * N;
+        float x[N / 4];
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const int key = 8 * n + 2 * part + v;
+            x[2 * n + v] = base + key < row_keys ? sh.s[srow][key] : -INFINITY;
+          }
+        }
+        float m = row_max;
+#pragma unroll
+        for (int j = 0; j < N / 4; ++j) m = fmaxf(m, x[j]);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        const float current = m == -INFINITY ? 0.f : m;
+        const float rescale = exp2f((row_max - current) * a.scale_log2);
+        row_sum *= rescale;
+        const float max_scaled = m == -INFINITY ? 0.f : m * a.scale_log2;
+#pragma unroll
+        for (int n = 0; n < N / 8; ++n) {
+          const float e0 = fao_exp(x[2 * n], a.scale_log2, max_scaled);
+          const float e1 = fao_exp(x[2 * n + 1], a.scale_log2, max_scaled);
+          row_sum += e0;
+          row_sum += e1;
+          *reinterpret_cast<__nv_bfloat162*>(&sh.p[srow][8 * n + 2 * part]) =
+              __floats2bfloat162_rn(e0, e1);
+        }
+        row_max = m;
+        if (part == 0) sh.rescale[srow] = rescale;
+      }
+    } else {
+      // O = O · rescale + P·V over this warp's columns, 16 keys a step.
+      const float r0 = sh.rescale[g], r1 = sh.rescale[g + 8];
+#pragma unroll
+      for (int o = 0; o < OUT_TILES; ++o) {
+        acc[o][0] *= r0;
+        acc[o][1] *= r0;
+        acc[o][2] *= r1;
+        acc[o][3] *= r1;
+      }
+#pragma unroll
+      for (int ks = 0; ks < N / 16; ++ks) {
+        unsigned pa[4];
+        load_a<N + FAO_PAD>(pa, sh.p, ks * 16, lane);
+#pragma unroll
+        for (int o = 0; o < OUT_TILES; o += 2) {
+          unsigned vb[4];
+          // Matrices (transposed): keys ks·16.. and ks·16 + 8.. of columns c, then of c + 8.
+          const int c = warp * (D / 4) + o * 8;
+          ldmatrix_x4_trans(vb, &slot[ks * 16 + lane % 16][c + lane / 16 * 8]);
+          mma_16816(acc[o], pa, vb[0], vb[1]);
+          mma_16816(acc[o + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  copy_async_wait<0>();
+  if (warp < 2) {
+    float sum = row_sum + __shfl_xor_sync(0xffffffffu, row_sum, 2);
+    sum = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (part == 0) {
+      if (split) {
+        a.part_ml[partial * 32 + 2 * srow] = row_max;
+        a.part_ml[partial * 32 + 2 * srow + 1] = sum;
+      } else {
+        sh.inv_sum[srow] = (sum == 0.f || sum != sum) ? 1.f : fao_reciprocal(sum);
+      }
+    }
+  }
+  if (split) {
+    // The unnormalised output of this chunk.
+    float* o = a.part_o + partial * 16 * D;
+#pragma unroll
+    for (int j = 0; j < OUT_TILES; ++j) {
+      const int c = warp * (D / 4) + j * 8 + 2 * t;
+      *reinterpret_cast<float2*>(&o[g * D + c]) = make_float2(acc[j][0], acc[j][1]);
+      *reinterpret_cast<float2*>(&o[(g + 8) * D + c]) = make_float2(acc[j][2], acc[j][3]);
+    }
+    return;
+  }
+  __syncthreads();
+  const float i0 = sh.inv_sum[g], i1 = sh.inv_sum[g + 8];
+#pragma unroll
+  for (int o = 0; o < OUT_TILES; ++o) {
+    const int c = warp * (D / 4) + o * 8 + 2 * t;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = g + 8 * half;
+      if (r >= rows) continue;
+      const float inv = half == 0 ? i0 : i1;
+      __nv_bfloat16* out = a.out + static_cast<int64_t>(tile.first + r / group) * a.out_stride +
+                           static_cast<int64_t>(kv * group + r % group) * D + c;
+      *reinterpret_cast<__nv_bfloat162*>(out) =
+          __floats2bfloat162_rn(acc[o][2 * half] * inv, acc[o][2 * half + 1] * inv);
+    }
+  }
+}
+
+// Merges the chunks of the tiles that have more than one (the others are final already):
+// out = Σ_c w_c O_c · (1 / Σ_c w_c l_c) with w_c = 2^((m_c − m)·scale·log2 e). Block (kv head, tile), a
+// thread per row and 4 columns.
+template <int D>
+__global__ void fa_order_merge(FaoArgs a) {
+  const int kv = blockIdx.x;
+  const TileOf tile(a.tiles, blockIdx.y);
+  if (a.positions[tile.first + tile.count - 1] < FAO_CHUNK) return;
+  const int group = a.heads / a.kv_heads;
+  const int r = threadIdx.x / (D / 4), c = threadIdx.x % (D / 4) * 4;
+  if (r >= tile.count * group) return;
+  const int64_t first = (static_cast<int64_t>(blockIdx.y) * a.kv_heads + kv) * a.chunks;
+  const float* ml = a.part_ml + (first * 16 + r) * 2;
+  const float* o = a.part_o + (first * 16 + r) * D + c;
+  float m = -INFINITY;
+  for (int s = 0; s < a.chunks; ++s) m = fmaxf(m, ml[s * 32]);
+  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+  float den = 0.f;
+  for (int s = 0; s < a.chunks; ++s) {
+    const float ms = ml[s * 32];
+    if (ms == -INFINITY) continue;
+    const float w = exp2f((ms - m) * a.scale_log2);
+    den += w * ml[s * 32 + 1];
+    const float4 os = *reinterpret_cast<const float4*>(o + static_cast<int64_t>(s) * 16 * D);
+    num.x += w * os.x;
+    num.y += w * os.y;
+    num.z += w * os.z;
+    num.w += w * os.w;
+  }
+  __nv_bfloat16* out = a.out + static_cast<int64_t>(tile.first + r / group) * a.out_stride +
+                       static_cast<int64_t>(kv * group + r % group) * D + c;
+  // As FlashAttention-2 normalises: a row whose keys all lie in one chunk (a short row in a tile
+  // with longer ones) gets its bits.
+  const float inv = (den == 0.f || den != den) ? 1.f : fao_reciprocal(den);
+  out[0] = __float2bfloat16(num.x * inv);
+  out[1] = __float2bfloat16(num.y * inv);
+  out[2] = __float2bfloat16(num.z * inv);
+  out[3] = __float2bfloat16(num.w * inv);
+}
+
+// Raises the kernel's dynamic shared memory limit and carveout, once per device.
+template <int D, int SLOTS>
+cudaError_t fao_configure() {
+  static bool done[64] = {};
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  if (!done[device]) {
+    e = cudaFuncSetAttribute(fa_order_attention_kernel<D, SLOTS>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(FaoShared<D, SLOTS>)));
+    if (e != cudaSuccess) return e;
+    // All of the unified L1 as shared memory, so that three blocks fit on a multiprocessor
+    // whatever carveout the kernels before it left.
+    e = cudaFuncSetAttribute(fa_order_attention_kernel<D, SLOTS>,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+    done[device] = true;
+  }
+  return cudaSuccess;
+}
+
+template <int D, int SLOTS>
+int launch_fa_order_attention(const FaoArgs& args, int tiles, cudaStream_t stream) {
+  const cudaError_t e = fao_configure<D, SLOTS>();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  fa_order_attention_kernel<D, SLOTS><<<dim3(args.kv_heads, tiles, args.chunks), FAO_WARPS * 32,
+                                        sizeof(FaoShared<D, SLOTS>), stream>>>(args);
+  if (args.chunks > 1) {
+    const int rows = args.tiles == nullptr ? args.heads / args.kv_heads : 16;
+    fa_order_merge<D><<<dim3(args.kv_heads, tiles), rows * D / 4, 0, stream>>>(args);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+extern "C" {
+
+// Chunks of a launch whose rows see at most `read_len` keys; the partials of ooze_launch_fa_order_
+// attention need room for that many.
+int ooze_fa_order_chunks(int read_len) { return (read_len + FAO_CHUNK - 1) / FAO_CHUNK; }
+
+// See fa_order_attention_kernel. Arguments as ooze_launch_split_attention's, without the split
+// partials and log-sum-exp: q/k/v_stride are elements between consecutive rows; table, width and
+// block_size the KeyMap; tiles int32 [n_tiles, 3] or null (decode: tile i is token i of sequence
+// i); out [tokens, ·] rows of out_stride elements. `scale` is the softmax scale as a float, as
+// FlashAttention-2 receives it. chunks: ooze_fa_order_chunks(an upper bound of the key counts);
+// above 1, part_o / part_ml hold [tiles, kv_heads, chunks, 16, dim] and [.., 2] floats.
+int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* k,
+                                   int64_t k_stride, const void* v, int64_t v_stride,
+                                   const int64_t* table, int width, int64_t block_size,
+                                   const int* tiles, int n_tiles, const int64_t* positions,
+                                   int heads, int kv_heads, int dim, float scale, int chunks,
+                                   float* part_o, float* part_ml, void* out, int64_t out_stride,
+                                   cudaStream_t stream) {
+  // FlashAttention-2's host code: params.scale_softmax_log2 = softmax_scale * M_LOG2E, a float
+  // times a double, stored as float.
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  FaoArgs args{static_cast<const __nv_bfloat16*>(q),
+               static_cast<const __nv_bfloat16*>(k),
+               static_cast<const __nv_bfloat16*>(v),
+               q_stride,
+               k_stride,
+               v_stride,
+               KeyMap{table, width, block_size},
+               tiles,
+               positions,
+               heads,
+               kv_heads,
+               scale_log2,
+               chunks,
+               part_o,
+               part_ml,
+               static_cast<__nv_bfloat16*>(out),
+               out_stride};
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(k) % 16 != 0 || k_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(v) % 16 != 0 || v_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 4 != 0 || out_stride % 2 != 0) {
+    return static_cast<int>(cudaErrorMisalignedAddress);
+  }
+  if (dim == 64) return launch_fa_order_attention<64, FAO_SLOTS>(args, n_tiles, stream);
+  if (dim == 128) return launch_fa_order_attention<128, FAO_SLOTS>(args, n_tiles, stream);
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // extern "C"
