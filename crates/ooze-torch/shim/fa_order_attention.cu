@@ -20,11 +20,11 @@
 // zeros, as in FlashAttention-2's causal tiles.
 //
 // Block (kv head, tile), four warps; a tile is up to 16 rows (query tokens × the query heads of
-// the key head), as in split attention. Keys and values arrive block by block (K, then V, of each
-// block, latest block first) through three copy slots, two in flight while one is used. Each warp
-// computes the scores of a quarter of the block's keys; 64 threads (a quad per row) run the
-// softmax over shared memory in FlashAttention-2's per-thread order; each warp then accumulates a
-// quarter of the output columns.
+// the key head), as in split attention. Keys and values arrive 64 positions at a time (the keys,
+// then the values, of each block, latest block first) through three copy slots, two in flight
+// while one is used. Each warp computes the scores of 16 keys of each 64; 64 threads (a quad per
+// row) run the block's softmax over shared memory in FlashAttention-2's per-thread order; each
+// warp then accumulates a quarter of the output columns.
 
 #include "attention_common.cuh"
 #include "common.cuh"
@@ -46,11 +46,14 @@ constexpr int FAO_WARPS = 4;
 // 240 µs a call, 0.5B 48.8 against 49.7 (H200, scripts/bench/fa_order).
 constexpr int FAO_SLOTS = 3;
 constexpr int FAO_PAD = 8;  // bf16 row padding: ldmatrix rows land on distinct banks
+// Keys a copy slot holds: a block of 64 (head size 128) or half of one (64), so that a slot is
+// 8 or 16 KiB and five or three blocks of the kernel fit on a multiprocessor.
+constexpr int FAO_ITEM = 64;
 
 template <int D, int SLOTS>
 struct FaoShared {
   static constexpr int N = fao_block_n<D>();
-  __nv_bfloat16 kv[SLOTS][N][D + FAO_PAD];  // copy slots: one key or value block each
+  __nv_bfloat16 kv[SLOTS][FAO_ITEM][D + FAO_PAD];  // copy slots: keys or values of 64 positions
   float s[16][N + 4];                            // the block's scores
   __nv_bfloat16 p[16][N + FAO_PAD];              // its probabilities
   __nv_bfloat16 q[16][D + FAO_PAD];
@@ -131,8 +134,15 @@ __device__ __forceinline__ float fao_reciprocal(float x) {
 #endif
 }
 
+// Blocks a multiprocessor holds, as shared memory allows (≈ 43 KiB a block at head size 64,
+// 63 KiB at 128); the register cap follows from it.
+template <int D>
+constexpr int fao_blocks_per_sm() {
+  return D == 64 ? 5 : 3;
+}
+
 template <int D, int SLOTS>
-__global__ void __launch_bounds__(FAO_WARPS * 32)
+__global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
     fa_order_attention_kernel(FaoArgs a) {
   constexpr int N = fao_block_n<D>();
   extern __shared__ __align__(128) unsigned char fao_raw[];
@@ -159,7 +169,9 @@ __global__ void __launch_bounds__(FAO_WARPS * 32)
     }
     return;
   }
-  const int items = 2 * (last - first + 1);  // K and V of each block
+  // Items: the keys, then the values, of each block, FAO_ITEM positions apiece.
+  constexpr int PARTS = N / FAO_ITEM;
+  const int items = 2 * PARTS * (last - first + 1);
 
   // Where the 16-key runs of block b start (threads < N / 16).
   auto look_up = [&](int b) {
@@ -167,20 +179,22 @@ __global__ void __launch_bounds__(FAO_WARPS * 32)
       sh.cell[b & 3][tid] = a.keys.cell_if_mapped(tile.seq, static_cast<int64_t>(b) * N + tid * 16);
     }
   };
-  // Item i: the keys (even i) or values (odd i) of block last − i / 2, into slot i % SLOTS;
-  // positions past the tile's keys are zeros. One commit group per item (empty past the end).
+  // Item i: part i % PARTS of the keys (i / PARTS even) or values (odd) of block
+  // last − i / (2·PARTS), into slot i % SLOTS; positions past the tile's keys are zeros. One
+  // commit group per item (empty past the end).
   auto stage = [&](int i) {
     if (i < items) {
-      const int b = last - i / 2;
-      const bool values = i % 2 == 1;
+      const int b = last - i / (2 * PARTS);
+      const bool values = i / PARTS % 2 == 1;
+      const int from = i % PARTS * FAO_ITEM;
       const __nv_bfloat16* head = (values ? a.v : a.k) + static_cast<int64_t>(kv) * D;
       const int64_t stride = values ? a.v_stride : a.k_stride;
-      constexpr int PIECES = N * D / 8;
+      constexpr int PIECES = FAO_ITEM * D / 8;
 #pragma unroll
       for (int u = 0; u < PIECES / (FAO_WARPS * 32); ++u) {
         const int p = tid + u * FAO_WARPS * 32;
-        const int key = p / (D / 8), piece = p % (D / 8);
-        __nv_bfloat16* to = &sh.kv[i % SLOTS][key][piece * 8];
+        const int row = p / (D / 8), piece = p % (D / 8), key = from + row;
+        __nv_bfloat16* to = &sh.kv[i % SLOTS][row][piece * 8];
         if (static_cast<int64_t>(b) * N + key < n_keys) {
           copy_async_16(to, head + (sh.cell[b & 3][key / 16] + key % 16) * stride + piece * 8);
         } else {
@@ -228,24 +242,23 @@ __global__ void __launch_bounds__(FAO_WARPS * 32)
     copy_async_wait<SLOTS - 2>();
     __syncthreads();
     stage(i + SLOTS - 1);
-    const int b = last - i / 2;
+    const int b = last - i / (2 * PARTS);
+    const int from = i % PARTS * FAO_ITEM;  // the item's first key within its block
     const __nv_bfloat16(*slot)[D + FAO_PAD] = sh.kv[i % SLOTS];
-    if (i % 2 == 0) {
+    if (i / PARTS % 2 == 0) {
       // The runs of the block after next: its first copy is at least two items away, and the
       // block whose entry this reuses (b + 2) was copied before the sync above.
-      look_up(b - 2);
-      // Scores: this warp's N / 4 keys, in 8-key tiles.
-      constexpr int S_TILES = N / 4 / 8;
-#pragma unroll
-      for (int nt = 0; nt < S_TILES; nt += 2) {
+      if (from == 0) look_up(b - 2);
+      // Scores of the item's keys: 16 a warp, two 8-key tiles.
+      {
         float s0[4] = {}, s1[4] = {};
-        const int key0 = warp * (N / 4) + nt * 8;
+        const int row0 = warp * 16, key0 = from + row0;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           unsigned kb[4];
-          // Matrices: keys key0.. (cols kk·16, +8), keys key0 + 8.. (same): non-transposed rows
+          // Matrices: keys row0.. (cols kk·16, +8), keys row0 + 8.. (same): non-transposed rows
           // of K are the B operand's columns.
-          ldmatrix_x4(kb, &slot[key0 + (lane / 16) * 8 + lane % 8][kk * 16 + (lane / 8 % 2) * 8]);
+          ldmatrix_x4(kb, &slot[row0 + (lane / 16) * 8 + lane % 8][kk * 16 + (lane / 8 % 2) * 8]);
           mma_16816(s0, qa[kk], kb[0], kb[1]);
           mma_16816(s1, qa[kk], kb[2], kb[3]);
         }
@@ -254,6 +267,7 @@ __global__ void __launch_bounds__(FAO_WARPS * 32)
         *reinterpret_cast<float2*>(&sh.s[g][key0 + 8 + 2 * t]) = make_float2(s1[0], s1[1]);
         *reinterpret_cast<float2*>(&sh.s[g + 8][key0 + 8 + 2 * t]) = make_float2(s1[2], s1[3]);
       }
+      if (from + FAO_ITEM < N) continue;  // the block's softmax waits for all of its scores
       __syncthreads();
       if (warp < 2) {
         // FlashAttention-2's softmax_rescale_o for row srow, this thread's keys 8n + 2·part + v.
@@ -290,18 +304,20 @@ __global__ void __launch_bounds__(FAO_WARPS * 32)
       }
     } else {
       // O = O · rescale + P·V over this warp's columns, 16 keys a step.
-      const float r0 = sh.rescale[g], r1 = sh.rescale[g + 8];
+      if (from == 0) {
+        const float r0 = sh.rescale[g], r1 = sh.rescale[g + 8];
 #pragma unroll
-      for (int o = 0; o < OUT_TILES; ++o) {
-        acc[o][0] *= r0;
-        acc[o][1] *= r0;
-        acc[o][2] *= r1;
-        acc[o][3] *= r1;
+        for (int o = 0; o < OUT_TILES; ++o) {
+          acc[o][0] *= r0;
+          acc[o][1] *= r0;
+          acc[o][2] *= r1;
+          acc[o][3] *= r1;
+        }
       }
 #pragma unroll
-      for (int ks = 0; ks < N / 16; ++ks) {
+      for (int ks = 0; ks < FAO_ITEM / 16; ++ks) {
         unsigned pa[4];
-        load_a<N + FAO_PAD>(pa, sh.p, ks * 16, lane);
+        load_a<N + FAO_PAD>(pa, sh.p, from + ks * 16, lane);
 #pragma unroll
         for (int o = 0; o < OUT_TILES; o += 2) {
           unsigned vb[4];
