@@ -2,14 +2,13 @@
 // kernels. Plain C launchers over raw pointers (no libtorch headers here: nvcc stays fast); the
 // checked, tensor-level entry points are in ops.cpp. Every launcher returns the launch error.
 //
-// - rope_store: rotary embedding of q and k (with Qwen3's per-head q/k RMSNorm when given), the
-//   rotated q written out, k and v written into their cell (block · block size + offset) of the
+// - rope_store: rotary embedding of q and k, the rotated q written out, k and v written into their cell (block · block size + offset) of the
 //   paged KV memory.
 // - silu_mul: silu(gate) * up of the fused gate/up projection.
 // - sample: per row, the log-softmax statistics, then the greedy or inverse-CDF token and its
 //   log-prob, in one block per row (no full-vocabulary intermediate tensors).
 // - rope, silu_mul's and the LM head log-prob's backward kernels, for training.
-// Split attention is in attention.cu.
+// Attention is in attention.cu and fa_order_attention.cu.
 
 #include "common.cuh"
 
@@ -21,8 +20,7 @@ namespace {
 template <typename T>
 __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
                                   const int64_t* __restrict__ cells, const T* __restrict__ cos,
-                                  const T* __restrict__ signed_sin, const T* __restrict__ q_norm,
-                                  const T* __restrict__ k_norm, float eps, T* __restrict__ q_out,
+                                  const T* __restrict__ signed_sin, T* __restrict__ q_out,
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int rows,
                                   int heads, int kv_heads, int dim) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -40,22 +38,10 @@ __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
   }
   const int half = dim / 2;
   float x1[4], x2[4];
-  float squares = 0.f;
   int n = 0;
   for (int i = lane; i < half; i += 32, ++n) {
     x1[n] = to_float(src[i]);
     x2[n] = to_float(src[i + half]);
-    squares += x1[n] * x1[n] + x2[n] * x2[n];
-  }
-  const T* norm = head < heads ? q_norm : k_norm;
-  if (norm != nullptr) {
-    // transformers' RMSNorm: normalise in fp32, round, then scale by the weight and round.
-    const float r = rsqrtf(warp_sum(squares) / dim + eps);
-    n = 0;
-    for (int i = lane; i < half; i += 32, ++n) {
-      x1[n] = stored<T>(stored<T>(x1[n] * r) * to_float(norm[i]));
-      x2[n] = stored<T>(stored<T>(x2[n] * r) * to_float(norm[i + half]));
-    }
   }
   T* dst = head < heads ? q_out + (static_cast<int64_t>(row) * heads + head) * dim
                         : k_cache + (cell + head - heads) * dim;
@@ -439,10 +425,9 @@ int grid_stride_blocks(int64_t total, int threads) {
 extern "C" {
 
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* cells,
-                           const void* cos, const void* signed_sin, const void* q_norm,
-                           const void* k_norm, float eps, void* q_out, void* k_cache,
-                           void* v_cache, int rows, int heads, int kv_heads, int dim,
-                           cudaStream_t stream) {
+                           const void* cos, const void* signed_sin, void* q_out,
+                           void* k_cache, void* v_cache, int rows, int heads, int kv_heads,
+                           int dim, cudaStream_t stream) {
   const int warps = rows * (heads + 2 * kv_heads);
   const int threads = 128;
   const int blocks = (warps * 32 + threads - 1) / threads;
@@ -450,13 +435,12 @@ int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const 
     using T = __nv_bfloat16;
     rope_store_kernel<T><<<blocks, threads, 0, stream>>>(
         static_cast<const T*>(qkv), qkv_stride, cells, static_cast<const T*>(cos),
-        static_cast<const T*>(signed_sin), static_cast<const T*>(q_norm), static_cast<const T*>(k_norm), eps, static_cast<T*>(q_out),
+        static_cast<const T*>(signed_sin), static_cast<T*>(q_out),
         static_cast<T*>(k_cache), static_cast<T*>(v_cache), rows, heads, kv_heads, dim);
   } else {
     rope_store_kernel<float><<<blocks, threads, 0, stream>>>(
         static_cast<const float*>(qkv), qkv_stride, cells, static_cast<const float*>(cos),
-        static_cast<const float*>(signed_sin), static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), eps,
-        static_cast<float*>(q_out), static_cast<float*>(k_cache), static_cast<float*>(v_cache),
+        static_cast<const float*>(signed_sin), static_cast<float*>(q_out), static_cast<float*>(k_cache), static_cast<float*>(v_cache),
         rows, heads, kv_heads, dim);
   }
   return static_cast<int>(cudaGetLastError());

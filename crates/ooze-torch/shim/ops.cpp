@@ -193,14 +193,11 @@ const char* ooze_ops_last_error() { return last_error.c_str(); }
 
 // qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), cells [rows] int64 (the flat
 // index block · block_size + offset a row's key and value go to), cos / sin [rows, dim] (the
-// rotary tables of ooze_rope: the sine with its first half negated), q_norm / k_norm [dim] or
-// null, k_cache / v_cache [blocks, block_size, kv_heads, dim]. Returns the rotated q [rows, heads,
-// dim].
+// rotary tables of ooze_rope: the sine with its first half negated), k_cache / v_cache [blocks,
+// block_size, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
 at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
-                            const at::Tensor* cos, const at::Tensor* sin,
-                            const at::Tensor* q_norm, const at::Tensor* k_norm, double eps,
-                            at::Tensor* k_cache, at::Tensor* v_cache, int64_t heads,
-                            int64_t kv_heads, int64_t dim) {
+                            const at::Tensor* cos, const at::Tensor* sin, at::Tensor* k_cache,
+                            at::Tensor* v_cache, int64_t heads, int64_t kv_heads, int64_t dim) {
   return guarded([&] {
     check_cuda(*qkv, "qkv");
     c10::cuda::CUDAGuard guard(qkv->device());
@@ -222,17 +219,10 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
                       t->size(2) == kv_heads && t->size(3) == dim,
                   "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim] of qkv's dtype");
     }
-    for (const at::Tensor* t : {q_norm, k_norm}) {
-      TORCH_CHECK(t == nullptr || (t->scalar_type() == qkv->scalar_type() && t->is_contiguous() &&
-                                   t->numel() == dim),
-                  "q/k norm weights must be contiguous [head_dim] of qkv's dtype");
-    }
     at::Tensor q = at::empty({rows, heads, dim}, qkv->options());
     check_launch(ooze_launch_rope_store(
         bf16, qkv->data_ptr(), qkv->stride(0), cells->data_ptr<int64_t>(), cos->data_ptr(),
-        sin->data_ptr(),
-        q_norm ? q_norm->data_ptr() : nullptr, k_norm ? k_norm->data_ptr() : nullptr,
-        static_cast<float>(eps), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
+        sin->data_ptr(), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
         static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(kv_heads),
         static_cast<int>(dim), at::cuda::getCurrentCUDAStream().stream()));
     return q;

@@ -89,9 +89,6 @@ pub struct RopeStore<'a> {
     /// and the sine with its first half negated (`rope::cos_sin`), the ones training rotates with.
     pub cos: &'a Tensor,
     pub signed_sin: &'a Tensor,
-    pub q_norm: Option<&'a Tensor>,
-    pub k_norm: Option<&'a Tensor>,
-    pub eps: f64,
     pub heads: i64,
     pub kv_heads: i64,
     pub head_dim: i64,
@@ -112,9 +109,6 @@ mod ffi {
             cells: *const CTensor,
             cos: *const CTensor,
             sin: *const CTensor,
-            q_norm: *const CTensor,
-            k_norm: *const CTensor,
-            eps: f64,
             k_cache: *mut CTensor,
             v_cache: *mut CTensor,
             heads: i64,
@@ -216,8 +210,8 @@ mod ffi {
 /// last stride) by the rows' rotary tables ([`RopeStore::cos`]; the same arithmetic as [`rope`]),
 /// writes k and v into `k_cache` / `v_cache [blocks,
 /// block_size, kv_heads, head_dim]` at the flat cell `cells[r]` (block · block_size + offset), and
-/// returns q `[rows, heads, head_dim]`.
-/// With q/k norm weights, each head is RMS-normalised first (Qwen3).
+/// returns q `[rows, heads, head_dim]`. Qwen3's q/k norms run before it, as their own operation
+/// (the trainer's).
 #[allow(unused_variables)]
 pub fn rope_store(
     qkv: &Tensor,
@@ -228,7 +222,6 @@ pub fn rope_store(
 ) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
-        let norm = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast());
         // SAFETY: every pointer is a live tensor for the duration of the call; the shim checks
         // shapes, dtypes and devices before touching memory.
         let raw = unsafe {
@@ -237,9 +230,6 @@ pub fn rope_store(
                 cells.as_ptr().cast(),
                 args.cos.as_ptr().cast(),
                 args.signed_sin.as_ptr().cast(),
-                norm(args.q_norm),
-                norm(args.k_norm),
-                args.eps,
                 k_cache.as_mut_ptr().cast(),
                 v_cache.as_mut_ptr().cast(),
                 args.heads,

@@ -81,8 +81,8 @@ impl Decoder {
                     cos.view([b, c.head_dim]),
                     sin.view([b, c.head_dim]),
                 );
-                // q and k normalised as training does (their own operation): the kernel's fused
-                // norm sums in another order than ATen's.
+                // Qwen3's q/k norms as training runs them (ATen's rms_norm, their own
+                // operation), before the rotary kernel.
                 let rows = match (&l.q_norm, &l.k_norm) {
                     (Some(qn), Some(kn)) => self.normed_qk_rows(&rows, qn, kn, b),
                     _ => rows,
@@ -90,9 +90,6 @@ impl Decoder {
                 let args = RopeStore {
                     cos: &cos,
                     signed_sin: &sin,
-                    q_norm: None,
-                    k_norm: None,
-                    eps: c.rms_norm_eps,
                     heads: c.num_heads,
                     kv_heads: c.num_kv_heads,
                     head_dim: c.head_dim,
