@@ -275,11 +275,15 @@ fn main() {
     let variants: Vec<(&str, bool, GemmReduction)> = vec![
         ("deterministic", true, GemmReduction::NoSplit),
         (
-            "kernels, reduced-precision split-K (default)",
+            "kernels, reduced-precision split-K (PyTorch's default)",
             true,
             GemmReduction::ReducedPrecision,
         ),
-        ("kernels, no split-K", true, GemmReduction::NoSplit),
+        (
+            "kernels, no split-K (ooze's default)",
+            true,
+            GemmReduction::NoSplit,
+        ),
         (
             "libtorch, reduced-precision split-K",
             false,
