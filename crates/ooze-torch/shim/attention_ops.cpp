@@ -15,17 +15,18 @@ namespace {
 
 using namespace ooze_ops;
 
-// Checks shared by the split-attention entry points: bf16 q [tokens, heads, dim] whose heads and
-// dims are contiguous, and keys/values whose rows hold kv_heads · dim contiguous elements.
-void check_split_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+// Checks shared by the entry points of ooze's attention kernels (split attention and
+// FlashAttention order): bf16 q [tokens, heads, dim] whose heads and dims are contiguous, and
+// keys/values whose rows hold kv_heads · dim contiguous elements.
+void check_tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            int64_t kv_heads) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
                   q.stride(1) == q.size(2),
               "q must be bfloat16 [tokens, heads, head_dim] with contiguous heads");
   const int64_t dim = q.size(2), heads = q.size(1);
-  TORCH_CHECK(dim == 64 || dim == 128, "split attention takes head_dim 64 or 128, got ", dim);
+  TORCH_CHECK(dim == 64 || dim == 128, "ooze's attention kernels take head_dim 64 or 128, got ", dim);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 16,
-              "split attention takes at most 16 query heads per key head");
+              "ooze's attention kernels take at most 16 query heads per key head");
   for (const at::Tensor* t : {&k, &v}) {
     TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->device() == q.device(),
                 "keys and values must be bfloat16 on q's device");
@@ -374,8 +375,8 @@ at::Tensor* ooze_paged_prefill_attention(const at::Tensor* q, const at::Tensor* 
                     v_cache->sizes() == k_cache->sizes() && k_cache->size(3) == q->size(2),
                 "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim]");
     const int64_t kv_heads = k_cache->size(2), block_size = k_cache->size(1), dim = q->size(2);
-    check_split_attention(*q, *k_cache, *v_cache, kv_heads);
-    TORCH_CHECK(block_size % 16 == 0, "split attention takes block sizes that are multiples of 16");
+    check_tiled_attention(*q, *k_cache, *v_cache, kv_heads);
+    TORCH_CHECK(block_size % 16 == 0, "paged attention takes block sizes that are multiples of 16");
     TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() &&
                     tables->dim() == 2 && tables->size(0) == rows,
                 "block tables must be contiguous int64 [rows, width]");
@@ -417,7 +418,7 @@ at::Tensor* ooze_split_attention_varlen(const at::Tensor* q, const at::Tensor* k
     TORCH_CHECK(k->dim() == 3 && v->dim() == 3 && k->sizes() == v->sizes() &&
                     k->size(0) == q->size(0) && k->size(2) == q->size(2),
                 "k and v must be [total, kv_heads, head_dim] like q");
-    check_split_attention(*q, *k, *v, k->size(1));
+    check_tiled_attention(*q, *k, *v, k->size(1));
     TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->numel() == sequences + 1,
                 "cu_seqlens must be int32 [sequences + 1]");
     return SplitAttentionFunction::apply(*q, *k, *v, *cu_seqlens,

@@ -373,8 +373,8 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
 }
 
 // Merges the chunks of the tiles that have more than one (the others are final already):
-// out = Σ_c w_c O_c · (1 / Σ_c w_c l_c) with w_c = 2^((m_c − m)·scale·log2 e). Block (kv head, tile), a
-// thread per row and 4 columns.
+// out = Σ_c w_c O_c · (1 / Σ_c w_c l_c) with w_c = 2^((m_c − m)·scale·log2 e). Block (kv head,
+// tile), a thread per row and 4 columns.
 template <int D>
 __global__ void fa_order_merge(FaoArgs a) {
   const int kv = blockIdx.x;
