@@ -523,8 +523,8 @@ impl Decoder {
         kernels::decode_attention_supports(self.kind, c.head_dim, c.num_heads / c.num_kv_heads)
     }
 
-    /// Whether one-token decode steps run ooze's split-key attention kernel: its cost follows
-    /// each row's own key count, not the number of positions read (see `PagedDecode::read_len`).
+    /// Whether one-token decode steps run ooze's decode attention kernel: its cost follows each
+    /// row's own key count, not the number of positions read (see `PagedDecode::read_len`).
     pub fn decode_attention_fused(&self) -> bool {
         self.device.is_cuda()
             && kernels::available()

@@ -42,8 +42,9 @@ __host__ __device__ constexpr int fao_block_n() {
 // FlashAttention-2's bitwise. Long single rows would otherwise leave most of the GPU idle.
 constexpr int FAO_CHUNK = 4096;
 constexpr int FAO_WARPS = 4;
-// Copy slots. Three (two blocks in flight while one is used) against two: 4B decode 223 against
-// 240 µs a call, 0.5B 48.8 against 49.7 (H200, scripts/bench/fa_order).
+// Copy slots. Three (two items in flight while one is used) against two, measured with whole
+// 128-key items at head size 64: 4B decode 223 against 240 µs a call, 0.5B 48.8 against 49.7
+// (H200, scripts/bench/fa_order).
 constexpr int FAO_SLOTS = 3;
 constexpr int FAO_PAD = 8;  // bf16 row padding: ldmatrix rows land on distinct banks
 // Keys a copy slot holds: a block of 64 (head size 128) or half of one (64), so that a slot is
@@ -157,7 +158,10 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
   constexpr int CHUNK_BLOCKS = FAO_CHUNK / N;
   const int64_t n_keys = a.positions[tile.first + tile.count - 1] + 1;
   const int tile_last = static_cast<int>((n_keys - 1) / N);
-  const bool split = tile_last >= CHUNK_BLOCKS;  // more than one chunk: partials, then a merge
+  // More than one chunk: partials, then a merge. A launch sized for fewer keys than a row has
+  // (chunks from a too-small read_len) reads only the first chunk's keys, as split attention
+  // reads only its splits'.
+  const bool split = tile_last >= CHUNK_BLOCKS && a.chunks > 1;
   const int first = chunk * CHUNK_BLOCKS;
   const int last = min(tile_last, first + CHUNK_BLOCKS - 1);
   const int64_t partial = (static_cast<int64_t>(blockIdx.y) * a.kv_heads + kv) * a.chunks + chunk;
@@ -425,8 +429,8 @@ cudaError_t fao_configure() {
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(sizeof(FaoShared<D, SLOTS>)));
     if (e != cudaSuccess) return e;
-    // All of the unified L1 as shared memory, so that three blocks fit on a multiprocessor
-    // whatever carveout the kernels before it left.
+    // All of the unified L1 as shared memory, so that fao_blocks_per_sm blocks fit on a
+    // multiprocessor whatever carveout the kernels before it left.
     e = cudaFuncSetAttribute(fa_order_attention_kernel<D, SLOTS>,
                              cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);

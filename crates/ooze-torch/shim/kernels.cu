@@ -2,8 +2,8 @@
 // kernels. Plain C launchers over raw pointers (no libtorch headers here: nvcc stays fast); the
 // checked, tensor-level entry points are in ops.cpp. Every launcher returns the launch error.
 //
-// - rope_store: rotary embedding of q and k, the rotated q written out, k and v written into their cell (block · block size + offset) of the
-//   paged KV memory.
+// - rope_store: rotary embedding of q and k, the rotated q written out, k and v written into
+//   their cell (block · block size + offset) of the paged KV memory.
 // - silu_mul: silu(gate) * up of the fused gate/up projection.
 // - sample: per row, the log-softmax statistics, then the greedy or inverse-CDF token and its
 //   log-prob, in one block per row (no full-vocabulary intermediate tensors).

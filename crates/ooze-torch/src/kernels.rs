@@ -1,10 +1,11 @@
-//! ooze's own CUDA kernels (`shim/kernels.cu`, `shim/attention.cu`; entry points in
+//! ooze's own CUDA kernels (`shim/kernels.cu`, `shim/attention.cu`, `shim/fa_order_attention.cu`;
+//! entry points in
 //! `shim/ops.cpp` and `shim/attention_ops.cpp`): steps of a decode step that libtorch would run as
 //! several kernels each. Built when the nvcc wheel is present
 //! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
 //!
-//! - [`rope_store`]: rotary embedding of q and k (with Qwen3's q/k norms), q returned, k and v
-//!   written into their cells of the paged KV memory.
+//! - [`rope_store`]: rotary embedding of q and k, q returned, k and v written into their cells of
+//!   the paged KV memory.
 //! - [`silu_mul`]: `silu(gate) · up` of a fused gate/up projection.
 //! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
 //!   intermediates.
@@ -286,17 +287,6 @@ pub enum PagedArithmetic {
     /// Split attention's (fixed 256-key chunks, merged in order): deterministic numerics, where
     /// training runs split attention too.
     Split,
-}
-
-impl PagedArithmetic {
-    /// The arithmetic of the current numerics mode ([`deterministic`]).
-    pub fn current() -> PagedArithmetic {
-        if deterministic() {
-            PagedArithmetic::Split
-        } else {
-            PagedArithmetic::FlashOrder
-        }
-    }
 }
 
 /// Whether [`decode_attention`] takes this shape: bf16, head_dim 64 or 128, at most 16 query heads

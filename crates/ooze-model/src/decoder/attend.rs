@@ -21,7 +21,8 @@ pub(super) struct AttentionPlan {
     pub padded: Option<PaddedPacking>,
     /// One token per paged row: rotary embedding and KV write in ooze's kernel…
     pub fused_rope: bool,
-    /// …and the split-key decode kernel.
+    /// …and ooze's decode attention kernel (FlashAttention-2's arithmetic, or split attention's
+    /// under deterministic numerics).
     pub fused_attention: bool,
     /// Deterministic numerics: split attention wherever attention runs.
     pub split: bool,
@@ -159,9 +160,9 @@ impl Decoder {
         }
     }
 
-    /// Attention over q, k, v as [`Decoder::project_and_store`] gives them (with paged memory
-    /// and a deterministic prefill, k and v are only the new ones: split attention reads the
-    /// blocks).
+    /// Attention over q, k, v as [`Decoder::project_and_store`] gives them (with paged memory,
+    /// through the decode kernel or FlashAttention-2 over the new tokens, k and v are only the new
+    /// ones: the decode kernel reads the blocks itself).
     #[allow(clippy::too_many_arguments)]
     fn attend_projected(
         &self,

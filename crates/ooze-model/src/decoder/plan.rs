@@ -119,7 +119,7 @@ impl Decoder {
         let one_token_paged =
             matches!(target, KvTarget::Paged { .. }) && t == 1 && self.device.is_cuda();
         // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
-        // (bf16) ooze's split-key attention kernel.
+        // (bf16) ooze's decode attention kernel.
         let fused_rope = one_token_paged && kernels_apply(x) && self.rope_kernel_fits();
         let fused_attention = fused_rope && self.decode_attention_kernel_fits();
         // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
