@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Split attention, build against build, on one GPU (bench.cu says what is measured).
 # Usage: run.sh [shape filter]   with BUILDS="name=dir name=dir …" (default: this tree's kernel
-# alone), each dir holding an attention.cu and common.cuh; the first build is the reference that
-# the others must equal bitwise. A past commit's kernel as a build:
-#   d=$(mktemp -d); for f in attention.cu common.cuh; do git show REV:crates/ooze-torch/shim/$f > $d/$f; done
+# alone), each dir holding an attention.cu and the headers it includes (common.cuh, and from
+# 400677f on attention_common.cuh); the first build is the reference that the others must equal
+# bitwise. A past commit's kernel as a build:
+#   d=$(mktemp -d); for f in attention.cu common.cuh attention_common.cuh; do
+#     git show REV:crates/ooze-torch/shim/$f > $d/$f 2>/dev/null; done
 # Needs nvcc (CUDA 12 or later) and an sm_90 GPU.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
