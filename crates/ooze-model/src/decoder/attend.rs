@@ -37,6 +37,9 @@ pub(super) struct AttentionPlan {
     /// FlashAttention-2 for packed sequences: plain causal passes and prefills of rows without
     /// cached keys, outside deterministic numerics.
     pub flash_causal: bool,
+    /// int32 offsets `[0, T, 2T, …, B·T]`: the rows as packed sequences, for `flash_causal` and
+    /// for split attention over plain causal rows.
+    pub row_offsets: Option<Tensor>,
     /// One-token paged decode without the fused kernel: the additive bias of the keys read.
     pub decode_bias: Option<Tensor>,
 }
@@ -50,6 +53,13 @@ impl AttentionPlan {
         } else {
             kernels::PagedArithmetic::FlashOrder
         }
+    }
+
+    fn row_offsets(&self) -> Tensor {
+        self.row_offsets
+            .as_ref()
+            .expect("invariant: planned for plain causal rows")
+            .shallow_clone()
     }
 }
 
@@ -195,7 +205,7 @@ impl Decoder {
         } else if plan.split && (plan.varlen.is_some() || plan.causal) {
             let (offsets, lengths) = match &plan.varlen {
                 Some((offsets, _, lengths)) => (offsets.shallow_clone(), lengths.clone()),
-                None => (self.equal_offsets(b, t), vec![t; b as usize]),
+                None => (plan.row_offsets(), vec![t; b as usize]),
             };
             let out = kernels::split_attention_varlen(
                 &tokens(q),
@@ -212,7 +222,7 @@ impl Decoder {
                 &tokens(q),
                 &tokens(k),
                 &tokens(v),
-                &self.equal_offsets(b, t),
+                &plan.row_offsets(),
                 t,
                 plan.scale,
             )
@@ -258,13 +268,6 @@ impl Decoder {
                 ),
             }
         }
-    }
-
-    /// int32 offsets `[0, t, 2t, …, b·t]` on the model's device: `b` sequences of `t` tokens
-    /// packed one after another.
-    fn equal_offsets(&self, b: i64, t: i64) -> Tensor {
-        let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
-        Tensor::from_slice(&offsets).to_device(self.device)
     }
 
     /// Layer `i`'s q, k and v (`[B, heads, T, head_dim]`, k and v over everything attended to —

@@ -9,6 +9,7 @@ use crate::attention::{
 };
 use ooze_torch::kernels;
 use ooze_torch::tch::{Kind, Tensor};
+use ooze_torch::transfer::upload;
 
 impl Decoder {
     /// The plan and KV target of a pass over `x [B, T, hidden]` under `attention`.
@@ -59,7 +60,7 @@ impl Decoder {
             if t > 1 && !split && self.decode_attention_fused() && past.iter().all(|&p| p == 0));
         let prefill_past = match &attention {
             Attention::Paged { past, .. }
-                if t > 1 && self.decode_attention_fused() && (split || !fresh_prefill) =>
+                if t > 1 && self.decode_attention_fused() && !fresh_prefill =>
             {
                 Some(past.to_vec())
             }
@@ -137,12 +138,20 @@ impl Decoder {
         // kernel.)
         let fused_qkv_varlen =
             varlen.is_some() && !split && self.kind == Kind::BFloat16 && !c.qk_norm;
+        // The rows as packed sequences of `t` tokens, for the kernels that take packed sequences
+        // over plain causal rows: uploaded once for every block, without waiting for the device.
+        let row_offsets = (flash_causal || (split && causal && varlen.is_none())).then(|| {
+            let b = x.size()[0];
+            let offsets: Vec<i32> = (0..=b).map(|r| (r * t) as i32).collect();
+            upload(&offsets, self.device)
+        });
         let plan = AttentionPlan {
             scale,
             mask,
             causal,
             fused_qkv_varlen,
             flash_causal,
+            row_offsets,
             varlen,
             padded,
             fused_rope,
