@@ -92,6 +92,8 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/kernels.cu");
     println!("cargo:rerun-if-changed=shim/attention.cu");
     println!("cargo:rerun-if-changed=shim/fa_order_attention.cu");
+    println!("cargo:rerun-if-changed=shim/rms_norm.cu");
+    println!("cargo:rerun-if-changed=shim/rms_norm.cuh");
     println!("cargo:rerun-if-changed=shim/attention_common.cuh");
     println!("cargo:rerun-if-changed=shim/common.cuh");
     println!("cargo:rerun-if-changed=shim/ops.h");
@@ -104,6 +106,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .file("shim/kernels.cu")
         .file("shim/attention.cu")
         .file("shim/fa_order_attention.cu")
+        .file("shim/rms_norm.cu")
         .include(cuda.join("include"))
         .debug(false)
         .opt_level(3)

@@ -71,11 +71,32 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
     x.linear(weight, bias)
 }
 
-/// `x + linear(input)`, the product rounded before the add (as autograd's training forward does
-/// it): cuBLAS's accumulate-into-C rounds once, and only for some row counts, so a fused add
-/// would make a decode step's residual stream depend on its batch.
-fn add_linear(x: Tensor, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
-    x + linear(input, weight, bias)
+/// `x + delta` (the residual stream and a block's output, the product rounded before the add: a
+/// GEMM's accumulate-into-C rounds once, and only for some row counts, so it would make a decode
+/// step's residual stream depend on its batch) and the RMSNorm of the sum under `weight`. Where
+/// nothing needs a gradient on a GPU, one of ooze's kernels does both with ATen's bits; training
+/// runs ATen's add and rms_norm.
+fn add_rms_norm(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let fused = kernels_apply(x)
+        && !(kernels::grad_enabled()
+            && (x.requires_grad() || delta.requires_grad() || weight.requires_grad()))
+        && x.is_contiguous()
+        && delta.is_contiguous()
+        && delta.size() == x.size()
+        && delta.kind() == x.kind()
+        && weight.kind() == x.kind()
+        && weight.size()[0] % 4 == 0;
+    if fused {
+        let n = weight.size()[0];
+        let (sum, normed) =
+            kernels::add_rms_norm(&x.view([-1, n]), Some(&delta.view([-1, n])), weight, eps)
+                .expect("invariant: contiguous rows of a multiple of 4 are valid for add_rms_norm");
+        let sum = sum.expect("invariant: a delta gives a sum");
+        return (sum.view_as(x), normed.view_as(x));
+    }
+    let sum = x + delta;
+    let normed = rms_norm(&sum, weight, eps);
+    (sum, normed)
 }
 
 /// Whether ooze's CUDA kernels can stand in for libtorch operations on `x`: a CUDA tensor of a
@@ -484,6 +505,9 @@ impl Decoder {
         let (b, t) = (size[0], size[1]);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
         let (plan, mut target) = self.plan_attention(attention, &x, t);
+        // Each block's last residual add waits for the next block's first norm, so the two run as
+        // one kernel where they can (add_rms_norm).
+        let mut pending: Option<Tensor> = None;
         for (i, l) in self
             .layers
             .iter()
@@ -491,17 +515,28 @@ impl Decoder {
             .take(layers.end)
             .skip(layers.start)
         {
-            let hn = rms_norm(&x, &l.input_norm, c.rms_norm_eps);
+            let hn = match pending.take() {
+                Some(delta) => {
+                    let (sum, hn) = add_rms_norm(&x, &delta, &l.input_norm, c.rms_norm_eps);
+                    x = sum;
+                    hn
+                }
+                None => rms_norm(&x, &l.input_norm, c.rms_norm_eps),
+            };
             let qkv = linear(&hn, &l.qkv.0, l.qkv.1.as_ref());
             let attn = self.attend(i, &qkv, &cos, &sin, &mut target, &plan, b, t);
             let attn = attn
                 .transpose(1, 2)
                 .reshape([b, t, c.num_heads * c.head_dim]);
-            x = add_linear(x, &attn, &l.o.0, l.o.1.as_ref());
-            let hn = rms_norm(&x, &l.post_norm, c.rms_norm_eps);
+            let attn = linear(&attn, &l.o.0, l.o.1.as_ref());
+            let (sum, hn) = add_rms_norm(&x, &attn, &l.post_norm, c.rms_norm_eps);
+            x = sum;
             let gate_up = linear(&hn, &l.gate_up.0, l.gate_up.1.as_ref());
             let gated = silu_mul(&gate_up, c.intermediate_size);
-            x = add_linear(x, &gated, &l.down.0, l.down.1.as_ref());
+            pending = Some(linear(&gated, &l.down.0, l.down.1.as_ref()));
+        }
+        if let Some(delta) = pending {
+            x = x + delta;
         }
         if let (KvTarget::Contiguous(cache), true) = (target, layers.end == self.layers.len()) {
             cache.len += t;

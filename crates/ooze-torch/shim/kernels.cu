@@ -2,15 +2,17 @@
 // kernels. Plain C launchers over raw pointers (no libtorch headers here: nvcc stays fast); the
 // checked, tensor-level entry points are in ops.cpp. Every launcher returns the launch error.
 //
-// - rope_store: rotary embedding of q and k, the rotated q written out, k and v written into
-//   their cell (block · block size + offset) of the paged KV memory.
+// - rope_store: rotary embedding of q and k (after Qwen3's per-head q/k RMSNorm when given), the
+//   rotated q written out, k and v written into their cell (block · block size + offset) of the
+//   paged KV memory.
 // - silu_mul: silu(gate) * up of the fused gate/up projection.
 // - sample: per row, the log-softmax statistics, then the greedy or inverse-CDF token and its
 //   log-prob, in one block per row (no full-vocabulary intermediate tensors).
 // - rope, silu_mul's and the LM head log-prob's backward kernels, for training.
-// Attention is in attention.cu and fa_order_attention.cu.
+// Attention is in attention.cu and fa_order_attention.cu, the residual add with its RMSNorm in
+// rms_norm.cu.
 
-#include "common.cuh"
+#include "rms_norm.cuh"
 
 namespace {
 
@@ -54,6 +56,68 @@ __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
     dst[i] = from_float<T>(y1);
     dst[i + half] = from_float<T>(y2);
   }
+}
+
+// rope_store for Qwen3's q/k norms: each q and k head RMS-normalised in ATen's arithmetic
+// (rms_norm.cuh: one warp stands for the 128-thread block, group t of 4 elements in lane t, and
+// for head size 256 groups 32–63 in the same lanes as a second warp), then rotated with the
+// rotary kernels' arithmetic. Head sizes 32, 64, 128 and 256: a rotation pair (i, i + D/2) is
+// then either in lanes l and l ^ D/8 or, at 256, in one lane's two groups.
+template <typename T>
+__global__ void rope_norm_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
+                                       const int64_t* __restrict__ cells, const T* __restrict__ cos,
+                                       const T* __restrict__ signed_sin,
+                                       const T* __restrict__ q_norm, const T* __restrict__ k_norm,
+                                       float eps, T* __restrict__ q_out, T* __restrict__ k_cache,
+                                       T* __restrict__ v_cache, int rows, int heads, int kv_heads,
+                                       int dim) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_row = heads + 2 * kv_heads;
+  if (warp >= rows * per_row) return;
+  const int row = warp / per_row;
+  const int head = warp % per_row;
+  const T* src = qkv + row * qkv_stride + head * dim;
+  const int64_t cell = cells[row] * kv_heads;
+  if (head >= heads + kv_heads) {
+    T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
+    for (int i = lane; i < dim; i += 32) dst[i] = src[i];
+    return;
+  }
+  const bool wide = dim == 256;
+  const bool active = 4 * lane < dim;
+  float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+  if (active) Quad<T>::load(src + 4 * lane, a);
+  if (wide) Quad<T>::load(src + 128 + 4 * lane, b);
+  const float total = __fadd_rn(warp_sum(add_squares(0.f, a)), warp_sum(add_squares(0.f, b)));
+  const float r = rms_factor(total, dim, eps);
+  const T* norm = head < heads ? q_norm : k_norm;
+  float w[4];
+  if (active) {
+    Quad<T>::load(norm + 4 * lane, w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[j] = stored<T>(rms_scale(a[j], r, w[j]));
+  }
+  if (wide) {
+    Quad<T>::load(norm + 128 + 4 * lane, w);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b[j] = stored<T>(rms_scale(b[j], r, w[j]));
+  } else {
+    // The second half of each pair from the lane holding it.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) b[j] = __shfl_xor_sync(0xffffffffu, a[j], dim / 8);
+  }
+  const int half = dim / 2;
+  if (4 * lane >= half) return;
+  T* dst = head < heads ? q_out + (static_cast<int64_t>(row) * heads + head) * dim
+                        : k_cache + (cell + head - heads) * dim;
+  float c[4], sn[4], y1[4], y2[4];
+  Quad<T>::load(cos + row * dim + 4 * lane, c);
+  Quad<T>::load(signed_sin + row * dim + half + 4 * lane, sn);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) rotate(a[j], b[j], c[j], sn[j], y1[j], y2[j]);
+  Quad<T>::store(dst + 4 * lane, y1);
+  Quad<T>::store(dst + half + 4 * lane, y2);
 }
 
 template <typename T>
@@ -425,12 +489,30 @@ int grid_stride_blocks(int64_t total, int threads) {
 extern "C" {
 
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* cells,
-                           const void* cos, const void* signed_sin, void* q_out,
-                           void* k_cache, void* v_cache, int rows, int heads, int kv_heads,
-                           int dim, cudaStream_t stream) {
+                           const void* cos, const void* signed_sin, const void* q_norm,
+                           const void* k_norm, float eps, void* q_out, void* k_cache,
+                           void* v_cache, int rows, int heads, int kv_heads, int dim,
+                           cudaStream_t stream) {
   const int warps = rows * (heads + 2 * kv_heads);
   const int threads = 128;
   const int blocks = (warps * 32 + threads - 1) / threads;
+  if (q_norm != nullptr) {
+    if (bf16) {
+      using T = __nv_bfloat16;
+      rope_norm_store_kernel<T><<<blocks, threads, 0, stream>>>(
+          static_cast<const T*>(qkv), qkv_stride, cells, static_cast<const T*>(cos),
+          static_cast<const T*>(signed_sin), static_cast<const T*>(q_norm),
+          static_cast<const T*>(k_norm), eps, static_cast<T*>(q_out), static_cast<T*>(k_cache),
+          static_cast<T*>(v_cache), rows, heads, kv_heads, dim);
+    } else {
+      rope_norm_store_kernel<float><<<blocks, threads, 0, stream>>>(
+          static_cast<const float*>(qkv), qkv_stride, cells, static_cast<const float*>(cos),
+          static_cast<const float*>(signed_sin), static_cast<const float*>(q_norm),
+          static_cast<const float*>(k_norm), eps, static_cast<float*>(q_out),
+          static_cast<float*>(k_cache), static_cast<float*>(v_cache), rows, heads, kv_heads, dim);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
   if (bf16) {
     using T = __nv_bfloat16;
     rope_store_kernel<T><<<blocks, threads, 0, stream>>>(

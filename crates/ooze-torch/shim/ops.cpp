@@ -191,13 +191,20 @@ using namespace ooze_ops;
 
 const char* ooze_ops_last_error() { return last_error.c_str(); }
 
+// Whether autograd records operations on this thread (kernels without a backward check it).
+int ooze_grad_enabled() { return at::GradMode::is_enabled() ? 1 : 0; }
+
 // qkv [rows, (heads + 2 kv_heads) · dim] (rows may be strided), cells [rows] int64 (the flat
 // index block · block_size + offset a row's key and value go to), cos / sin [rows, dim] (the
 // rotary tables of ooze_rope: the sine with its first half negated), k_cache / v_cache [blocks,
-// block_size, kv_heads, dim]. Returns the rotated q [rows, heads, dim].
+// block_size, kv_heads, dim]; q_norm / k_norm [dim] (both or neither: Qwen3's per-head RMSNorm
+// weights, applied before the rotation, head sizes 32, 64, 128 or 256). Returns the rotated q
+// [rows, heads, dim].
 at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
-                            const at::Tensor* cos, const at::Tensor* sin, at::Tensor* k_cache,
-                            at::Tensor* v_cache, int64_t heads, int64_t kv_heads, int64_t dim) {
+                            const at::Tensor* cos, const at::Tensor* sin,
+                            const at::Tensor* q_norm, const at::Tensor* k_norm, double eps,
+                            at::Tensor* k_cache, at::Tensor* v_cache, int64_t heads,
+                            int64_t kv_heads, int64_t dim) {
   return guarded([&] {
     check_cuda(*qkv, "qkv");
     c10::cuda::CUDAGuard guard(qkv->device());
@@ -219,14 +226,63 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
                       t->size(2) == kv_heads && t->size(3) == dim,
                   "KV memory must be contiguous [blocks, block_size, kv_heads, head_dim] of qkv's dtype");
     }
+    TORCH_CHECK((q_norm == nullptr) == (k_norm == nullptr), "q_norm and k_norm go together");
+    if (q_norm != nullptr) {
+      TORCH_CHECK(dim == 32 || dim == 64 || dim == 128 || dim == 256,
+                  "fused q/k norms take head sizes 32, 64, 128 or 256, got ", dim);
+      TORCH_CHECK(qkv->stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(qkv->data_ptr()) % 16 == 0,
+                  "fused q/k norms read qkv rows in groups of 4: rows must start 4-aligned");
+      for (const at::Tensor* t : {q_norm, k_norm}) {
+        TORCH_CHECK(t->is_contiguous() && t->numel() == dim && t->scalar_type() == qkv->scalar_type(),
+                    "q_norm and k_norm must be contiguous [head_dim] of qkv's dtype");
+      }
+    }
     at::Tensor q = at::empty({rows, heads, dim}, qkv->options());
     check_launch(ooze_launch_rope_store(
         bf16, qkv->data_ptr(), qkv->stride(0), cells->data_ptr<int64_t>(), cos->data_ptr(),
-        sin->data_ptr(), q.data_ptr(), k_cache->data_ptr(), v_cache->data_ptr(),
+        sin->data_ptr(), q_norm != nullptr ? q_norm->data_ptr() : nullptr,
+        k_norm != nullptr ? k_norm->data_ptr() : nullptr, static_cast<float>(eps), q.data_ptr(),
+        k_cache->data_ptr(), v_cache->data_ptr(),
         static_cast<int>(rows), static_cast<int>(heads), static_cast<int>(kv_heads),
         static_cast<int>(dim), at::cuda::getCurrentCUDAStream().stream()));
     return q;
   });
+}
+
+// x [rows, n] contiguous, delta null or like x, weight [n] of x's dtype, n a multiple of 4 →
+// (sum, out): sum = x + delta (undefined without delta), out = rms_norm(sum or x) · weight, with
+// ATen's arithmetic for both (rms_norm.cu). Writes the two tensors' pointers to sum_out / out_out;
+// returns 0, or -1 with the message in ooze_ops_last_error.
+int ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta, const at::Tensor* weight,
+                      double eps, at::Tensor** sum_out, at::Tensor** out_out) {
+  try {
+    check_cuda(*x, "x");
+    c10::cuda::CUDAGuard guard(x->device());
+    const bool bf16 = is_bf16(*x);
+    TORCH_CHECK(x->dim() == 2 && x->is_contiguous(), "x must be contiguous [rows, n]");
+    const int64_t rows = x->size(0), n = x->size(1);
+    TORCH_CHECK(n % 4 == 0 && n <= (1 << 24), "the row size must be a multiple of 4, got ", n);
+    TORCH_CHECK(weight->is_contiguous() && weight->numel() == n &&
+                    weight->scalar_type() == x->scalar_type() && weight->device() == x->device(),
+                "weight must be contiguous [n] of x's dtype and device");
+    if (delta != nullptr) {
+      TORCH_CHECK(delta->sizes() == x->sizes() && delta->is_contiguous() &&
+                      delta->scalar_type() == x->scalar_type() && delta->device() == x->device(),
+                  "delta must be contiguous and of x's shape, dtype and device");
+    }
+    at::Tensor sum = delta != nullptr ? at::empty_like(*x) : at::Tensor();
+    at::Tensor out = at::empty_like(*x);
+    check_launch(ooze_launch_add_rms_norm(
+        bf16, x->data_ptr(), delta != nullptr ? delta->data_ptr() : nullptr, weight->data_ptr(),
+        static_cast<float>(eps), rows, static_cast<int>(n),
+        delta != nullptr ? sum.data_ptr() : nullptr, out.data_ptr(), stream()));
+    *sum_out = delta != nullptr ? new at::Tensor(sum) : nullptr;
+    *out_out = new at::Tensor(out);
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
 }
 
 // gate_up [rows, 2 · width] contiguous → silu(gate) · up [rows, width].

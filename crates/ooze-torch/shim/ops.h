@@ -11,9 +11,13 @@
 
 extern "C" {
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* cells,
-                           const void* cos, const void* signed_sin, void* q_out,
-                           void* k_cache, void* v_cache, int rows, int heads, int kv_heads,
-                           int dim, cudaStream_t stream);
+                           const void* cos, const void* signed_sin, const void* q_norm,
+                           const void* k_norm, float eps, void* q_out, void* k_cache,
+                           void* v_cache, int rows, int heads, int kv_heads, int dim,
+                           cudaStream_t stream);
+int ooze_launch_add_rms_norm(int bf16, const void* x, const void* delta, const void* weight,
+                             float eps, int64_t rows, int n, void* sum, void* out,
+                             cudaStream_t stream);
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream);
 int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,

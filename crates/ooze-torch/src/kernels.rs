@@ -4,8 +4,9 @@
 //! several kernels each. Built when the nvcc wheel is present
 //! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
 //!
-//! - [`rope_store`]: rotary embedding of q and k, q returned, k and v written into their cells of
-//!   the paged KV memory.
+//! - [`rope_store`]: rotary embedding of q and k (after Qwen3's q/k norms when given), q
+//!   returned, k and v written into their cells of the paged KV memory.
+//! - [`add_rms_norm`]: the residual add and the RMSNorm after it, in ATen's arithmetic.
 //! - [`silu_mul`]: `silu(gate) · up` of a fused gate/up projection.
 //! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
 //!   intermediates.
@@ -93,7 +94,13 @@ pub struct RopeStore<'a> {
     pub heads: i64,
     pub kv_heads: i64,
     pub head_dim: i64,
+    /// Qwen3's per-head RMSNorm weights of q and k `[head_dim]` and its epsilon, applied before
+    /// the rotation in ATen's arithmetic (head sizes in [`QK_NORM_HEAD_DIMS`]).
+    pub qk_norm: Option<(&'a Tensor, &'a Tensor, f64)>,
 }
+
+/// The head sizes [`rope_store`] normalises q and k for itself.
+pub const QK_NORM_HEAD_DIMS: [i64; 4] = [32, 64, 128, 256];
 
 #[cfg(ooze_cuda_kernels)]
 mod ffi {
@@ -105,17 +112,29 @@ mod ffi {
 
     extern "C" {
         pub fn ooze_ops_last_error() -> *const c_char;
+        pub fn ooze_grad_enabled() -> i32;
         pub fn ooze_rope_store(
             qkv: *const CTensor,
             cells: *const CTensor,
             cos: *const CTensor,
             sin: *const CTensor,
+            q_norm: *const CTensor,
+            k_norm: *const CTensor,
+            eps: f64,
             k_cache: *mut CTensor,
             v_cache: *mut CTensor,
             heads: i64,
             kv_heads: i64,
             dim: i64,
         ) -> *mut CTensor;
+        pub fn ooze_add_rms_norm(
+            x: *const CTensor,
+            delta: *const CTensor,
+            weight: *const CTensor,
+            eps: f64,
+            sum: *mut *mut CTensor,
+            out: *mut *mut CTensor,
+        ) -> i32;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
         pub fn ooze_linear_log_prob(
             hidden: *const CTensor,
@@ -231,6 +250,11 @@ pub fn rope_store(
                 cells.as_ptr().cast(),
                 args.cos.as_ptr().cast(),
                 args.signed_sin.as_ptr().cast(),
+                args.qk_norm
+                    .map_or(std::ptr::null(), |n| n.0.as_ptr().cast()),
+                args.qk_norm
+                    .map_or(std::ptr::null(), |n| n.1.as_ptr().cast()),
+                args.qk_norm.map_or(0.0, |n| n.2),
                 k_cache.as_mut_ptr().cast(),
                 v_cache.as_mut_ptr().cast(),
                 args.heads,
@@ -239,6 +263,59 @@ pub fn rope_store(
             )
         };
         ffi::result("rope_store", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Whether autograd records operations on this thread (libtorch's grad mode): a kernel without a
+/// backward may only stand in for ATen when it is off or no input requires a gradient.
+pub fn grad_enabled() -> bool {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: reads a thread-local flag.
+        unsafe { ffi::ooze_grad_enabled() != 0 }
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    true
+}
+
+/// The residual add and the RMSNorm after it, in one kernel: for contiguous `x [rows, n]` (CUDA,
+/// bf16 or fp32, `n` a multiple of 4), `delta` like it or `None`, and `weight [n]`, returns
+/// `(sum, normed)` with `sum = x + delta` (`None` without delta) and `normed` the RMSNorm of `sum`
+/// (or of `x`) times `weight`. The bits are ATen's `x + delta` followed by `at::rms_norm`, what
+/// the trainer's forward computes (`shim/rms_norm.cuh`). No backward: decode and scoring only.
+#[allow(unused_variables)]
+pub fn add_rms_norm(
+    x: &Tensor,
+    delta: Option<&Tensor>,
+    weight: &Tensor,
+    eps: f64,
+) -> Result<(Option<Tensor>, Tensor), KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        let (mut sum, mut out) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: live tensors in; on success the shim hands over one or two heap-allocated
+        // tensors (sum only with a delta).
+        let code = unsafe {
+            ffi::ooze_add_rms_norm(
+                x.as_ptr().cast(),
+                delta.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+                weight.as_ptr().cast(),
+                eps,
+                &mut sum,
+                &mut out,
+            )
+        };
+        if code != 0 {
+            return Err(ffi::result("add_rms_norm", std::ptr::null_mut())
+                .expect_err("a null result is an error"));
+        }
+        let sum = match delta {
+            Some(_) => Some(ffi::result("add_rms_norm", sum)?),
+            None => None,
+        };
+        Ok((sum, ffi::result("add_rms_norm", out)?))
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

@@ -503,6 +503,102 @@ fn gpu_kernels_match_libtorch_ops() {
     eprintln!("kernels on vs off: max |log-prob diff| {worst:.2e}");
 }
 
+/// The residual add with its RMSNorm (`add_rms_norm`) and rope_store's Qwen3 q/k norms give
+/// ATen's bits: `x + delta` then `at::rms_norm`, the trainer's forward, for the real models' row
+/// sizes and odd ones, bf16 and fp32.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_fused_norms_equal_aten() {
+    require_gpu();
+    use ooze_torch::kernels::{self, RopeStore};
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let eps = 1e-6;
+    let differing =
+        |a: &Tensor, b: &Tensor| i64::try_from(a.ne_tensor(b).sum(Kind::Int64)).unwrap();
+    for kind in [Kind::BFloat16, Kind::Float] {
+        for n in [12i64, 64, 128, 896, 1536, 2560, 3584, 4096, 5120, 8192] {
+            for rows in [1i64, 7, 256] {
+                let x = Tensor::randn([rows, n], (kind, dev)) * 4.0;
+                let delta = Tensor::randn([rows, n], (kind, dev)) * 0.5;
+                let w = Tensor::randn([n], (kind, dev)) * 0.2 + 1.0;
+                let (sum, out) = kernels::add_rms_norm(&x, Some(&delta), &w, eps).unwrap();
+                let want_sum = &x + &delta;
+                let want = want_sum.rms_norm([n].as_slice(), Some(&w), eps);
+                let sum = sum.expect("a delta gives a sum");
+                assert_eq!(differing(&sum, &want_sum), 0, "{kind:?} {rows}x{n}: sum");
+                assert_eq!(differing(&out, &want), 0, "{kind:?} {rows}x{n}: add + norm");
+                let (none, alone) = kernels::add_rms_norm(&x, None, &w, eps).unwrap();
+                assert!(none.is_none());
+                let want = x.rms_norm([n].as_slice(), Some(&w), eps);
+                assert_eq!(
+                    differing(&alone, &want),
+                    0,
+                    "{kind:?} {rows}x{n}: norm alone"
+                );
+            }
+        }
+    }
+    let x = Tensor::randn([3, 10], (Kind::BFloat16, dev));
+    let w = Tensor::ones([10], (Kind::BFloat16, dev));
+    let refused = kernels::add_rms_norm(&x, None, &w, eps)
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("multiple of 4"), "{refused}");
+
+    for (kind, heads, kv_heads, dim) in [
+        (Kind::BFloat16, 32, 8, 128),
+        (Kind::BFloat16, 14, 2, 64),
+        (Kind::BFloat16, 8, 2, 256),
+        (Kind::BFloat16, 4, 2, 32),
+        (Kind::Float, 16, 8, 128),
+    ] {
+        let rows = 37i64;
+        let qkv = Tensor::randn([rows, (heads + 2 * kv_heads) * dim], (kind, dev)) * 3.0;
+        let q_norm = Tensor::randn([dim], (kind, dev)) * 0.3 + 1.0;
+        let k_norm = Tensor::randn([dim], (kind, dev)) * 0.3 + 1.0;
+        let cos = Tensor::randn([rows, dim], (kind, dev));
+        let sin = Tensor::randn([rows, dim], (kind, dev));
+        let cells = Tensor::arange(rows, (Kind::Int64, dev)) * 3;
+        let cache = || Tensor::zeros([rows * 3 / 16 + 1, 16, kv_heads, dim], (kind, dev));
+        let args = |qk_norm| RopeStore {
+            cos: &cos,
+            signed_sin: &sin,
+            heads,
+            kv_heads,
+            head_dim: dim,
+            qk_norm,
+        };
+        let (mut k1, mut v1) = (cache(), cache());
+        let q1 = kernels::rope_store(
+            &qkv,
+            &cells,
+            &mut k1,
+            &mut v1,
+            &args(Some((&q_norm, &k_norm, eps))),
+        )
+        .unwrap();
+        // ATen's norms on the q and k heads, then the rotation alone.
+        let part = |from: i64, n: i64| qkv.narrow(1, from * dim, n * dim).reshape([rows, n, dim]);
+        let q = part(0, heads).rms_norm([dim].as_slice(), Some(&q_norm), eps);
+        let k = part(heads, kv_heads).rms_norm([dim].as_slice(), Some(&k_norm), eps);
+        let normed = Tensor::cat(
+            &[
+                q.view([rows, -1]),
+                k.view([rows, -1]),
+                qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim),
+            ],
+            1,
+        );
+        let (mut k2, mut v2) = (cache(), cache());
+        let q2 = kernels::rope_store(&normed, &cells, &mut k2, &mut v2, &args(None)).unwrap();
+        let shape = format!("{kind:?} {heads}/{kv_heads} x {dim}");
+        assert_eq!(differing(&q1, &q2), 0, "{shape}: q");
+        assert_eq!(differing(&k1, &k2), 0, "{shape}: k");
+        assert_eq!(differing(&v1, &v2), 0, "{shape}: v");
+    }
+}
+
 /// The paged decode attention kernels (both arithmetics) against attention written out in fp32,
 /// for key counts around the tile (16), split (256) and FlashAttention block (64/128) boundaries,
 /// two head sizes and grouped queries.

@@ -92,11 +92,13 @@ impl Decoder {
                     cos.view([b, c.head_dim]),
                     sin.view([b, c.head_dim]),
                 );
-                // Qwen3's q/k norms as training runs them (ATen's rms_norm, their own
-                // operation), before the rotary kernel.
-                let rows = match (&l.q_norm, &l.k_norm) {
-                    (Some(qn), Some(kn)) => self.normed_qk_rows(&rows, qn, kn, b),
-                    _ => rows,
+                // Qwen3's q/k norms in ATen's arithmetic (the trainer's): inside the rotary
+                // kernel where it takes the head size, else as ATen's own rms_norm before it.
+                let fused_norm = kernels::QK_NORM_HEAD_DIMS.contains(&c.head_dim);
+                let (rows, qk_norm) = match (&l.q_norm, &l.k_norm) {
+                    (Some(qn), Some(kn)) if fused_norm => (rows, Some((qn, kn, c.rms_norm_eps))),
+                    (Some(qn), Some(kn)) => (self.normed_qk_rows(&rows, qn, kn, b), None),
+                    _ => (rows, None),
                 };
                 let args = RopeStore {
                     cos: &cos,
@@ -104,6 +106,7 @@ impl Decoder {
                     heads: c.num_heads,
                     kv_heads: c.num_kv_heads,
                     head_dim: c.head_dim,
+                    qk_norm,
                 };
                 let q = kernels::rope_store(
                     &rows,
