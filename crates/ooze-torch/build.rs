@@ -93,6 +93,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/attention.cu");
     println!("cargo:rerun-if-changed=shim/fa_order_attention.cu");
     println!("cargo:rerun-if-changed=shim/rms_norm.cu");
+    println!("cargo:rerun-if-changed=shim/sample.cu");
     println!("cargo:rerun-if-changed=shim/rms_norm.cuh");
     println!("cargo:rerun-if-changed=shim/attention_common.cuh");
     println!("cargo:rerun-if-changed=shim/common.cuh");
@@ -107,6 +108,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .file("shim/attention.cu")
         .file("shim/fa_order_attention.cu")
         .file("shim/rms_norm.cu")
+        .file("shim/sample.cu")
         .include(cuda.join("include"))
         .debug(false)
         .opt_level(3)

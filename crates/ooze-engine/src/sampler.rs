@@ -67,8 +67,9 @@ impl PendingDraws {
 /// [`draw`] without waiting: the kernels are queued and their results start on their way to the
 /// host. Every upload is non-blocking, so the host returns without waiting for the GPU.
 pub fn draw_async(logits: &Tensor, rows: &[RowSampling<'_>]) -> PendingDraws {
-    let both = draw_tokens(logits, rows);
-    if kernels::deterministic() && logits.device().is_cuda() && kernels::available() {
+    let (both, fused) = draw_tokens(logits, rows);
+    // The sampling kernel's log-probs already are the trainer's.
+    if kernels::deterministic() && !fused && logits.device().is_cuda() && kernels::available() {
         trainer_log_probs(logits, rows, &both);
     }
     PendingDraws {
@@ -107,11 +108,12 @@ fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], both: &Tensor) {
     }
 }
 
-/// Each row's token and its log-prob, `[2, B]` float64 on the logits' device.
-fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
+/// Each row's token and its log-prob, `[2, B]` float64 on the logits' device, and whether the
+/// sampling kernel drew them.
+fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> (Tensor, bool) {
     let device = logits.device();
     if device.is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain) {
-        return draw_fused(logits, rows);
+        return (draw_fused(logits, rows), true);
     }
     let (b, vocab) = logits.size2().expect("invariant: logits are [B, V]");
     let on = |v: Vec<f32>| upload(&v, device);
@@ -148,7 +150,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     }
     let any_greedy = rows.iter().any(|r| r.params.is_greedy());
     if rows.iter().all(|r| r.params.is_greedy()) {
-        return finish(&log_probs, masked.argmax(-1, false));
+        return (finish(&log_probs, masked.argmax(-1, false)), false);
     }
     // The distribution is exp(log_probs) with banned tokens zeroed (the inverse CDF below scales by
     // the total, so no renormalisation): the same arithmetic for a row whatever its neighbours ban.
@@ -216,7 +218,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
         sampled = truncated.where_self(&upload(&truncates, device), &sampled);
     }
     if !any_greedy {
-        return finish(&log_probs, sampled);
+        return (finish(&log_probs, sampled), false);
     }
     let greedy_tokens = masked.argmax(-1, false);
     let is_greedy = upload(
@@ -228,7 +230,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     );
     let tokens = greedy_tokens.where_self(&is_greedy, &sampled);
     debug_assert_eq!(tokens.size(), [b]);
-    finish(&log_probs, tokens)
+    (finish(&log_probs, tokens), false)
 }
 
 impl RowSampling<'_> {
@@ -241,12 +243,13 @@ impl RowSampling<'_> {
 
 /// [`draw`] for greedy and plain rows on a GPU: ooze's sampling kernel, one block per row, the
 /// same definitions (log-prob of `logits / T`, inverse CDF in vocabulary order with the row's
-/// uniform), one upload of the settings and one download of the results.
+/// uniform), one upload of the settings and one download of the results. The log-probs are the
+/// trainer's kernel's, bitwise: the kernel scales by `1/T` as the trainer does.
 fn draw_fused(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     let greedy = |r: &RowSampling<'_>| r.params.is_greedy();
     let mut params: Vec<f32> = rows
         .iter()
-        .map(|r| r.params.log_prob_temperature() as f32)
+        .map(|r| (1.0 / r.params.log_prob_temperature()) as f32)
         .collect();
     params.extend(rows.iter().map(|r| if greedy(r) { 1.0 } else { 0.0 }));
     params.extend(rows.iter().map(|r| uniform(r.seed, r.step) as f32));

@@ -470,8 +470,11 @@ impl Decoder {
         attention: Attention<'_>,
     ) -> Tensor {
         let x = self.embed(input_ids);
-        let x = self.run_layers(x, 0..self.layers.len(), positions, attention);
-        self.final_norm(&x)
+        let (x, last) = self.run_blocks(x, 0..self.layers.len(), positions, attention);
+        match last {
+            Some(delta) => add_rms_norm(&x, &delta, &self.norm, self.config.rms_norm_eps).1,
+            None => self.final_norm(&x),
+        }
     }
 
     /// The token embeddings `[B, T, hidden]` of `input_ids [B, T]`.
@@ -488,25 +491,40 @@ impl Decoder {
         self.layers.len()
     }
 
-    // Residual adds stay out of place (`x = x + …`): an in-place add would overwrite a tensor that
-    // autograd saved for the backward pass of the norm before it.
-    #[allow(clippy::assign_op_pattern)]
     /// Runs blocks `layers` on the residual stream `x [B, T, hidden]` (the embeddings, or the
     /// output of the blocks before): what activation recomputation replays one block at a time.
     pub fn run_layers(
+        &self,
+        x: Tensor,
+        layers: std::ops::Range<usize>,
+        positions: &Tensor,
+        attention: Attention<'_>,
+    ) -> Tensor {
+        // Out of place (not `+=`): an in-place add would overwrite a tensor that autograd saved
+        // for the backward pass of the norm before it.
+        match self.run_blocks(x, layers, positions, attention) {
+            (x, Some(delta)) => x + delta,
+            (x, None) => x,
+        }
+    }
+
+    /// [`Decoder::run_layers`] without the last block's residual add: the residual stream and
+    /// the output of the last block's MLP still to be added to it (`None` for no blocks), so the
+    /// add can run with the norm that follows it.
+    fn run_blocks(
         &self,
         mut x: Tensor,
         layers: std::ops::Range<usize>,
         positions: &Tensor,
         attention: Attention<'_>,
-    ) -> Tensor {
+    ) -> (Tensor, Option<Tensor>) {
         let c = &self.config;
         let size = x.size();
         let (b, t) = (size[0], size[1]);
         let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
         let (plan, mut target) = self.plan_attention(attention, &x, t);
-        // Each block's last residual add waits for the next block's first norm, so the two run as
-        // one kernel where they can (add_rms_norm).
+        // Each block's last residual add waits for the next block's first norm (or the caller's
+        // final norm), so the two run as one kernel where they can (add_rms_norm).
         let mut pending: Option<Tensor> = None;
         for (i, l) in self
             .layers
@@ -535,13 +553,10 @@ impl Decoder {
             let gated = silu_mul(&gate_up, c.intermediate_size);
             pending = Some(linear(&gated, &l.down.0, l.down.1.as_ref()));
         }
-        if let Some(delta) = pending {
-            x = x + delta;
-        }
         if let (KvTarget::Contiguous(cache), true) = (target, layers.end == self.layers.len()) {
             cache.len += t;
         }
-        x
+        (x, pending)
     }
 
     fn rope_kernel_fits(&self) -> bool {

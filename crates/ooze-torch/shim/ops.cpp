@@ -298,7 +298,7 @@ at::Tensor* ooze_silu_mul(const at::Tensor* gate_up) {
   });
 }
 
-// logits [rows, vocab] float32 (unit last stride), params [3, rows] float32 (temperature, greedy
+// logits [rows, vocab] float32 (unit last stride), params [3, rows] float32 (1/temperature, greedy
 // flag, uniform) → [2, rows] float64 (token, log-prob).
 at::Tensor* ooze_sample(const at::Tensor* logits, const at::Tensor* params) {
   return guarded([&] {

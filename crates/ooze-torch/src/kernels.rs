@@ -47,11 +47,11 @@ pub fn set_enabled(on: bool) {
 /// Deterministic numerics (`rollout.deterministic`): the engine's decode and the trainer's forward
 /// compute every token with the same kernels in the same reduction order — split attention in
 /// training too, and log-probs from the trainer's kernel — so a sampled token's log-prob equals
-/// the trainer's bitwise, for any batch. (Both modes run GEMMs without split-K, residual adds
-/// after the product is rounded and q/k norms as their own operation; the default mode's decode
-/// reproduces FlashAttention-2's arithmetic instead, which leaves the sampler's log-softmax as the
-/// only difference.) Process-wide. Needs the kernels (a CUDA build) to mean anything: callers
-/// check [`deterministic_supported`].
+/// the trainer's bitwise, for any batch and row length. (Both modes run GEMMs without split-K,
+/// residual adds after the product is rounded, norms and the sampler's log-sum-exp in the
+/// trainer's arithmetic; the default mode's decode reproduces FlashAttention-2's arithmetic
+/// instead, which is bitwise for rows of up to 4,096 keys and close past them.) Process-wide.
+/// Needs the kernels (a CUDA build) to mean anything: callers check [`deterministic_supported`].
 pub fn set_deterministic(on: bool) -> Result<(), crate::cuda_graph::GraphError> {
     use crate::cuda_graph::{set_gemm_reduction, GemmReduction};
     if on {
@@ -336,10 +336,12 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor, KernelError> {
 }
 
 /// One token per row of fp32 `logits [rows, vocab]`: `params [3, rows]` (fp32, same device) holds
-/// each row's temperature (1 for greedy), greedy flag (0 or 1) and uniform number in [0, 1).
-/// Returns `[2, rows]` float64: the tokens, then their log-probs `log_softmax(logits / T)`.
-/// Sampled rows take the inverse CDF in vocabulary order; each row's arithmetic is fixed, so its
-/// token does not depend on the other rows.
+/// each row's inverse temperature `1/T` (1 for greedy; computed as [`log_probs`] is given it:
+/// `(1.0 / T) as f32`), greedy flag (0 or 1) and uniform number in [0, 1). Returns `[2, rows]`
+/// float64: the tokens, then their log-probs `log_softmax(logits · 1/T)`, bitwise those of
+/// [`log_probs`] and [`linear_log_prob`] for the same logits (one arithmetic for the row's
+/// log-sum-exp). Sampled rows take the inverse CDF in vocabulary order; each row's arithmetic is
+/// fixed, so its token does not depend on the other rows.
 #[allow(unused_variables)]
 pub fn sample(logits: &Tensor, params: &Tensor) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]

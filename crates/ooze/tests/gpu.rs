@@ -503,6 +503,62 @@ fn gpu_kernels_match_libtorch_ops() {
     eprintln!("kernels on vs off: max |log-prob diff| {worst:.2e}");
 }
 
+/// The sampling kernel's log-probs are the trainer's log-prob kernel's, bitwise, for the same fp32
+/// logits: greedy and sampled rows, temperatures other than 1, a vocabulary that is not a multiple
+/// of 4, and rows that do not start 16-byte aligned.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_sampler_log_probs_equal_trainer_kernel() {
+    require_gpu();
+    use ooze_engine::sampler::{draw, RowSampling};
+    use ooze_engine::SamplingParams;
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    for (vocab, offset) in [(151_936i64, 0i64), (32_001, 0), (151_936, 1)] {
+        let wide = Tensor::randn([64, vocab + 1], (Kind::Float, Device::Cuda(0))) * 3.0;
+        let logits = wide.narrow(1, offset, vocab);
+        let temperatures = [0.0, 0.7, 1.0, 1.3];
+        let settings: Vec<ooze_engine::Sampling> = (0..64)
+            .map(|i| {
+                SamplingParams {
+                    temperature: Some(temperatures[i % 4]),
+                    ..Default::default()
+                }
+                .validate()
+                .unwrap()
+            })
+            .collect();
+        let rows: Vec<RowSampling<'_>> = settings
+            .iter()
+            .enumerate()
+            .map(|(i, params)| RowSampling {
+                params,
+                seed: 5 + i as u64,
+                step: 11,
+                banned: &[],
+            })
+            .collect();
+        let draws = draw(&logits, &rows);
+        for (i, (d, row)) in draws.iter().zip(&rows).enumerate() {
+            assert!(
+                i64::from(d.token) < vocab,
+                "vocab {vocab}, offset {offset}, row {i}: token {}",
+                d.token
+            );
+            let one = logits.narrow(0, i as i64, 1).contiguous();
+            let token = Tensor::from_slice(&[d.token as i64]).to_device(Device::Cuda(0));
+            let want = kernels::log_probs(&one, &token, row.params.log_prob_temperature()).unwrap();
+            let want = f32::try_from(want.squeeze()).unwrap();
+            assert_eq!(
+                d.log_prob.to_bits(),
+                want.to_bits(),
+                "vocab {vocab}, offset {offset}, row {i}: sampler {} vs trainer kernel {want}",
+                d.log_prob
+            );
+        }
+    }
+}
+
 /// The residual add with its RMSNorm (`add_rms_norm`) and rope_store's Qwen3 q/k norms give
 /// ATen's bits: `x + delta` then `at::rms_norm`, the trainer's forward, for the real models' row
 /// sizes and odd ones, bf16 and fp32.

@@ -1,0 +1,341 @@
+// The engine's sampler and the trainer's log-prob kernels over fp32 logits, one block of
+// SAMPLE_THREADS threads per row. Both compute the row's log-sum-exp with one arithmetic
+// (row_moments: groups of four logits, the same threads, the same merges), so the log-prob the
+// engine reports for a sampled token equals, bitwise, the one the trainer computes from the same
+// logits.
+//
+// - log_prob_forward / log_prob_backward: log_softmax(logits · inv_temp) at the targets, the
+//   log-sum-exp and the entropy, and the gradient (the LM head's fused log-prob in training).
+// - sample: per row, the greedy token (first maximum) or the inverse-CDF token of the row's
+//   uniform in vocabulary order, and its log-prob.
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int SAMPLE_THREADS = 1024;
+constexpr int SAMPLE_WARPS = SAMPLE_THREADS / 32;
+
+struct Moments {
+  float max, sum, weighted;  // running max m, Σ e^{x−m}, Σ e^{x−m}·x
+};
+
+__device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.f, 0.f};
+  const float ea = expf(a.max - m), eb = expf(b.max - m);
+  // Written as the fused multiply-adds they compile to, so every caller gets the same bits.
+  return {m, __fmaf_rn(a.sum, ea, __fmul_rn(b.sum, eb)),
+          __fmaf_rn(a.weighted, ea, __fmul_rn(b.weighted, eb))};
+}
+
+// Four scaled logits merged into the running moments: one local max, then one merge.
+__device__ __forceinline__ Moments add_group(Moments acc, float a, float b, float c, float d) {
+  const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
+  const float ea = expf(a - m), eb = expf(b - m), ec = expf(c - m), ed = expf(d - m);
+  return merge_moments(acc, Moments{m, ea + eb + ec + ed, ea * a + eb * b + ec * c + ed * d});
+}
+
+__device__ __forceinline__ Moments shfl_moments(Moments m, int offset) {
+  return {__shfl_xor_sync(0xffffffffu, m.max, offset),
+          __shfl_xor_sync(0xffffffffu, m.sum, offset),
+          __shfl_xor_sync(0xffffffffu, m.weighted, offset)};
+}
+
+// The block's moments from each thread's: within warps, then across the warps' (in warp 0);
+// every thread gets the result.
+__device__ Moments block_moments(Moments acc) {
+  for (int offset = 16; offset > 0; offset >>= 1) acc = merge_moments(acc, shfl_moments(acc, offset));
+  __shared__ Moments s_part[SAMPLE_WARPS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) s_part[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = s_part[lane];
+    for (int offset = 16; offset > 0; offset >>= 1) acc = merge_moments(acc, shfl_moments(acc, offset));
+    if (lane == 0) s_part[0] = acc;
+  }
+  __syncthreads();
+  return s_part[0];
+}
+
+// log_softmax at one logit, from the row's log-sum-exp.
+__device__ __forceinline__ float log_prob_of(float logit, float inv_temp, float lse) {
+  return __fsub_rn(__fmul_rn(logit, inv_temp), lse);
+}
+
+// Logits 4i … 4i + 3 of a row: one 16-byte read where the row starts 16-byte aligned.
+__device__ __forceinline__ float4 group_of(const float* x, int i, bool aligned) {
+  return aligned ? reinterpret_cast<const float4*>(x)[i]
+                 : make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+}
+
+// Per row of fp32 logits [rows, vocab] (x = logits · inv_temp): the log-prob of the target,
+// logsumexp and entropy (lse − E[x]), no full-vocabulary output; optionally the logits rounded
+// to bf16 for the backward. `aligned`: rows start 16-byte aligned (the arithmetic is the same
+// either way).
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    log_prob_forward_kernel(const float* __restrict__ logits, int vocab,
+                            const int64_t* __restrict__ targets, float inv_temp, bool aligned,
+                            float* __restrict__ log_prob, float* __restrict__ lse_out,
+                            float* __restrict__ entropy, __nv_bfloat16* __restrict__ logits_bf16) {
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const float* x = logits + static_cast<int64_t>(row) * vocab;
+  Moments acc{-INFINITY, 0.f, 0.f};
+  if (vocab % 4 == 0) {
+    __nv_bfloat16* keep =
+        logits_bf16 ? logits_bf16 + static_cast<int64_t>(row) * vocab : nullptr;
+    for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
+      const float4 q = group_of(x, i, aligned);
+      if (keep) {
+        Pair<__nv_bfloat16>::store(keep + 4 * i, make_float2(q.x, q.y));
+        Pair<__nv_bfloat16>::store(keep + 4 * i + 2, make_float2(q.z, q.w));
+      }
+      acc = add_group(acc, q.x * inv_temp, q.y * inv_temp, q.z * inv_temp, q.w * inv_temp);
+    }
+  } else {
+    for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+      if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(x[i]);
+      const float v = x[i] * inv_temp;
+      acc = merge_moments(acc, Moments{v, 1.f, v});
+    }
+  }
+  acc = block_moments(acc);
+  if (tid == 0) {
+    const float lse = acc.max + logf(acc.sum);
+    lse_out[row] = lse;
+    log_prob[row] = log_prob_of(x[targets[row]], inv_temp, lse);
+    entropy[row] = lse - acc.weighted / acc.sum;
+  }
+}
+
+// d logits = g · inv_temp · (onehot(target) − softmax(x)), written in T (the matmul's dtype).
+template <typename TIn, typename T>
+__global__ void log_prob_backward_kernel(const TIn* __restrict__ logits, int vocab,
+                                         const int64_t* __restrict__ targets,
+                                         const float* __restrict__ lse,
+                                         const float* __restrict__ grad, float inv_temp,
+                                         T* __restrict__ out) {
+  const int row = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(row) * vocab;
+  const float g = grad[row] * inv_temp, l = lse[row];
+  const int64_t target = targets[row];
+  if (vocab % 4 == 0) {
+    for (int i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const int j = 4 * i;
+      const float2 lo = Pair<TIn>::load(logits + base + j), hi = Pair<TIn>::load(logits + base + j + 2);
+      const float4 q = make_float4(lo.x, lo.y, hi.x, hi.y);
+      const float d0 = g * ((j == target ? 1.f : 0.f) - expf(q.x * inv_temp - l));
+      const float d1 = g * ((j + 1 == target ? 1.f : 0.f) - expf(q.y * inv_temp - l));
+      const float d2 = g * ((j + 2 == target ? 1.f : 0.f) - expf(q.z * inv_temp - l));
+      const float d3 = g * ((j + 3 == target ? 1.f : 0.f) - expf(q.w * inv_temp - l));
+      Pair<T>::store(out + base + j, make_float2(d0, d1));
+      Pair<T>::store(out + base + j + 2, make_float2(d2, d3));
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float p = expf(to_float(logits[base + i]) * inv_temp - l);
+    out[base + i] = from_float<T>(g * ((i == target ? 1.f : 0.f) - p));
+  }
+}
+
+struct ArgMax {
+  float value;
+  int index;
+};
+
+__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) {
+  // The first index wins ties (PyTorch's argmax); NaN never wins.
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// The block's first maximum; every thread gets it.
+__device__ ArgMax block_argmax(ArgMax am) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    am = better(am, ArgMax{__shfl_xor_sync(0xffffffffu, am.value, offset),
+                           __shfl_xor_sync(0xffffffffu, am.index, offset)});
+  }
+  __shared__ ArgMax s_best[SAMPLE_WARPS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) s_best[warp] = am;
+  __syncthreads();
+  if (warp == 0) {
+    am = s_best[lane];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      am = better(am, ArgMax{__shfl_xor_sync(0xffffffffu, am.value, offset),
+                             __shfl_xor_sync(0xffffffffu, am.index, offset)});
+    }
+    if (lane == 0) s_best[0] = am;
+  }
+  __syncthreads();
+  return s_best[0];
+}
+
+// e^{x·inv_temp − max}, rounded the same way wherever the inverse CDF needs it.
+__device__ __forceinline__ float weight_of(float logit, float inv_temp, float max) {
+  return expf(__fsub_rn(__fmul_rn(logit, inv_temp), max));
+}
+
+// One block per row. params is [3, rows]: inv_temp (1/T, as the trainer scales; 1 for greedy),
+// greedy flag (0/1), uniform u in [0, 1). out is [2, rows] (double): the token, then its log-prob
+// log_softmax(logits · inv_temp), equal to log_prob_forward_kernel's for the same row. `aligned`:
+// rows start 16-byte aligned (float4 reads; the arithmetic is the same either way).
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_kernel(const float* __restrict__ logits, int64_t stride, int vocab,
+                  const float* __restrict__ params, int rows, bool aligned,
+                  double* __restrict__ out) {
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float* x = logits + row * stride;
+  const float inv_temp = params[row];
+  const bool greedy = params[rows + row] != 0.f;
+  const float u = params[2 * rows + row];
+
+  // Pass 1: the log-sum-exp as the trainer's kernel computes it, and the first maximum.
+  Moments acc{-INFINITY, 0.f, 0.f};
+  ArgMax am{-INFINITY, vocab};
+  if (vocab % 4 == 0) {
+    for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
+      const float4 q = group_of(x, i, aligned);
+      const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp, d = q.w * inv_temp;
+      acc = add_group(acc, a, b, c, d);
+      am = better(am, ArgMax{a, 4 * i});
+      am = better(am, ArgMax{b, 4 * i + 1});
+      am = better(am, ArgMax{c, 4 * i + 2});
+      am = better(am, ArgMax{d, 4 * i + 3});
+    }
+  } else {
+    for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+      const float v = x[i] * inv_temp;
+      acc = merge_moments(acc, Moments{v, 1.f, v});
+      am = better(am, ArgMax{v, i});
+    }
+  }
+  acc = block_moments(acc);
+  am = block_argmax(am);
+  const float max = acc.max;
+  const float lse = acc.max + logf(acc.sum);
+  __shared__ int s_token;
+  if (tid == 0) s_token = greedy ? min(am.index, vocab - 1) : -1;
+  if (!greedy) {
+    // Pass 2: inverse CDF in vocabulary order. Warp w owns the w-th of 32 contiguous segments
+    // (reads coalesced across its lanes); a scan of the segments' sums finds the one holding
+    // u · total, and that warp walks it 32 tokens at a time.
+    const int segment = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
+    const int begin = min(warp * segment, vocab), end = min(begin + segment, vocab);
+    float part = 0.f;
+    for (int i = begin + lane; i < end; i += 32) part += weight_of(x[i], inv_temp, max);
+    part = warp_sum(part);
+    __shared__ float s_upto[SAMPLE_WARPS];  // inclusive prefix of the segments' sums
+    if (lane == 0) s_upto[warp] = part;
+    __syncthreads();
+    if (warp == 0) {
+      float w = s_upto[lane];
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, w, offset);
+        if (lane >= offset) w += y;
+      }
+      s_upto[lane] = w;
+    }
+    __syncthreads();
+    const float target = u * s_upto[SAMPLE_WARPS - 1];
+    int owner = SAMPLE_WARPS;
+    for (int w = 0; w < SAMPLE_WARPS; ++w) {
+      if (s_upto[w] > target) {
+        owner = w;
+        break;
+      }
+    }
+    if (warp == owner) {
+      float running = owner == 0 ? 0.f : s_upto[owner - 1];
+      int pick = -1;  // the crossing token, else the segment's last token with any mass
+      for (int base = begin; base < end; base += 32) {
+        const int i = base + lane;
+        const float p = i < end ? weight_of(x[i], inv_temp, max) : 0.f;
+        float incl = p;
+        for (int offset = 1; offset < 32; offset <<= 1) {
+          const float y = __shfl_up_sync(0xffffffffu, incl, offset);
+          if (lane >= offset) incl += y;
+        }
+        const unsigned crossed = __ballot_sync(0xffffffffu, running + incl > target);
+        const unsigned mass = __ballot_sync(0xffffffffu, p > 0.f);
+        if (crossed != 0u) {
+          // The crossing token has mass unless the scan's rounding says otherwise: then the last
+          // token before it that has.
+          const unsigned upto = mass & ((2u << (__ffs(crossed) - 1)) - 1u);
+          if (upto != 0u) pick = base + 31 - __clz(upto);
+          break;
+        }
+        if (mass != 0u) pick = base + 31 - __clz(mass);
+        running += __shfl_sync(0xffffffffu, incl, 31);
+      }
+      if (lane == 0 && pick >= 0) s_token = pick;
+    }
+    __syncthreads();
+    // Rounding left no segment owning the target (u·total at the very end): the last token with
+    // any mass, as PyTorch's clamped searchsorted would give.
+    if (s_token < 0 && tid == 0) {
+      int pick = am.index;
+      for (int i = vocab - 1; i >= 0; --i) {
+        if (weight_of(x[i], inv_temp, max) > 0.f) {
+          pick = i;
+          break;
+        }
+      }
+      s_token = pick;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const int token = s_token;
+    out[row] = static_cast<double>(token);
+    out[rows + row] = static_cast<double>(log_prob_of(x[token], inv_temp, lse));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
+                                 const int64_t* targets, float inv_temp, float* log_prob,
+                                 float* lse, float* entropy, void* logits_bf16,
+                                 cudaStream_t stream) {
+  const bool aligned = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  log_prob_forward_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(
+      logits, vocab, targets, inv_temp, aligned, log_prob, lse, entropy,
+      static_cast<__nv_bfloat16*>(logits_bf16));
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16, int rows,
+                                  int vocab, const int64_t* targets, const float* lse,
+                                  const float* grad, float inv_temp, void* out,
+                                  cudaStream_t stream) {
+  using B = __nv_bfloat16;
+  if (logits_bf16) {
+    log_prob_backward_kernel<B, B><<<rows, 1024, 0, stream>>>(
+        static_cast<const B*>(logits), vocab, targets, lse, grad, inv_temp, static_cast<B*>(out));
+  } else if (bf16) {
+    log_prob_backward_kernel<float, B><<<rows, 1024, 0, stream>>>(
+        static_cast<const float*>(logits), vocab, targets, lse, grad, inv_temp,
+        static_cast<B*>(out));
+  } else {
+    log_prob_backward_kernel<float, float><<<rows, 1024, 0, stream>>>(
+        static_cast<const float*>(logits), vocab, targets, lse, grad, inv_temp,
+        static_cast<float*>(out));
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,
+                       int rows, double* out, cudaStream_t stream) {
+  const bool aligned = stride % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  sample_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(logits, stride, vocab, params, rows,
+                                                     aligned, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"
