@@ -68,6 +68,20 @@ fn split(fused: &Projection, rows: &[i64]) -> Vec<Projection> {
 }
 
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    let k = x.size().last().copied().unwrap_or(0);
+    if x.numel() as i64 == k && x.device().is_cuda() && !x.requires_grad() {
+        // One row goes through as two: cuBLAS takes another path for a single row, whose sums
+        // differ in the last bits from the same row's in a batch (the trainer's); measured on the
+        // 0.5B shape's down projection. A decode step of one sequence is such a product.
+        let mut shape = x.size();
+        let last = shape.len() - 1;
+        shape[last] = weight.size()[0];
+        let twice = x.reshape([1, k]).expand([2, k], false).contiguous();
+        return twice
+            .linear(weight, bias)
+            .narrow(0, 0, 1)
+            .reshape(shape.as_slice());
+    }
     x.linear(weight, bias)
 }
 

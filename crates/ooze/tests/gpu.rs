@@ -503,6 +503,60 @@ fn gpu_kernels_match_libtorch_ops() {
     eprintln!("kernels on vs off: max |log-prob diff| {worst:.2e}");
 }
 
+/// What the engine's decode relies on for its projections: with GEMMs that do not split K (set
+/// when a decoder loads on a GPU), a product of 2–256 rows gives each row the bits it gets in a
+/// batch of 4,096 (the trainer's products), with and without a bias; a single row does so when
+/// it goes through as two (one row alone takes cuBLAS's one-row path, which sums differently for
+/// some shapes).
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_projection_rows_equal_batch_rows() {
+    require_gpu();
+    use ooze_torch::cuda_graph::{set_gemm_reduction, GemmReduction};
+    use ooze_torch::tch::Tensor;
+    set_gemm_reduction(GemmReduction::NoSplit).unwrap();
+    let dev = Device::Cuda(0);
+    let shapes = [
+        (1152i64, 896i64, true),
+        (896, 896, false),
+        (9728, 896, false),
+        (896, 4864, false),
+        (6144, 2560, false),
+        (2560, 4096, false),
+        (2560, 9728, false),
+        (4608, 3584, true),
+    ];
+    let mut alone_differs = Vec::new();
+    for (n, k, with_bias) in shapes {
+        let w = Tensor::randn([n, k], (Kind::BFloat16, dev)) * 0.05;
+        let bias = with_bias.then(|| Tensor::randn([n], (Kind::BFloat16, dev)));
+        let batch = Tensor::randn([4096, k], (Kind::BFloat16, dev));
+        let trained = batch.linear(&w, bias.as_ref());
+        for m in [2i64, 3, 5, 64, 128, 256] {
+            let y = batch.narrow(0, 0, m).contiguous().linear(&w, bias.as_ref());
+            assert!(
+                y.equal(&trained.narrow(0, 0, m)),
+                "{m} x {k} -> {n} (bias {with_bias}) differs from the rows in a batch"
+            );
+        }
+        let row = batch.narrow(0, 0, 1);
+        let twice = row.expand([2, k], false).contiguous();
+        let y = twice.linear(&w, bias.as_ref()).narrow(0, 0, 1);
+        assert!(
+            y.equal(&trained.narrow(0, 0, 1)),
+            "one row as two, {k} -> {n}: differs from the row in a batch"
+        );
+        if !row
+            .contiguous()
+            .linear(&w, bias.as_ref())
+            .equal(&trained.narrow(0, 0, 1))
+        {
+            alone_differs.push(format!("{k} -> {n}"));
+        }
+    }
+    eprintln!("one row alone differs from its batch row for: {alone_differs:?}");
+}
+
 /// The sampling kernel's log-probs are the trainer's log-prob kernel's, bitwise, for the same fp32
 /// logits: greedy and sampled rows, temperatures other than 1, a vocabulary that is not a multiple
 /// of 4, and rows that do not start 16-byte aligned.
