@@ -14,6 +14,38 @@
 
 namespace {
 
+// The (row, head) a rope_store warp works on, over the q, k and v heads of the fused projection's
+// rows, its source and its KV cell (block · block size + offset, times kv_heads).
+template <typename T>
+struct HeadSlot {
+  int row, head;
+  int64_t cell;
+  const T* src;  // null when nothing is left for the warp
+};
+
+// This warp's HeadSlot. A v head is copied into its cell here (and gets a null source, as does a
+// warp past the end).
+template <typename T>
+__device__ __forceinline__ HeadSlot<T> rope_store_head(const T* __restrict__ qkv,
+                                                       int64_t qkv_stride,
+                                                       const int64_t* __restrict__ cells,
+                                                       T* __restrict__ v_cache, int rows,
+                                                       int heads, int kv_heads, int dim) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_row = heads + 2 * kv_heads;
+  if (warp >= rows * per_row) return {0, 0, 0, nullptr};
+  const int row = warp / per_row, head = warp % per_row;
+  const T* src = qkv + row * qkv_stride + head * dim;
+  const int64_t cell = cells[row] * kv_heads;
+  if (head >= heads + kv_heads) {
+    T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
+    for (int i = lane; i < dim; i += 32) dst[i] = src[i];
+    return {row, head, cell, nullptr};
+  }
+  return {row, head, cell, src};
+}
+
 // One warp per (row, head) over the q, k and v heads of a fused projection row. Lane l handles the
 // rotation pairs (i, i + D/2) for i = l, l + 32, … (D ≤ 256). The rotation reads the same cos/sin
 // tables as rope_kernel and rotates with the same arithmetic, so decode and training agree.
@@ -23,19 +55,10 @@ __global__ void rope_store_kernel(const T* __restrict__ qkv, int64_t qkv_stride,
                                   const T* __restrict__ signed_sin, T* __restrict__ q_out,
                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int rows,
                                   int heads, int kv_heads, int dim) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  const int per_row = heads + 2 * kv_heads;
-  if (warp >= rows * per_row) return;
-  const int row = warp / per_row;
-  const int head = warp % per_row;
-  const T* src = qkv + row * qkv_stride + head * dim;
-  const int64_t cell = cells[row] * kv_heads;
-  if (head >= heads + kv_heads) {
-    T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
-    for (int i = lane; i < dim; i += 32) dst[i] = src[i];
-    return;
-  }
+  const auto [row, head, cell, src] =
+      rope_store_head(qkv, qkv_stride, cells, v_cache, rows, heads, kv_heads, dim);
+  if (src == nullptr) return;
   const int half = dim / 2;
   float x1[4], x2[4];
   int n = 0;
@@ -69,19 +92,10 @@ __global__ void rope_norm_store_kernel(const T* __restrict__ qkv, int64_t qkv_st
                                        float eps, T* __restrict__ q_out, T* __restrict__ k_cache,
                                        T* __restrict__ v_cache, int rows, int heads, int kv_heads,
                                        int dim) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  const int per_row = heads + 2 * kv_heads;
-  if (warp >= rows * per_row) return;
-  const int row = warp / per_row;
-  const int head = warp % per_row;
-  const T* src = qkv + row * qkv_stride + head * dim;
-  const int64_t cell = cells[row] * kv_heads;
-  if (head >= heads + kv_heads) {
-    T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
-    for (int i = lane; i < dim; i += 32) dst[i] = src[i];
-    return;
-  }
+  const auto [row, head, cell, src] =
+      rope_store_head(qkv, qkv_stride, cells, v_cache, rows, heads, kv_heads, dim);
+  if (src == nullptr) return;
   const bool wide = dim == 256;
   const bool active = 4 * lane < dim;
   float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};

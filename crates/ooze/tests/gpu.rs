@@ -16,6 +16,38 @@ fn require_gpu() {
     );
 }
 
+/// Plain sampling settings for `n` rows, cycling through greedy and temperatures 0.7, 1 and 1.3.
+fn temperature_settings(n: usize) -> Vec<ooze_engine::Sampling> {
+    (0..n)
+        .map(|i| {
+            ooze_engine::SamplingParams {
+                temperature: Some([0.0, 0.7, 1.0, 1.3][i % 4]),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap()
+        })
+        .collect()
+}
+
+/// One row per setting, seeded `seed + i`, at decode step `step`, nothing banned.
+fn seeded_rows(
+    settings: &[ooze_engine::Sampling],
+    seed: u64,
+    step: u64,
+) -> Vec<ooze_engine::sampler::RowSampling<'_>> {
+    settings
+        .iter()
+        .enumerate()
+        .map(|(i, params)| ooze_engine::sampler::RowSampling {
+            params,
+            seed: seed + i as u64,
+            step,
+            banned: &[],
+        })
+        .collect()
+}
+
 fn sequences(vocab: i64) -> Vec<Vec<u32>> {
     (0..6)
         .map(|i| {
@@ -405,7 +437,7 @@ fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_kernels_match_libtorch_ops() {
     require_gpu();
-    use ooze_engine::sampler::{draw, RowSampling};
+    use ooze_engine::sampler::draw;
     use ooze_engine::{start, EngineConfig, SamplingParams};
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
@@ -417,26 +449,8 @@ fn gpu_kernels_match_libtorch_ops() {
     assert!(fused.equal(&reference), "silu_mul differs from silu * mul");
 
     let logits = Tensor::randn([64, 151_936], (Kind::Float, Device::Cuda(0))) * 3.0;
-    let settings: Vec<ooze_engine::Sampling> = (0..64)
-        .map(|i| {
-            SamplingParams {
-                temperature: Some([0.0, 0.7, 1.0, 1.3][i % 4]),
-                ..Default::default()
-            }
-            .validate()
-            .unwrap()
-        })
-        .collect();
-    let rows: Vec<RowSampling<'_>> = settings
-        .iter()
-        .enumerate()
-        .map(|(i, params)| RowSampling {
-            params,
-            seed: 17 + i as u64,
-            step: 3,
-            banned: &[],
-        })
-        .collect();
+    let settings = temperature_settings(64);
+    let rows = seeded_rows(&settings, 17, 3);
     let with = draw(&logits, &rows);
     kernels::set_enabled(false);
     let without = draw(&logits, &rows);
@@ -564,34 +578,14 @@ fn gpu_projection_rows_equal_batch_rows() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_sampler_log_probs_equal_trainer_kernel() {
     require_gpu();
-    use ooze_engine::sampler::{draw, RowSampling};
-    use ooze_engine::SamplingParams;
+    use ooze_engine::sampler::draw;
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
     for (vocab, offset) in [(151_936i64, 0i64), (32_001, 0), (151_936, 1)] {
         let wide = Tensor::randn([64, vocab + 1], (Kind::Float, Device::Cuda(0))) * 3.0;
         let logits = wide.narrow(1, offset, vocab);
-        let temperatures = [0.0, 0.7, 1.0, 1.3];
-        let settings: Vec<ooze_engine::Sampling> = (0..64)
-            .map(|i| {
-                SamplingParams {
-                    temperature: Some(temperatures[i % 4]),
-                    ..Default::default()
-                }
-                .validate()
-                .unwrap()
-            })
-            .collect();
-        let rows: Vec<RowSampling<'_>> = settings
-            .iter()
-            .enumerate()
-            .map(|(i, params)| RowSampling {
-                params,
-                seed: 5 + i as u64,
-                step: 11,
-                banned: &[],
-            })
-            .collect();
+        let settings = temperature_settings(64);
+        let rows = seeded_rows(&settings, 5, 11);
         let draws = draw(&logits, &rows);
         for (i, (d, row)) in draws.iter().zip(&rows).enumerate() {
             assert!(
