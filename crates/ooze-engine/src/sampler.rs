@@ -67,9 +67,13 @@ impl PendingDraws {
 /// [`draw`] without waiting: the kernels are queued and their results start on their way to the
 /// host. Every upload is non-blocking, so the host returns without waiting for the GPU.
 pub fn draw_async(logits: &Tensor, rows: &[RowSampling<'_>]) -> PendingDraws {
-    let (both, fused) = draw_tokens(logits, rows);
+    let both = draw_tokens(logits, rows);
     // The sampling kernel's log-probs already are the trainer's.
-    if kernels::deterministic() && !fused && logits.device().is_cuda() && kernels::available() {
+    if kernels::deterministic()
+        && !sampling_kernel_draws(logits, rows)
+        && logits.device().is_cuda()
+        && kernels::available()
+    {
         trainer_log_probs(logits, rows, &both);
     }
     PendingDraws {
@@ -108,12 +112,16 @@ fn trainer_log_probs(logits: &Tensor, rows: &[RowSampling<'_>], both: &Tensor) {
     }
 }
 
-/// Each row's token and its log-prob, `[2, B]` float64 on the logits' device, and whether the
-/// sampling kernel drew them.
-fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> (Tensor, bool) {
+/// Whether [`draw_tokens`] draws these rows with ooze's sampling kernel ([`draw_fused`]).
+fn sampling_kernel_draws(logits: &Tensor, rows: &[RowSampling<'_>]) -> bool {
+    logits.device().is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain)
+}
+
+/// Each row's token and its log-prob, `[2, B]` float64 on the logits' device.
+fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> Tensor {
     let device = logits.device();
-    if device.is_cuda() && kernels::available() && rows.iter().all(RowSampling::is_plain) {
-        return (draw_fused(logits, rows), true);
+    if sampling_kernel_draws(logits, rows) {
+        return draw_fused(logits, rows);
     }
     let (b, vocab) = logits.size2().expect("invariant: logits are [B, V]");
     let on = |v: Vec<f32>| upload(&v, device);
@@ -150,7 +158,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> (Tensor, bool) {
     }
     let any_greedy = rows.iter().any(|r| r.params.is_greedy());
     if rows.iter().all(|r| r.params.is_greedy()) {
-        return (finish(&log_probs, masked.argmax(-1, false)), false);
+        return finish(&log_probs, masked.argmax(-1, false));
     }
     // The distribution is exp(log_probs) with banned tokens zeroed (the inverse CDF below scales by
     // the total, so no renormalisation): the same arithmetic for a row whatever its neighbours ban.
@@ -218,7 +226,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> (Tensor, bool) {
         sampled = truncated.where_self(&upload(&truncates, device), &sampled);
     }
     if !any_greedy {
-        return (finish(&log_probs, sampled), false);
+        return finish(&log_probs, sampled);
     }
     let greedy_tokens = masked.argmax(-1, false);
     let is_greedy = upload(
@@ -230,7 +238,7 @@ fn draw_tokens(logits: &Tensor, rows: &[RowSampling<'_>]) -> (Tensor, bool) {
     );
     let tokens = greedy_tokens.where_self(&is_greedy, &sampled);
     debug_assert_eq!(tokens.size(), [b]);
-    (finish(&log_probs, tokens), false)
+    finish(&log_probs, tokens)
 }
 
 impl RowSampling<'_> {

@@ -68,21 +68,27 @@ fn split(fused: &Projection, rows: &[i64]) -> Vec<Projection> {
 }
 
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
-    let k = x.size().last().copied().unwrap_or(0);
-    if x.numel() as i64 == k && x.device().is_cuda() && !x.requires_grad() {
-        // One row goes through as two: cuBLAS takes another path for a single row, whose sums
-        // differ in the last bits from the same row's in a batch (the trainer's); measured on the
-        // 0.5B shape's down projection. A decode step of one sequence is such a product.
-        let mut shape = x.size();
-        let last = shape.len() - 1;
-        shape[last] = weight.size()[0];
-        let twice = x.reshape([1, k]).expand([2, k], false).contiguous();
-        return twice
-            .linear(weight, bias)
-            .narrow(0, 0, 1)
-            .reshape(shape.as_slice());
+    if x.device().is_cuda() && !x.requires_grad() {
+        return as_two_rows(x, |rows| rows.linear(weight, bias));
     }
     x.linear(weight, bias)
+}
+
+/// `product(x)` for a GPU product over the rows of `x [.., k]`, with a single row run as two (the
+/// row twice): cuBLAS takes another path for one row, whose sums differ in the last bits from the
+/// same row's in a batch, the trainer's (measured on the 0.5B shape's down projection and on the
+/// LM head). A decode step of one sequence is such a product.
+fn as_two_rows(x: &Tensor, product: impl Fn(&Tensor) -> Tensor) -> Tensor {
+    let size = x.size();
+    let k = size[size.len() - 1];
+    if x.numel() as i64 != k {
+        return product(x);
+    }
+    let y = product(&x.reshape([1, k]).expand([2, k], false).contiguous()).narrow(0, 0, 1);
+    let mut shape = size;
+    let last = shape.len() - 1;
+    shape[last] = y.size()[1];
+    y.reshape(shape.as_slice())
 }
 
 /// `x + delta` (the residual stream and a block's output, the product rounded before the add: a
@@ -92,8 +98,7 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
 /// runs ATen's add and rms_norm.
 fn add_rms_norm(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f64) -> (Tensor, Tensor) {
     let fused = kernels_apply(x)
-        && !(kernels::grad_enabled()
-            && (x.requires_grad() || delta.requires_grad() || weight.requires_grad()))
+        && !(kernels::grad_enabled() && (delta.requires_grad() || weight.requires_grad()))
         && x.is_contiguous()
         && delta.is_contiguous()
         && delta.size() == x.size()
@@ -103,9 +108,8 @@ fn add_rms_norm(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f64) -> (Tenso
     if fused {
         let n = weight.size()[0];
         let (sum, normed) =
-            kernels::add_rms_norm(&x.view([-1, n]), Some(&delta.view([-1, n])), weight, eps)
+            kernels::add_rms_norm(&x.view([-1, n]), &delta.view([-1, n]), weight, eps)
                 .expect("invariant: contiguous rows of a multiple of 4 are valid for add_rms_norm");
-        let sum = sum.expect("invariant: a delta gives a sum");
         return (sum.view_as(x), normed.view_as(x));
     }
     let sum = x + delta;
@@ -609,16 +613,9 @@ impl Decoder {
             && matches!(self.kind, Kind::BFloat16 | Kind::Half)
             && !hidden.requires_grad()
         {
-            // One row goes through as two: cuBLAS takes another path for a single row, whose sums
-            // differ in the last bits from the same row's in a batch (and from the trainer's).
-            if hidden.size()[0] == 1 {
-                let twice = hidden.expand([2, hidden.size()[1]], false).contiguous();
-                twice
-                    .mm_dtype(&self.head_weight().tr(), Kind::Float)
-                    .narrow(0, 0, 1)
-            } else {
-                hidden.mm_dtype(&self.head_weight().tr(), Kind::Float)
-            }
+            as_two_rows(hidden, |rows| {
+                rows.mm_dtype(&self.head_weight().tr(), Kind::Float)
+            })
         } else if self.kind == Kind::Double {
             // fp64 models (gradient checks) keep their precision.
             self.logits(hidden)

@@ -231,7 +231,7 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
       TORCH_CHECK(dim == 32 || dim == 64 || dim == 128 || dim == 256,
                   "fused q/k norms take head sizes 32, 64, 128 or 256, got ", dim);
       TORCH_CHECK(qkv->stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(qkv->data_ptr()) % 16 == 0,
-                  "fused q/k norms read qkv rows in groups of 4: rows must start 4-aligned");
+                  "fused q/k norms read qkv in groups of 4: rows must start 16-byte aligned");
       for (const at::Tensor* t : {q_norm, k_norm}) {
         TORCH_CHECK(t->is_contiguous() && t->numel() == dim && t->scalar_type() == qkv->scalar_type(),
                     "q_norm and k_norm must be contiguous [head_dim] of qkv's dtype");
@@ -249,13 +249,12 @@ at::Tensor* ooze_rope_store(const at::Tensor* qkv, const at::Tensor* cells,
   });
 }
 
-// x [rows, n] contiguous, delta null or like x, weight [n] of x's dtype, n a multiple of 4 →
-// (sum, out): sum = x + delta (undefined without delta), out = rms_norm(sum or x) · weight, with
-// ATen's arithmetic for both (rms_norm.cu). Writes the two tensors' pointers to sum_out / out_out;
-// returns 0, or -1 with the message in ooze_ops_last_error.
-int ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta, const at::Tensor* weight,
-                      double eps, at::Tensor** sum_out, at::Tensor** out_out) {
-  try {
+// x [rows, n] contiguous, delta like x, weight [n] of x's dtype, n a multiple of 4 → the RMSNorm
+// of sum = x + delta times weight, with ATen's arithmetic for both (rms_norm.cu); sum itself goes
+// to *sum_out.
+at::Tensor* ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta,
+                              const at::Tensor* weight, double eps, at::Tensor** sum_out) {
+  return guarded([&] {
     check_cuda(*x, "x");
     c10::cuda::CUDAGuard guard(x->device());
     const bool bf16 = is_bf16(*x);
@@ -265,24 +264,17 @@ int ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta, const at::Te
     TORCH_CHECK(weight->is_contiguous() && weight->numel() == n &&
                     weight->scalar_type() == x->scalar_type() && weight->device() == x->device(),
                 "weight must be contiguous [n] of x's dtype and device");
-    if (delta != nullptr) {
-      TORCH_CHECK(delta->sizes() == x->sizes() && delta->is_contiguous() &&
-                      delta->scalar_type() == x->scalar_type() && delta->device() == x->device(),
-                  "delta must be contiguous and of x's shape, dtype and device");
-    }
-    at::Tensor sum = delta != nullptr ? at::empty_like(*x) : at::Tensor();
-    at::Tensor out = at::empty_like(*x);
-    check_launch(ooze_launch_add_rms_norm(
-        bf16, x->data_ptr(), delta != nullptr ? delta->data_ptr() : nullptr, weight->data_ptr(),
-        static_cast<float>(eps), rows, static_cast<int>(n),
-        delta != nullptr ? sum.data_ptr() : nullptr, out.data_ptr(), stream()));
-    *sum_out = delta != nullptr ? new at::Tensor(sum) : nullptr;
-    *out_out = new at::Tensor(out);
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return -1;
-  }
+    TORCH_CHECK(delta->sizes() == x->sizes() && delta->is_contiguous() &&
+                    delta->scalar_type() == x->scalar_type() && delta->device() == x->device(),
+                "delta must be contiguous and of x's shape, dtype and device");
+    at::Tensor sum = at::empty_like(*x), out = at::empty_like(*x);
+    check_launch(ooze_launch_add_rms_norm(bf16, x->data_ptr(), delta->data_ptr(),
+                                          weight->data_ptr(), static_cast<float>(eps), rows,
+                                          static_cast<int>(n), sum.data_ptr(), out.data_ptr(),
+                                          stream()));
+    *sum_out = new at::Tensor(sum);
+    return out;
+  });
 }
 
 // gate_up [rows, 2 · width] contiguous → silu(gate) · up [rows, width].

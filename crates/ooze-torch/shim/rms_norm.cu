@@ -1,14 +1,14 @@
 // The residual add and the RMSNorm after it in one kernel: sum = x + delta (rounded to the stored
 // type, as ATen's add rounds it), then the RMSNorm of sum in ATen's arithmetic (rms_norm.cuh).
-// A decode step runs it twice a block instead of an add and a norm; without delta it is the
-// norm alone. Bits equal ATen's add followed by at::rms_norm (the trainer's forward).
+// A decode step runs it twice a block instead of an add and a norm. Bits equal ATen's add
+// followed by at::rms_norm (the trainer's forward).
 
 #include "rms_norm.cuh"
 
 namespace {
 
 // One block of RMS_THREADS threads per row; n a multiple of 4; rows of x, delta, sum and out are
-// `n` apart. delta and sum are null for the norm alone.
+// `n` apart.
 template <typename T>
 __global__ void __launch_bounds__(RMS_THREADS)
     add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ delta,
@@ -18,15 +18,12 @@ __global__ void __launch_bounds__(RMS_THREADS)
   const int groups = n / 4;
   float acc = 0.f;
   for (int g = threadIdx.x; g < groups; g += RMS_THREADS) {
-    float v[4];
+    float v[4], d[4];
     Quad<T>::load(x + base + 4 * g, v);
-    if (delta != nullptr) {
-      float d[4];
-      Quad<T>::load(delta + base + 4 * g, d);
+    Quad<T>::load(delta + base + 4 * g, d);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = stored<T>(__fadd_rn(v[j], d[j]));
-      Quad<T>::store(sum + base + 4 * g, v);
-    }
+    for (int j = 0; j < 4; ++j) v[j] = stored<T>(__fadd_rn(v[j], d[j]));
+    Quad<T>::store(sum + base + 4 * g, v);
     acc = add_squares(acc, v);
   }
   __shared__ float warp_sums[RMS_THREADS / 32];
@@ -41,11 +38,10 @@ __global__ void __launch_bounds__(RMS_THREADS)
   }
   __syncthreads();
   const float r = factor;
-  const T* normed = delta != nullptr ? sum : x;
   for (int g = threadIdx.x; g < groups; g += RMS_THREADS) {
     // Each thread reads back only what it wrote itself.
     float v[4], w[4];
-    Quad<T>::load(normed + base + 4 * g, v);
+    Quad<T>::load(sum + base + 4 * g, v);
     Quad<T>::load(weight + 4 * g, w);
 #pragma unroll
     for (int j = 0; j < 4; ++j) v[j] = rms_scale(v[j], r, w[j]);

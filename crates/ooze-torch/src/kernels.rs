@@ -1,5 +1,5 @@
-//! ooze's own CUDA kernels (`shim/kernels.cu`, `shim/attention.cu`, `shim/fa_order_attention.cu`;
-//! entry points in
+//! ooze's own CUDA kernels (`shim/kernels.cu`, `attention.cu`, `fa_order_attention.cu`,
+//! `rms_norm.cu`, `sample.cu`; entry points in
 //! `shim/ops.cpp` and `shim/attention_ops.cpp`): steps of a decode step that libtorch would run as
 //! several kernels each. Built when the nvcc wheel is present
 //! ([`available`]); callers keep the libtorch path for everything else (CPU, other dtypes, autograd).
@@ -94,9 +94,17 @@ pub struct RopeStore<'a> {
     pub heads: i64,
     pub kv_heads: i64,
     pub head_dim: i64,
-    /// Qwen3's per-head RMSNorm weights of q and k `[head_dim]` and its epsilon, applied before
-    /// the rotation in ATen's arithmetic (head sizes in [`QK_NORM_HEAD_DIMS`]).
-    pub qk_norm: Option<(&'a Tensor, &'a Tensor, f64)>,
+    /// Qwen3's per-head q/k norms, applied before the rotation in ATen's arithmetic (head sizes
+    /// in [`QK_NORM_HEAD_DIMS`]).
+    pub qk_norm: Option<QkNorm<'a>>,
+}
+
+/// Per-head RMSNorm weights of q and k `[head_dim]`, and the norm's epsilon.
+#[derive(Clone, Copy)]
+pub struct QkNorm<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub eps: f64,
 }
 
 /// The head sizes [`rope_store`] normalises q and k for itself.
@@ -133,8 +141,7 @@ mod ffi {
             weight: *const CTensor,
             eps: f64,
             sum: *mut *mut CTensor,
-            out: *mut *mut CTensor,
-        ) -> i32;
+        ) -> *mut CTensor;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
         pub fn ooze_linear_log_prob(
             hidden: *const CTensor,
@@ -230,8 +237,8 @@ mod ffi {
 /// last stride) by the rows' rotary tables ([`RopeStore::cos`]; the same arithmetic as [`rope`]),
 /// writes k and v into `k_cache` / `v_cache [blocks,
 /// block_size, kv_heads, head_dim]` at the flat cell `cells[r]` (block · block_size + offset), and
-/// returns q `[rows, heads, head_dim]`. Qwen3's q/k norms run before it, as their own operation
-/// (the trainer's).
+/// returns q `[rows, heads, head_dim]`. With [`RopeStore::qk_norm`], each q and k head is
+/// RMS-normalised first (Qwen3), with ATen's `rms_norm` bits.
 #[allow(unused_variables)]
 pub fn rope_store(
     qkv: &Tensor,
@@ -251,10 +258,10 @@ pub fn rope_store(
                 args.cos.as_ptr().cast(),
                 args.signed_sin.as_ptr().cast(),
                 args.qk_norm
-                    .map_or(std::ptr::null(), |n| n.0.as_ptr().cast()),
+                    .map_or(std::ptr::null(), |n| n.q.as_ptr().cast()),
                 args.qk_norm
-                    .map_or(std::ptr::null(), |n| n.1.as_ptr().cast()),
-                args.qk_norm.map_or(0.0, |n| n.2),
+                    .map_or(std::ptr::null(), |n| n.k.as_ptr().cast()),
+                args.qk_norm.map_or(0.0, |n| n.eps),
                 k_cache.as_mut_ptr().cast(),
                 v_cache.as_mut_ptr().cast(),
                 args.heads,
@@ -281,41 +288,33 @@ pub fn grad_enabled() -> bool {
 }
 
 /// The residual add and the RMSNorm after it, in one kernel: for contiguous `x [rows, n]` (CUDA,
-/// bf16 or fp32, `n` a multiple of 4), `delta` like it or `None`, and `weight [n]`, returns
-/// `(sum, normed)` with `sum = x + delta` (`None` without delta) and `normed` the RMSNorm of `sum`
-/// (or of `x`) times `weight`. The bits are ATen's `x + delta` followed by `at::rms_norm`, what
-/// the trainer's forward computes (`shim/rms_norm.cuh`). No backward: decode and scoring only.
+/// bf16 or fp32, `n` a multiple of 4), `delta` like it and `weight [n]`, returns `(sum, normed)`
+/// with `sum = x + delta` and `normed` the RMSNorm of `sum` times `weight`. The bits are ATen's
+/// `x + delta` followed by `at::rms_norm`, what the trainer's forward computes
+/// (`shim/rms_norm.cuh`). No backward: decode and scoring only.
 #[allow(unused_variables)]
 pub fn add_rms_norm(
     x: &Tensor,
-    delta: Option<&Tensor>,
+    delta: &Tensor,
     weight: &Tensor,
     eps: f64,
-) -> Result<(Option<Tensor>, Tensor), KernelError> {
+) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
-        let (mut sum, mut out) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: live tensors in; on success the shim hands over one or two heap-allocated
-        // tensors (sum only with a delta).
-        let code = unsafe {
+        let mut sum = std::ptr::null_mut();
+        // SAFETY: live tensors in; on success the shim hands over two heap-allocated tensors,
+        // the sum through `sum` and the normed rows as the result.
+        let normed = unsafe {
             ffi::ooze_add_rms_norm(
                 x.as_ptr().cast(),
-                delta.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+                delta.as_ptr().cast(),
                 weight.as_ptr().cast(),
                 eps,
                 &mut sum,
-                &mut out,
             )
         };
-        if code != 0 {
-            return Err(ffi::result("add_rms_norm", std::ptr::null_mut())
-                .expect_err("a null result is an error"));
-        }
-        let sum = match delta {
-            Some(_) => Some(ffi::result("add_rms_norm", sum)?),
-            None => None,
-        };
-        Ok((sum, ffi::result("add_rms_norm", out)?))
+        let normed = ffi::result("add_rms_norm", normed)?;
+        Ok((ffi::result("add_rms_norm", sum)?, normed))
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

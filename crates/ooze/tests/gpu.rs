@@ -626,14 +626,13 @@ fn gpu_fused_norms_equal_aten() {
                 let x = Tensor::randn([rows, n], (kind, dev)) * 4.0;
                 let delta = Tensor::randn([rows, n], (kind, dev)) * 0.5;
                 let w = Tensor::randn([n], (kind, dev)) * 0.2 + 1.0;
-                let (sum, out) = kernels::add_rms_norm(&x, Some(&delta), &w, eps).unwrap();
+                let (sum, out) = kernels::add_rms_norm(&x, &delta, &w, eps).unwrap();
                 let want_sum = &x + &delta;
                 let want = want_sum.rms_norm([n].as_slice(), Some(&w), eps);
-                let sum = sum.expect("a delta gives a sum");
                 assert_eq!(differing(&sum, &want_sum), 0, "{kind:?} {rows}x{n}: sum");
                 assert_eq!(differing(&out, &want), 0, "{kind:?} {rows}x{n}: add + norm");
-                let (none, alone) = kernels::add_rms_norm(&x, None, &w, eps).unwrap();
-                assert!(none.is_none());
+                // A zero delta: the norm of x itself.
+                let (_, alone) = kernels::add_rms_norm(&x, &x.zeros_like(), &w, eps).unwrap();
                 let want = x.rms_norm([n].as_slice(), Some(&w), eps);
                 assert_eq!(
                     differing(&alone, &want),
@@ -645,7 +644,7 @@ fn gpu_fused_norms_equal_aten() {
     }
     let x = Tensor::randn([3, 10], (Kind::BFloat16, dev));
     let w = Tensor::ones([10], (Kind::BFloat16, dev));
-    let refused = kernels::add_rms_norm(&x, None, &w, eps)
+    let refused = kernels::add_rms_norm(&x, &x, &w, eps)
         .unwrap_err()
         .to_string();
     assert!(refused.contains("multiple of 4"), "{refused}");
@@ -679,7 +678,11 @@ fn gpu_fused_norms_equal_aten() {
             &cells,
             &mut k1,
             &mut v1,
-            &args(Some((&q_norm, &k_norm, eps))),
+            &args(Some(kernels::QkNorm {
+                q: &q_norm,
+                k: &k_norm,
+                eps,
+            })),
         )
         .unwrap();
         // ATen's norms on the q and k heads, then the rotation alone.

@@ -96,7 +96,14 @@ impl Decoder {
                 // kernel where it takes the head size, else as ATen's own rms_norm before it.
                 let fused_norm = kernels::QK_NORM_HEAD_DIMS.contains(&c.head_dim);
                 let (rows, qk_norm) = match (&l.q_norm, &l.k_norm) {
-                    (Some(qn), Some(kn)) if fused_norm => (rows, Some((qn, kn, c.rms_norm_eps))),
+                    (Some(q), Some(k)) if fused_norm => (
+                        rows,
+                        Some(kernels::QkNorm {
+                            q,
+                            k,
+                            eps: c.rms_norm_eps,
+                        }),
+                    ),
                     (Some(qn), Some(kn)) => (self.normed_qk_rows(&rows, qn, kn, b), None),
                     _ => (rows, None),
                 };
