@@ -5,8 +5,9 @@
 //! kernels in that library's static initialisers, and no symbol of it is referenced, so the linker
 //! would drop it) and to record the directories as run paths.
 //!
-//! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/cuda_graph.cpp`, CUDA graphs)
-//! against the libtorch headers and CUDA's host headers from the nvidia wheels, and sets
+//! When that PyTorch has CUDA, it also compiles the C++ shim (`shim/cuda_graph.cpp`, CUDA graphs;
+//! `shim/profiler.cpp`, PyTorch's profiler) against the libtorch headers and CUDA's host headers
+//! from the nvidia wheels, and sets
 //! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
 //! kernels (`shim/kernels.cu` and `shim/attention.cu`, with their checked entry points in
 //! `shim/ops.cpp` and `shim/attention_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
@@ -58,9 +59,11 @@ fn compile_shim(lib: &Path) -> Result<(), String> {
         ));
     }
     println!("cargo:rerun-if-changed=shim/cuda_graph.cpp");
+    println!("cargo:rerun-if-changed=shim/profiler.cpp");
     cc::Build::new()
         .cpp(true)
         .file("shim/cuda_graph.cpp")
+        .file("shim/profiler.cpp")
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .include(&cuda_include)

@@ -27,10 +27,28 @@ mod plan;
 use ooze_torch::tch::{Device, Kind, Tensor};
 use std::path::Path;
 
+/// Norm widths from which training takes ooze's RMSNorm backward (the hidden size's norms; the
+/// per-head q/k norms of Qwen3 keep ATen's).
+const TRAINED_NORM_MIN_WIDTH: i64 = 256;
+
 /// RMSNorm as transformers computes it: normalise in fp32, cast back, then scale.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    let n = weight.size()[0];
+    // With gradients on a GPU in bf16: the same forward, ooze's one-pass backward.
+    if kernels_fit(x)
+        && x.kind() == Kind::BFloat16
+        && weight.kind() == Kind::BFloat16
+        && x.is_contiguous()
+        && n >= TRAINED_NORM_MIN_WIDTH
+        && kernels::rms_norm_trained_fits(n)
+        && kernels::grad_enabled()
+        && (x.requires_grad() || weight.requires_grad())
+    {
+        return kernels::rms_norm_trained(x, weight, eps)
+            .expect("invariant: contiguous bf16 rows of a fitting width are valid");
+    }
     // ATen's fused kernel: statistics in fp32, one pass; the same formula as transformers' module.
-    x.rms_norm([weight.size()[0]].as_slice(), Some(weight), eps)
+    x.rms_norm([n].as_slice(), Some(weight), eps)
 }
 
 /// A linear layer's weight and optional bias.

@@ -7,6 +7,8 @@
 //   paged KV memory.
 // - silu_mul: silu(gate) * up of the fused gate/up projection.
 // - rope and silu_mul's backward kernels, for training.
+// Elementwise kernels over bf16 rows whose widths allow it read and write eight elements at a time
+// (16-byte accesses): the arithmetic is the narrower kernels', so either gives the same bits.
 // Attention is in attention.cu and fa_order_attention.cu, the residual add with its RMSNorm in
 // rms_norm.cu, sampling and the LM head's log-probs in sample.cu.
 
@@ -177,6 +179,53 @@ __global__ void silu_mul_backward_pairs_kernel(const T* __restrict__ gate_up,
   Pair<T>::store(o + width + col, make_float2(g.x * x.x * s0, g.y * x.y * s1));
 }
 
+// silu_mul_pairs_kernel's arithmetic over eight columns per thread (bf16, width a multiple of 8,
+// 16-byte aligned rows): 16-byte loads and stores keep more bytes in flight per thread.
+__global__ void silu_mul_octets_kernel(const __nv_bfloat16* __restrict__ gate_up,
+                                       __nv_bfloat16* __restrict__ out, int64_t rows,
+                                       int64_t width) {
+  using T = __nv_bfloat16;
+  const int64_t per_row = width / 8, total = rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, col = (i - row * per_row) * 8;
+    const T* in = gate_up + row * 2 * width;
+    float g[8], u[8], o[8];
+    load8(in + col, g);
+    load8(in + width + col, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] = stored<T>(g[k] / (1.f + expf(-g[k]))) * u[k];
+    store8(out + row * width + col, o);
+  }
+}
+
+// silu_mul_backward_pairs_kernel's arithmetic over eight columns per thread (as above).
+__global__ void silu_mul_backward_octets_kernel(const __nv_bfloat16* __restrict__ gate_up,
+                                                const __nv_bfloat16* __restrict__ grad,
+                                                __nv_bfloat16* __restrict__ out, int64_t rows,
+                                                int64_t width) {
+  using T = __nv_bfloat16;
+  const int64_t per_row = width / 8, total = rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, col = (i - row * per_row) * 8;
+    const T* in = gate_up + row * 2 * width;
+    float x[8], u[8], g[8], d_gate[8], d_up[8];
+    load8(in + col, x);
+    load8(in + width + col, u);
+    load8(grad + row * width + col, g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float s = 1.f / (1.f + expf(-x[k]));
+      d_gate[k] = g[k] * u[k] * s * (1.f + x[k] * (1.f - s));
+      d_up[k] = g[k] * x[k] * s;
+    }
+    T* o = out + row * 2 * width;
+    store8(o + col, d_gate);
+    store8(o + width + col, d_up);
+  }
+}
+
 // Backward of silu(gate)·up: d_gate = g·up·σ(x)(1 + x(1 − σ(x))), d_up = g·silu(x), written into
 // one [rows, 2·width] gradient (gate half, then up half).
 template <typename T>
@@ -220,6 +269,35 @@ __global__ void rope_kernel(const T* __restrict__ x, int64_t stride, const T* __
     T* dst = out + token * out_stride + head * dim;
     dst[j] = from_float<T>(y1);
     dst[j + half] = from_float<T>(y2);
+  }
+}
+
+// rope_kernel over eight rotation pairs per thread (bf16; half the head size, both row strides
+// and the cos/sin rows multiples of 8; 16-byte aligned pointers): the same arithmetic with
+// 16-byte loads and stores.
+__global__ void rope_octets_kernel(const __nv_bfloat16* __restrict__ x, int64_t stride,
+                                   const __nv_bfloat16* __restrict__ cos,
+                                   const __nv_bfloat16* __restrict__ signed_sin,
+                                   __nv_bfloat16* __restrict__ out, int64_t out_stride,
+                                   int64_t tokens, int heads, int dim, float sign) {
+  const int half = dim / 2, per_head = half / 8;
+  const int64_t total = tokens * heads * per_head;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t token = i / (heads * per_head);
+    const int rest = static_cast<int>(i - token * heads * per_head);
+    const int head = rest / per_head, j = (rest % per_head) * 8;
+    const __nv_bfloat16* src = x + token * stride + head * dim;
+    float x1[8], x2[8], c[8], sn[8], y1[8], y2[8];
+    load8(src + j, x1);
+    load8(src + j + half, x2);
+    load8(cos + token * dim + j, c);
+    load8(signed_sin + token * dim + j + half, sn);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) rotate(x1[k], x2[k], c[k], sign * sn[k], y1[k], y2[k]);
+    __nv_bfloat16* dst = out + token * out_stride + head * dim;
+    store8(dst + j, y1);
+    store8(dst + j + half, y2);
   }
 }
 
@@ -275,6 +353,13 @@ int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const 
 
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream) {
+  if (bf16 && width % 8 == 0 && aligned16(gate_up) && aligned16(out)) {
+    const int threads = 256;
+    silu_mul_octets_kernel<<<grid_stride_blocks(rows * width / 8, threads), threads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(gate_up), static_cast<__nv_bfloat16*>(out), rows,
+        width);
+    return static_cast<int>(cudaGetLastError());
+  }
   if (width % 2 == 0 && rows <= 65535) {
     const dim3 grid(static_cast<unsigned>((width / 2 + 255) / 256), static_cast<unsigned>(rows));
     if (bf16) {
@@ -301,6 +386,14 @@ int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows,
 
 int ooze_launch_silu_mul_backward(int bf16, const void* gate_up, const void* grad, void* out,
                                   int64_t rows, int64_t width, cudaStream_t stream) {
+  if (bf16 && width % 8 == 0 && aligned16(gate_up) && aligned16(grad) && aligned16(out)) {
+    const int threads = 256;
+    silu_mul_backward_octets_kernel<<<grid_stride_blocks(rows * width / 8, threads), threads, 0,
+                                      stream>>>(static_cast<const __nv_bfloat16*>(gate_up),
+                                                static_cast<const __nv_bfloat16*>(grad),
+                                                static_cast<__nv_bfloat16*>(out), rows, width);
+    return static_cast<int>(cudaGetLastError());
+  }
   if (width % 2 == 0 && rows <= 65535) {
     const dim3 grid(static_cast<unsigned>((width / 2 + 255) / 256), static_cast<unsigned>(rows));
     if (bf16) {
@@ -333,6 +426,15 @@ int ooze_launch_rope(int bf16, const void* x, int64_t stride, const void* cos,
                      const void* signed_sin, void* out, int64_t out_stride, int64_t tokens,
                      int heads, int dim, float sign, cudaStream_t stream) {
   const int threads = 256;
+  if (bf16 && (dim / 2) % 8 == 0 && stride % 8 == 0 && out_stride % 8 == 0 && aligned16(x) &&
+      aligned16(cos) && aligned16(signed_sin) && aligned16(out)) {
+    using T = __nv_bfloat16;
+    rope_octets_kernel<<<grid_stride_blocks(tokens * heads * (dim / 16), threads), threads, 0,
+                         stream>>>(static_cast<const T*>(x), stride, static_cast<const T*>(cos),
+                                   static_cast<const T*>(signed_sin), static_cast<T*>(out),
+                                   out_stride, tokens, heads, dim, sign);
+    return static_cast<int>(cudaGetLastError());
+  }
   const int blocks = grid_stride_blocks(tokens * heads * (dim / 2), threads);
   if (bf16) {
     using T = __nv_bfloat16;

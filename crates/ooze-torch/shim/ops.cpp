@@ -64,6 +64,32 @@ struct SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
   }
 };
 
+// RMSNorm for training: the forward is ATen's own (at::rms_norm's kernel, so the same bits as
+// the engine's norms), the backward ooze's one-pass kernel (ATen's takes a kernel for the input's
+// gradient and a slower one for the weight's).
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& weight, double eps) {
+    auto [out, rstd] = at::_fused_rms_norm(x, {x.size(-1)}, weight, eps);
+    ctx->save_for_backward({x, weight, rstd});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const at::Tensor grad = grads[0].contiguous();
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    at::Tensor dx = at::empty_like(x), dw = at::empty_like(weight);
+    at::Tensor partial =
+        at::empty({ooze_rms_norm_backward_blocks(rows), n}, x.options().dtype(at::kFloat));
+    check_launch(ooze_launch_rms_norm_backward(
+        x.data_ptr(), grad.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(), rows,
+        static_cast<int>(n), dx.data_ptr(), dw.data_ptr(), partial.data_ptr<float>(), stream()));
+    return {dx, dw, at::Tensor()};
+  }
+};
+
 // The rotary embedding of the first `heads` heads of each row of x, with its backward (the
 // inverse rotation of the gradient, zero for the columns past those heads).
 struct RopeFunction : public torch::autograd::Function<RopeFunction> {
@@ -274,6 +300,23 @@ at::Tensor* ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta,
                                           stream()));
     *sum_out = new at::Tensor(sum);
     return out;
+  });
+}
+
+// RMSNorm of bf16 x [..., n] (contiguous) with weight [n]: ATen's forward, ooze's backward.
+// n a multiple of 8, at most 8192.
+at::Tensor* ooze_rms_norm_trained(const at::Tensor* x, const at::Tensor* weight, double eps) {
+  return guarded([&] {
+    check_cuda(*x, "x");
+    c10::cuda::CUDAGuard guard(x->device());
+    TORCH_CHECK(x->scalar_type() == at::kBFloat16 && x->is_contiguous() && x->dim() >= 1,
+                "x must be contiguous bfloat16 [..., n]");
+    const int64_t n = x->size(-1);
+    TORCH_CHECK(n % 8 == 0 && n <= 8192, "the norm's width must be a multiple of 8 up to 8192, got ", n);
+    TORCH_CHECK(weight->scalar_type() == at::kBFloat16 && weight->is_contiguous() &&
+                    weight->numel() == n && weight->device() == x->device(),
+                "weight must be contiguous bfloat16 [n] on x's device");
+    return RmsNormFunction::apply(*x, *weight, eps);
   });
 }
 

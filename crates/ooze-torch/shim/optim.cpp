@@ -24,8 +24,8 @@ extern "C" {
 const char* ooze_optim_last_error() { return last_error.c_str(); }
 
 // One AdamW step over n parameters, in place: params, grads, first and second moments, and the
-// per-parameter step counters (float32 scalars, already incremented for this step: the kernel
-// reads them for the bias correction). Returns 0, or 1 with
+// per-parameter step counters (float32 scalars, incremented here by one multi-tensor kernel, then
+// read by the update for the bias correction). Returns 0, or 1 with
 // the error in ooze_optim_last_error.
 //
 // `grad_scale` (may be null): a float32 scalar the kernel divides every gradient by (gradient
@@ -39,6 +39,7 @@ int ooze_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_a
          v = list(exp_avg_sqs, n), s = list(steps, n);
     std::optional<at::Tensor> scale;
     if (grad_scale) scale = *grad_scale;
+    at::_foreach_add_(s, at::Scalar(1.0));
     at::_fused_adamw_(p, g, m, v, {}, s, lr, beta1, beta2, weight_decay, eps,
                       /*amsgrad=*/false, /*maximize=*/false, scale, std::nullopt);
     return 0;

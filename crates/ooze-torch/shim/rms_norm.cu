@@ -2,6 +2,9 @@
 // type, as ATen's add rounds it), then the RMSNorm of sum in ATen's arithmetic (rms_norm.cuh).
 // A decode step runs it twice a block instead of an add and a norm. Bits equal ATen's add
 // followed by at::rms_norm (the trainer's forward).
+//
+// And RMSNorm's backward for training: the input's gradient and per-block partial sums of the
+// weight's in one pass over the rows, then the partials summed in a fixed order (no atomics).
 
 #include "rms_norm.cuh"
 
@@ -51,6 +54,73 @@ __global__ void __launch_bounds__(RMS_THREADS)
 
 static_assert(RMS_THREADS == 128, "the four-warp combination above assumes 128 threads");
 
+// y = x·r·w with r = rsqrt(mean(x²) + eps) per row. For each row, with q = w·g:
+//   dx = r·q − x·r³·(Σ q·x)/n,   and dw = Σ over rows of g·x·r.
+// One thread per eight columns (n a multiple of 8, at most 8192), `rows_per_block` rows per block;
+// each block writes its rows' share of dw to partial[block] in fp32.
+__global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
+                                         const __nv_bfloat16* __restrict__ grad,
+                                         const __nv_bfloat16* __restrict__ weight,
+                                         const float* __restrict__ rstd, int64_t rows, int n,
+                                         int rows_per_block, __nv_bfloat16* __restrict__ dx,
+                                         float* __restrict__ partial) {
+  const int t = threadIdx.x, col = 8 * t;
+  const bool active = col < n;
+  float w[8], acc[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+  if (active) load8(weight + col, w);
+  __shared__ float warp_sums[32];
+  __shared__ float row_dot;
+  const int warps = (blockDim.x + 31) / 32;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (int64_t row = first; row < last; ++row) {
+    float xv[8], gv[8];
+    float dot = 0.f;
+    if (active) {
+      load8(x + row * n + col, xv);
+      load8(grad + row * n + col, gv);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) dot += w[k] * gv[k] * xv[k];
+    }
+    dot = warp_sum(dot);
+    if ((t & 31) == 0) warp_sums[t >> 5] = dot;
+    __syncthreads();
+    if (t == 0) {
+      float total = 0.f;
+      for (int i = 0; i < warps; ++i) total += warp_sums[i];
+      row_dot = total;
+    }
+    __syncthreads();
+    if (active) {
+      const float r = rstd[row];
+      const float c = row_dot * r * r * r / static_cast<float>(n);
+      float d[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        d[k] = r * w[k] * gv[k] - xv[k] * c;
+        acc[k] += gv[k] * xv[k] * r;
+      }
+      store8(dx + row * n + col, d);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) partial[static_cast<int64_t>(blockIdx.x) * n + col + k] = acc[k];
+  }
+}
+
+// dw[c] = Σ over blocks of partial[block][c], blocks in order.
+__global__ void rms_norm_weight_grad_kernel(const float* __restrict__ partial, int blocks, int n,
+                                            __nv_bfloat16* __restrict__ dw) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  float sum = 0.f;
+  for (int b = 0; b < blocks; ++b) sum += partial[static_cast<int64_t>(b) * n + c];
+  dw[c] = __float2bfloat16(sum);
+}
+
 }  // namespace
 
 extern "C" {
@@ -71,6 +141,28 @@ int ooze_launch_add_rms_norm(int bf16, const void* x, const void* delta, const v
         static_cast<const float*>(weight), eps, n, static_cast<float*>(sum),
         static_cast<float*>(out));
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+// The rows' blocks of ooze_launch_rms_norm_backward, and so the partial sums it needs [blocks, n].
+int64_t ooze_rms_norm_backward_blocks(int64_t rows) { return (rows + 31) / 32; }
+
+// bf16 x, grad [rows, n] (contiguous), weight [n], fp32 rstd [rows] → dx [rows, n], dw [n];
+// `partial` holds ooze_rms_norm_backward_blocks(rows) · n floats. n a multiple of 8, ≤ 8192.
+int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* weight,
+                                  const float* rstd, int64_t rows, int n, void* dx, void* dw,
+                                  float* partial, cudaStream_t stream) {
+  if (n % 8 != 0 || n > 8192) return static_cast<int>(cudaErrorInvalidValue);
+  using T = __nv_bfloat16;
+  const int64_t blocks = ooze_rms_norm_backward_blocks(rows);
+  if (blocks > 0) {
+    const int threads = (n / 8 + 31) / 32 * 32;
+    rms_norm_backward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(grad), static_cast<const T*>(weight), rstd,
+        rows, n, 32, static_cast<T*>(dx), partial);
+  }
+  rms_norm_weight_grad_kernel<<<(n + 255) / 256, 256, 0, stream>>>(
+      partial, static_cast<int>(blocks), n, static_cast<T*>(dw));
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -8,6 +8,7 @@
 //!   returned, k and v written into their cells of the paged KV memory.
 //! - [`add_rms_norm`]: the residual add and the RMSNorm after it, in ATen's arithmetic.
 //! - [`silu_mul`]: `silu(gate) · up` of a fused gate/up projection.
+//! - [`rms_norm_trained`]: ATen's RMSNorm forward with ooze's one-pass backward (training).
 //! - [`sample`]: per row, greedy or inverse-CDF token and its log-prob, without full-vocabulary
 //!   intermediates.
 //! - [`decode_attention`]: one query token per row over its keys (through its block table),
@@ -143,6 +144,11 @@ mod ffi {
             sum: *mut *mut CTensor,
         ) -> *mut CTensor;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
+        pub fn ooze_rms_norm_trained(
+            x: *const CTensor,
+            weight: *const CTensor,
+            eps: f64,
+        ) -> *mut CTensor;
         pub fn ooze_linear_log_prob(
             hidden: *const CTensor,
             weight: *const CTensor,
@@ -315,6 +321,28 @@ pub fn add_rms_norm(
         };
         let normed = ffi::result("add_rms_norm", normed)?;
         Ok((ffi::result("add_rms_norm", sum)?, normed))
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// Widths [`rms_norm_trained`] takes: multiples of 8 up to 8192.
+pub fn rms_norm_trained_fits(width: i64) -> bool {
+    width % 8 == 0 && (8..=8192).contains(&width)
+}
+
+/// RMSNorm of contiguous bf16 `x [..., n]` with `weight [n]`, differentiable: the forward is
+/// ATen's `rms_norm` (bitwise), the backward ooze's kernel, one pass over the rows for the input's
+/// gradient and the weight's partial sums (summed in a fixed order afterwards).
+/// `n` must satisfy [`rms_norm_trained_fits`].
+#[allow(unused_variables)]
+pub fn rms_norm_trained(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor, KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        // SAFETY: live tensors; the shim checks them.
+        let raw =
+            unsafe { ffi::ooze_rms_norm_trained(x.as_ptr().cast(), weight.as_ptr().cast(), eps) };
+        ffi::result("rms_norm_trained", raw)
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

@@ -4,6 +4,7 @@
 //! - [`runtime_info`]: PyTorch version, CUDA availability, GPU names and memory (`ooze info`).
 //! - [`cuda_graph`] and [`kernels`]: CUDA graphs and ooze's own CUDA kernels, through the C++/CUDA
 //!   shim in `shim/` (built when PyTorch has CUDA); [`optim`]: libtorch's fused AdamW.
+//! - [`profiler`]: PyTorch's profiler, a Chrome trace of CPU operations and GPU kernels.
 //! - [`transfer`]: host ↔ GPU copies that do not stop the host (the engine's overlapped steps).
 //! - [`dist`]: ranks (torchrun's environment contract) and c10d's Gloo and NCCL collectives.
 //!
@@ -15,6 +16,7 @@ pub mod cuda_graph;
 pub mod dist;
 pub mod kernels;
 pub mod optim;
+pub mod profiler;
 pub mod spec;
 pub mod transfer;
 

@@ -145,9 +145,7 @@ pub fn fused_adamw(
     );
     #[cfg(ooze_fused_adamw)]
     {
-        for s in steps.iter_mut() {
-            let _ = s.g_add_scalar_(1.0);
-        }
+        // The shim increments the step counters (one multi-tensor kernel) before the update.
         let (p, g, m, v, s) = (
             handles(params),
             handles(grads),

@@ -1,14 +1,18 @@
 //! AdamW with fp32 master weights. The model computes in its own dtype (bf16 on a GPU); the
-//! optimizer keeps an fp32 copy of every trainable tensor, upcasts the gradients, clips them by
-//! their global norm, runs libtorch's fused AdamW (one call per weight-decay group) and writes the
-//! result back into the model's tensors. In fp32 the model's tensors are their own masters.
+//! optimizer keeps an fp32 copy of every trainable tensor, upcasts the gradients (one multi-tensor
+//! copy into one buffer), clips them by their global norm, runs libtorch's fused AdamW (one call per
+//! weight-decay group) and writes the result back into the model's tensors (one multi-tensor
+//! copy). In fp32 the model's tensors are their own masters. Between steps the gradients are
+//! dropped, not zeroed, as PyTorch's `zero_grad()` does by default.
 //!
 //! Weight decay applies to matrices (≥ 2 dimensions); biases and norm weights are not decayed.
 
 use crate::data_parallel::{dist_error, sum_gradients};
 use crate::TrainError;
 use ooze_torch::dist::ProcessGroup;
-use ooze_torch::optim::{foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, AdamW};
+use ooze_torch::optim::{
+    clear_grad, foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, AdamW,
+};
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -95,9 +99,12 @@ impl Optimizer {
         Optimizer { slots, config }
     }
 
+    /// Drops every gradient (PyTorch's `zero_grad(set_to_none=True)`): the next backward pass
+    /// writes fresh gradients instead of adding into zeroed ones, which saves a fill and an add
+    /// per tensor and gives the memory back between steps.
     pub fn zero_grad(&mut self) {
         for s in &mut self.slots {
-            s.model.zero_grad();
+            clear_grad(&mut s.model);
         }
     }
 
@@ -111,20 +118,58 @@ impl Optimizer {
     /// With `group`, the ranks' gradients are summed first, so every rank takes the same step.
     pub fn step(&mut self, lr: f64, group: Option<&ProcessGroup>) -> Result<f64, TrainError> {
         let _guard = tch::no_grad_guard();
-        let mut grads: Vec<Option<Tensor>> = self
-            .slots
-            .iter()
-            .map(|s| {
-                let g = s.model.grad();
-                g.defined().then(|| g.to_kind(Kind::Float))
-            })
-            .collect();
+        let (mut grads, flat) = self.fp32_gradients()?;
         if let Some(group) = group {
             let shapes: Vec<Vec<i64>> = self.slots.iter().map(|s| s.model.size()).collect();
             let device = self.slots.first().map_or(Device::Cpu, |s| s.model.device());
             sum_gradients(group, &mut grads, &shapes, device, GRADIENT_BUCKET)?;
+            // The summed gradients live in the all-reduce's buckets now.
+            return self.apply_with_norm(&grads, lr, None, None);
         }
-        self.apply(&grads, lr, None)
+        self.apply_with_norm(&grads, lr, None, flat.as_ref())
+    }
+
+    /// The slots' gradients in fp32 (`None` where a tensor has none). Gradients of a lower
+    /// precision are upcast into one flat buffer by one multi-tensor copy, which is returned too
+    /// (their global norm is then one reduction over it); fp32 gradients are used as they are.
+    fn fp32_gradients(&self) -> Result<(Vec<Option<Tensor>>, Option<Tensor>), TrainError> {
+        let grads: Vec<Option<Tensor>> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let g = s.model.grad();
+                g.defined().then_some(g)
+            })
+            .collect();
+        let low: Vec<&Tensor> = grads
+            .iter()
+            .flatten()
+            .filter(|g| g.kind() != Kind::Float)
+            .collect();
+        if low.is_empty() {
+            return Ok((grads, None));
+        }
+        let total: i64 = grads.iter().flatten().map(|g| g.numel() as i64).sum();
+        let device = low[0].device();
+        let flat = Tensor::empty([total], (Kind::Float, device));
+        let mut offset = 0;
+        let mut views = Vec::with_capacity(grads.len());
+        let mut sources = Vec::with_capacity(grads.len());
+        let upcast = grads
+            .iter()
+            .map(|g| {
+                g.as_ref().map(|g| {
+                    let n = g.numel() as i64;
+                    let view = flat.narrow(0, offset, n).view(g.size().as_slice());
+                    offset += n;
+                    views.push(view.shallow_clone());
+                    sources.push(g.shallow_clone());
+                    view
+                })
+            })
+            .collect();
+        foreach_copy(&mut views, &sources).map_err(|e| TrainError::Optimizer(e.to_string()))?;
+        Ok((upcast, Some(flat)))
     }
 
     /// Clips `grads` (one per slot; `None` leaves that tensor as it is) by their global norm and
@@ -135,19 +180,37 @@ impl Optimizer {
         lr: f64,
         norm_over: Option<&ProcessGroup>,
     ) -> Result<f64, TrainError> {
+        self.apply_with_norm(grads, lr, norm_over, None)
+    }
+
+    /// [`Optimizer::apply`]; `flat` (when given) holds every gradient of `grads` back to back, so
+    /// their global norm is one reduction over it.
+    fn apply_with_norm(
+        &mut self,
+        grads: &[Option<Tensor>],
+        lr: f64,
+        norm_over: Option<&ProcessGroup>,
+        flat: Option<&Tensor>,
+    ) -> Result<f64, TrainError> {
         let _guard = tch::no_grad_guard();
         let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
         if present.is_empty() {
             return Ok(0.0);
         }
-        let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
-        let mut squares = norms.square().sum(Kind::Float);
-        if let Some(group) = norm_over {
-            group
-                .all_reduce(&mut squares, ooze_torch::dist::ReduceOp::Sum)
-                .map_err(dist_error)?;
-        }
-        let total = squares.sqrt();
+        let total = match (flat, norm_over) {
+            (Some(flat), None) => flat.norm(),
+            _ => {
+                let norms =
+                    foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
+                let mut squares = norms.square().sum(Kind::Float);
+                if let Some(group) = norm_over {
+                    group
+                        .all_reduce(&mut squares, ooze_torch::dist::ReduceOp::Sum)
+                        .map_err(dist_error)?;
+                }
+                squares.sqrt()
+            }
+        };
         // Clipping divides the gradients inside the AdamW kernel: max(norm / clip, 1).
         let clip = self.config.clip_grad;
         let divisor = if clip > 0.0 {

@@ -15,7 +15,7 @@ use ooze_algo::loss::loss;
 use ooze_algo::{token_weights, Aggregation, LossConfig, LossInputs, PolicyLoss, StepSample};
 use ooze_core::Sample;
 use ooze_torch::dist::ReduceOp;
-use ooze_torch::tch::{Device, Tensor};
+use ooze_torch::tch::{Device, Kind, Tensor};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -40,6 +40,110 @@ struct OptionalSums {
     importance_weight: Option<f64>,
     value: Option<f64>,
     value_clipped: Option<f64>,
+}
+
+/// The numbers a micro-batch adds to its step's.
+#[derive(Clone, Copy)]
+enum Sum {
+    Loss,
+    PolicyLoss,
+    Clipfrac,
+    ApproxKl,
+    Entropy,
+    Kl,
+    Observation,
+    ImportanceWeight,
+    Value,
+    ValueClipped,
+    RolloutDiff,
+}
+
+const SUMS: usize = Sum::RolloutDiff as usize + 1;
+
+/// A step's numbers as fp64 scalars on the device, summed over its micro-batches and read back
+/// once: reading them per micro-batch would hold the host until the GPU had drained, before each
+/// next micro-batch could be prepared and queued.
+#[derive(Default)]
+struct DeviceSums {
+    sums: [Option<Tensor>; SUMS],
+    /// The largest |trainer − rollout| log-prob difference.
+    rollout_diff_max: Option<Tensor>,
+}
+
+impl DeviceSums {
+    fn add(&mut self, which: Sum, value: &Tensor) {
+        let value = value.detach().to_kind(Kind::Double).reshape([1]);
+        let slot = &mut self.sums[which as usize];
+        *slot = Some(match slot.take() {
+            Some(sum) => sum + value,
+            None => value,
+        });
+    }
+
+    fn add_max(&mut self, value: &Tensor) {
+        let value = value.detach().to_kind(Kind::Double).reshape([1]);
+        self.rollout_diff_max = Some(match self.rollout_diff_max.take() {
+            Some(max) => max.maximum(&value),
+            None => value,
+        });
+    }
+
+    /// The sums (None: no micro-batch had that number) and the maximum, in one copy to the host.
+    fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
+        let present: Vec<Tensor> = self
+            .sums
+            .iter()
+            .chain([&self.rollout_diff_max])
+            .flatten()
+            .map(|t| t.shallow_clone())
+            .collect();
+        let mut values = if present.is_empty() {
+            Vec::new()
+        } else {
+            Vec::<f64>::try_from(Tensor::cat(&present, 0).to_device(Device::Cpu))
+                .map_err(|e| TrainError::Optimizer(format!("reading the step's metrics: {e}")))?
+        }
+        .into_iter();
+        let sums = self
+            .sums
+            .map(|t| t.map(|_| values.next().expect("one value per sum")));
+        let max = self
+            .rollout_diff_max
+            .map(|_| values.next().expect("one value for the maximum"));
+        Ok((sums, max))
+    }
+}
+
+/// A step's sums once its micro-batches have run: still on the device, or read (and combined
+/// over the ranks).
+enum StepSums {
+    OnDevice(DeviceSums),
+    Read(OptionalSums),
+}
+
+impl OptionalSums {
+    /// The step's numbers from the device sums.
+    fn from_device(
+        sums: DeviceSums,
+        metrics: &mut StepMetrics,
+    ) -> Result<OptionalSums, TrainError> {
+        let (sums, max) = sums.read()?;
+        let get = |which: Sum| sums[which as usize];
+        metrics.loss = get(Sum::Loss).unwrap_or(0.0);
+        metrics.policy_loss = get(Sum::PolicyLoss).unwrap_or(0.0);
+        metrics.clipfrac = get(Sum::Clipfrac).unwrap_or(0.0);
+        metrics.approx_kl = get(Sum::ApproxKl).unwrap_or(0.0);
+        metrics.entropy = get(Sum::Entropy).unwrap_or(0.0);
+        metrics.rollout_logp_diff_mean = get(Sum::RolloutDiff);
+        metrics.rollout_logp_diff_max = max;
+        Ok(OptionalSums {
+            kl: get(Sum::Kl),
+            observation: get(Sum::Observation),
+            importance_weight: get(Sum::ImportanceWeight),
+            value: get(Sum::Value),
+            value_clipped: get(Sum::ValueClipped),
+        })
+    }
 }
 
 /// Aggregation weights of every sample's tokens under `mode`, over the mask `mask` picks.
@@ -110,20 +214,25 @@ impl Trainer {
         if let Some((_, o)) = self.critic.as_mut() {
             o.zero_grad();
         }
-        let mut sums = OptionalSums::default();
+        let mut device_sums = DeviceSums::default();
         for range in ranges {
             self.micro_batch(
                 samples,
                 range,
                 &inputs,
                 (&weights, observation_weights.as_deref()),
-                &mut metrics,
-                &mut sums,
+                &mut device_sums,
             )?;
         }
-        if self.group.is_some() {
+        // With ranks the sums are combined now; alone they are read after the optimizer step is
+        // queued, so its host work overlaps the backward pass still running on the GPU.
+        let sums = if self.group.is_some() {
+            let mut sums = OptionalSums::from_device(device_sums, &mut metrics)?;
             self.sum_over_ranks(&mut metrics, &mut sums)?;
-        }
+            StepSums::Read(sums)
+        } else {
+            StepSums::OnDevice(device_sums)
+        };
         self.finish_step(samples, &inputs, metrics, sums, started)
     }
 
@@ -183,8 +292,7 @@ impl Trainer {
         range: Range<usize>,
         inputs: &StepInputs<'_>,
         (weights, observation_weights): (&[Vec<f32>], Option<&[Vec<f32>]>),
-        metrics: &mut StepMetrics,
-        sums: &mut OptionalSums,
+        sums: &mut DeviceSums,
     ) -> Result<(), TrainError> {
         let kind = float_kind(&self.policy);
         let device = self.policy.device();
@@ -272,40 +380,34 @@ impl Trainer {
             pass.finish()?;
         }
         phase.report(forward_done, "micro-batch forward", "backward");
-        let v = |t: &Tensor| t.double_value(&[]);
-        metrics.loss += v(&terms.total.detach());
-        metrics.policy_loss += v(&terms.policy);
-        metrics.clipfrac += v(&terms.clipfrac);
-        metrics.approx_kl += v(&terms.approx_kl);
+        sums.add(Sum::Loss, &terms.total);
+        sums.add(Sum::PolicyLoss, &terms.policy);
+        sums.add(Sum::Clipfrac, &terms.clipfrac);
+        sums.add(Sum::ApproxKl, &terms.approx_kl);
         if let Some(e) = &scores.entropy {
-            metrics.entropy += v(&(e.detach() * &weights_t).sum(kind));
+            sums.add(Sum::Entropy, &(e.detach() * &weights_t).sum(kind));
         }
-        let add = |acc: &mut Option<f64>, x: &Option<Tensor>| {
-            if let Some(x) = x {
-                *acc = Some(acc.unwrap_or(0.0) + v(x));
+        for (which, term) in [
+            (Sum::Kl, &terms.kl),
+            (Sum::Observation, &terms.observation),
+            (Sum::ImportanceWeight, &terms.importance_weight),
+            (Sum::Value, &terms.value),
+        ] {
+            if let Some(term) = term {
+                sums.add(which, term);
             }
-        };
-        add(&mut sums.kl, &terms.kl);
-        add(&mut sums.observation, &terms.observation);
-        add(&mut sums.importance_weight, &terms.importance_weight);
-        add(&mut sums.value, &terms.value);
+        }
         if let Some((v, v_old, _)) = &critic_inputs {
             let moved = (v.detach() - v_old)
                 .abs()
                 .gt(inputs.loss_config.value_clip)
                 .to_kind(weights_t.kind());
-            add(
-                &mut sums.value_clipped,
-                &Some((moved * &weights_t).sum(kind)),
-            );
+            sums.add(Sum::ValueClipped, &(moved * &weights_t).sum(kind));
         }
         if let Some(roll) = &rollout {
             let diff = (&logp_old - roll).abs() * &mask;
-            let (sum, max) = (v(&diff.sum(kind)), v(&diff.max()));
-            metrics.rollout_logp_diff_mean =
-                Some(metrics.rollout_logp_diff_mean.unwrap_or(0.0) + sum);
-            metrics.rollout_logp_diff_max =
-                Some(metrics.rollout_logp_diff_max.unwrap_or(0.0).max(max));
+            sums.add(Sum::RolloutDiff, &diff.sum(kind));
+            sums.add_max(&diff.max());
         }
         Ok(())
     }
@@ -392,21 +494,9 @@ impl Trainer {
         samples: &[Sample],
         inputs: &StepInputs<'_>,
         mut metrics: StepMetrics,
-        sums: OptionalSums,
+        sums: StepSums,
         started: Instant,
     ) -> Result<StepMetrics, TrainError> {
-        let trained: f64 = samples
-            .iter()
-            .map(|s| s.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
-            .sum();
-        if let Some(sum) = metrics.rollout_logp_diff_mean {
-            metrics.rollout_logp_diff_mean = Some(sum / trained.max(1.0));
-        }
-        metrics.kl = sums.kl;
-        metrics.observation_loss = sums.observation;
-        metrics.importance_weight = sums.importance_weight;
-        metrics.value_loss = sums.value;
-        metrics.value_clipfrac = sums.value_clipped;
         let device = self.policy.device();
         let phase = Phases::start(device);
         // A critic warm-up step leaves the policy as it is (its gradients are dropped).
@@ -435,6 +525,22 @@ impl Trainer {
             optimizer.zero_grad();
         }
         self.step += 1;
+        let sums = match sums {
+            StepSums::Read(sums) => sums,
+            StepSums::OnDevice(sums) => OptionalSums::from_device(sums, &mut metrics)?,
+        };
+        let trained: f64 = samples
+            .iter()
+            .map(|s| s.loss_mask.iter().map(|&m| m as f64).sum::<f64>())
+            .sum();
+        if let Some(sum) = metrics.rollout_logp_diff_mean {
+            metrics.rollout_logp_diff_mean = Some(sum / trained.max(1.0));
+        }
+        metrics.kl = sums.kl;
+        metrics.observation_loss = sums.observation;
+        metrics.importance_weight = sums.importance_weight;
+        metrics.value_loss = sums.value;
+        metrics.value_clipfrac = sums.value_clipped;
         if let Device::Cuda(i) = device {
             ooze_torch::cuda_graph::synchronize(i);
         }

@@ -307,3 +307,39 @@ fn generate_refuses_bad_temperatures_and_survives_tiny_ones() {
     // Tiny temperatures draw the argmax, as greedy decoding does.
     assert_eq!(run("1e-300").stdout, run("0").stdout);
 }
+
+#[test]
+fn bench_train_writes_a_chrome_trace_of_its_timed_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "qwen2");
+    let trace = dir.path().join("steps.json");
+    let out = ooze(&[
+        "bench",
+        "train",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--batch",
+        "2",
+        "--seq-len",
+        "32",
+        "--iters",
+        "2",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("trace written to"), "{err}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = json["traceEvents"].as_array().expect("a Chrome trace");
+    // The steps' operations are there: the matrix products of the forward and backward passes.
+    assert!(
+        events
+            .iter()
+            .any(|e| e["cat"] == "cpu_op" && e["name"].as_str().unwrap_or("").contains("mm")),
+        "no matrix product among {} events",
+        events.len()
+    );
+}

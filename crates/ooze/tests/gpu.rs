@@ -995,6 +995,138 @@ fn gpu_kernel_gradients_match_libtorch() {
     close(&g_fused, &rows.grad(), "rope gradient");
 }
 
+/// `x`'s values in a tensor whose data starts 4 bytes past a 16-byte boundary: ooze's elementwise
+/// kernels then take their two-element (or one-element) paths instead of the 16-byte ones.
+fn misaligned_copy(x: &ooze_torch::tch::Tensor) -> ooze_torch::tch::Tensor {
+    let n = x.numel() as i64;
+    let buffer = ooze_torch::tch::Tensor::zeros([n + 2], (x.kind(), x.device()));
+    let view = buffer.narrow(0, 2, n).view(x.size().as_slice());
+    view.detach().copy_(x);
+    view
+}
+
+/// The bf16 kernels that read eight elements at a time (silu·mul and its backward, the rotary
+/// embedding and its backward) give the bits of the narrower kernels they stand in for.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_wide_elementwise_kernels_equal_narrow_ones() {
+    require_gpu();
+    use ooze_model::config::Rope;
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let bf16 = (Kind::BFloat16, dev);
+    for (rows, width) in [(1i64, 8i64), (37, 4864), (300, 9728)] {
+        let x = Tensor::randn([rows, 2 * width], bf16) * 3.0;
+        let up = Tensor::randn([rows, width], bf16);
+        let mut results = Vec::new();
+        for input in [x.copy(), misaligned_copy(&x)] {
+            let leaf = input.detach().set_requires_grad(true);
+            let y = kernels::silu_mul(&leaf).unwrap();
+            (&y * &up).sum(Kind::Float).backward();
+            results.push((y.detach(), leaf.grad()));
+        }
+        assert!(results[0].0.equal(&results[1].0), "silu_mul {rows}x{width}");
+        assert!(
+            results[0].1.equal(&results[1].1),
+            "silu_mul backward {rows}x{width}"
+        );
+    }
+    for (tokens, heads, dim) in [(29i64, 6i64, 64i64), (300, 48, 128)] {
+        let rows = Tensor::randn([tokens, (heads + 2) * dim], bf16);
+        let inv = ooze_model::rope::inverse_frequencies(
+            &Rope {
+                theta: 1e6,
+                llama3: None,
+            },
+            dim,
+            dev,
+        );
+        let positions = Tensor::arange(tokens, (Kind::Int64, dev)).unsqueeze(0) * 37;
+        let (cos, sin) = ooze_model::rope::cos_sin(&inv, &positions, Kind::BFloat16);
+        let (cos, sin) = (cos.view([tokens, dim]), sin.view([tokens, dim]));
+        let wide = kernels::rope(&rows, &cos, &sin, heads, dim).unwrap();
+        let narrow = kernels::rope(&misaligned_copy(&rows), &cos, &sin, heads, dim).unwrap();
+        assert!(wide.equal(&narrow), "rope {tokens}x{heads}x{dim}");
+        // The backward (sixteen-byte path: autograd's gradient is aligned) is the rotation by
+        // the negated sine, which the narrow forward computes the same way.
+        let leaf = rows.copy().set_requires_grad(true);
+        let upstream = Tensor::randn([tokens, heads, dim], bf16);
+        let y = kernels::rope(&leaf, &cos, &sin, heads, dim).unwrap();
+        (&y * &upstream).sum(Kind::Float).backward();
+        let back = kernels::rope(
+            &misaligned_copy(&upstream.view([tokens, heads * dim])),
+            &cos,
+            &(-&sin),
+            heads,
+            dim,
+        )
+        .unwrap()
+        .view([tokens, heads * dim]);
+        let grad = leaf.grad();
+        assert!(
+            grad.narrow(1, 0, heads * dim).equal(&back),
+            "rope backward {tokens}x{heads}x{dim}"
+        );
+        let rest = grad.narrow(1, heads * dim, 2 * dim);
+        assert!(
+            rest.eq(0.0).all().int64_value(&[]) == 1,
+            "columns past the heads get no gradient"
+        );
+    }
+}
+
+/// Training's RMSNorm: ATen's forward bit for bit, and a backward at least as close to the
+/// exact gradient (fp64) as ATen's own bf16 backward, for the input and the weight.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_trained_rms_norm_matches_aten() {
+    require_gpu();
+    use ooze_torch::kernels;
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    for (rows, n) in [(1i64, 256i64), (33, 896), (4099, 2560), (517, 3584)] {
+        let x = (Tensor::randn([rows, n], (Kind::Float, dev)) * 2.0).to_kind(Kind::BFloat16);
+        let w = (Tensor::randn([n], (Kind::Float, dev)) * 0.3 + 1.0).to_kind(Kind::BFloat16);
+        let up = Tensor::randn([rows, n], (Kind::BFloat16, dev));
+        let run = |ours: bool, kind: Kind| {
+            let x = x.to_kind(kind).detach().set_requires_grad(true);
+            let w = w.to_kind(kind).detach().set_requires_grad(true);
+            let y = if ours {
+                kernels::rms_norm_trained(&x, &w, 1e-6).unwrap()
+            } else {
+                x.rms_norm([n].as_slice(), Some(&w), 1e-6)
+            };
+            (&y * up.to_kind(kind)).sum(kind).backward();
+            (y.detach(), x.grad(), w.grad())
+        };
+        let (y_ours, dx_ours, dw_ours) = run(true, Kind::BFloat16);
+        let (y_aten, dx_aten, dw_aten) = run(false, Kind::BFloat16);
+        let (_, dx_exact, dw_exact) = run(false, Kind::Double);
+        assert!(
+            y_ours.equal(&y_aten),
+            "forward {rows}x{n} differs from ATen's"
+        );
+        let err = |a: &Tensor, exact: &Tensor| {
+            (a.to_kind(Kind::Double) - exact)
+                .abs()
+                .max()
+                .double_value(&[])
+                / exact.abs().max().double_value(&[])
+        };
+        for (what, ours, aten, exact) in [
+            ("input", &dx_ours, &dx_aten, &dx_exact),
+            ("weight", &dw_ours, &dw_aten, &dw_exact),
+        ] {
+            let (e_ours, e_aten) = (err(ours, exact), err(aten, exact));
+            assert!(
+                e_ours <= 2.0 * e_aten + 1e-3,
+                "{rows}x{n} {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
+            );
+        }
+    }
+}
+
 /// The fused head log-prob kernel against log_softmax written out: values, entropies and the
 /// gradients with respect to the hidden states and the head, fp32, at temperature 0.7, over 37
 /// rows in chunks of 16 (the last one short, the head's gradient accumulated across them).

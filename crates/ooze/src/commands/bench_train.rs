@@ -6,6 +6,7 @@
 //! weights up to date (sharded: one all-gather per unit) and its bandwidth.
 
 use super::ranks::{join, launch, RankArgs};
+use super::trace::GpuWork;
 use super::{load_decoder_on, ComputeArgs};
 use ooze_torch::dist::ReduceOp;
 use ooze_torch::tch::{Device, Kind, Tensor};
@@ -38,6 +39,10 @@ pub struct Args {
     /// Also time the weight update of a colocated engine's own copy after each step.
     #[arg(long)]
     sync: bool,
+    /// Record the timed steps with PyTorch's profiler: a Chrome trace (Perfetto) written here,
+    /// and a summary printed of GPU busy time, the kernels that took it and the longest gaps.
+    #[arg(long)]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     compute: ComputeArgs,
     #[command(flatten)]
@@ -121,6 +126,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ooze_torch::cuda_graph::peak_allocated(i, true);
     }
     let (mut steps, mut syncs) = (Vec::with_capacity(a.iters), Vec::new());
+    // Rank 0 records (one trace per process; the others' match it).
+    let recording = match &a.trace {
+        Some(_) if first => Some(ooze_torch::profiler::Trace::start(device.is_cuda())?),
+        _ => None,
+    };
     for _ in 0..a.iters {
         steps.push(trainer.sft_step(&samples)?);
         if let Some(engine) = &engine {
@@ -131,6 +141,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             syncs.push(started.elapsed().as_secs_f64());
         }
+    }
+    if let (Some(recording), Some(path)) = (recording, &a.trace) {
+        recording.finish(path)?;
+        eprint!("{}", GpuWork::load(path)?.summary(a.iters, 25));
+        eprintln!("trace written to {}", path.display());
     }
     let peak = match device {
         Device::Cuda(i) => ooze_torch::cuda_graph::peak_allocated(i, false).unwrap_or(0),

@@ -16,6 +16,7 @@ pub mod score;
 pub mod serve;
 pub mod sft;
 pub mod task;
+pub mod trace;
 pub mod train;
 
 use anyhow::Context;
