@@ -111,14 +111,25 @@ __global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
   }
 }
 
-// dw[c] = Σ over blocks of partial[block][c], blocks in order.
+// dw[c] = Σ over blocks of partial[block][c] in a fixed order: 32 columns per block of 256
+// threads, slice s (threadIdx.y) summing partial rows s, s + 8, …, then the eight slices' sums
+// added in order.
 __global__ void rms_norm_weight_grad_kernel(const float* __restrict__ partial, int blocks, int n,
                                             __nv_bfloat16* __restrict__ dw) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
+  const int c = blockIdx.x * 32 + threadIdx.x, slice = threadIdx.y;
   float sum = 0.f;
-  for (int b = 0; b < blocks; ++b) sum += partial[static_cast<int64_t>(b) * n + c];
-  dw[c] = __float2bfloat16(sum);
+  if (c < n) {
+#pragma unroll 4
+    for (int b = slice; b < blocks; b += 8) sum += partial[static_cast<int64_t>(b) * n + c];
+  }
+  __shared__ float sums[8][32];
+  sums[slice][threadIdx.x] = sum;
+  __syncthreads();
+  if (slice == 0 && c < n) {
+    float total = sums[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) total += sums[k][threadIdx.x];
+    dw[c] = __float2bfloat16(total);
+  }
 }
 
 }  // namespace
@@ -161,7 +172,7 @@ int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* w
         static_cast<const T*>(x), static_cast<const T*>(grad), static_cast<const T*>(weight), rstd,
         rows, n, 32, static_cast<T*>(dx), partial);
   }
-  rms_norm_weight_grad_kernel<<<(n + 255) / 256, 256, 0, stream>>>(
+  rms_norm_weight_grad_kernel<<<(n + 31) / 32, dim3(32, 8), 0, stream>>>(
       partial, static_cast<int>(blocks), n, static_cast<T*>(dw));
   return static_cast<int>(cudaGetLastError());
 }

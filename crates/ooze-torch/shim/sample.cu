@@ -70,6 +70,22 @@ __device__ __forceinline__ float4 group_of(const float* x, int i, bool aligned) 
                  : make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
 }
 
+// Calls f(q, i) for this thread's groups of four logits, i = tid, tid + SAMPLE_THREADS, … in that
+// order, with four 16-byte loads in flight (one at a time leaves a block of 1024 threads about
+// half the bytes in flight that HBM needs). Every caller's arithmetic stays in this order.
+template <typename F>
+__device__ __forceinline__ void for_each_group(const float* x, int groups, bool aligned, F f) {
+  int i = threadIdx.x;
+  for (; i + 3 * SAMPLE_THREADS < groups; i += 4 * SAMPLE_THREADS) {
+    float4 q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = group_of(x, i + k * SAMPLE_THREADS, aligned);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f(q[k], i + k * SAMPLE_THREADS);
+  }
+  for (; i < groups; i += SAMPLE_THREADS) f(group_of(x, i, aligned), i);
+}
+
 // Per row of fp32 logits [rows, vocab] (x = logits · inv_temp): the log-prob of the target,
 // logsumexp and entropy (lse − E[x]), no full-vocabulary output; optionally the logits rounded
 // to bf16 for the backward. `aligned`: rows start 16-byte aligned (the arithmetic is the same
@@ -85,14 +101,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   if (vocab % 4 == 0) {
     __nv_bfloat16* keep =
         logits_bf16 ? logits_bf16 + static_cast<int64_t>(row) * vocab : nullptr;
-    for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
-      const float4 q = group_of(x, i, aligned);
+    for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
       if (keep) {
         Pair<__nv_bfloat16>::store(keep + 4 * i, make_float2(q.x, q.y));
         Pair<__nv_bfloat16>::store(keep + 4 * i + 2, make_float2(q.z, q.w));
       }
       acc = add_group(acc, q.x * inv_temp, q.y * inv_temp, q.z * inv_temp, q.w * inv_temp);
-    }
+    });
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
       if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(x[i]);
@@ -197,15 +212,14 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   Moments acc{-INFINITY, 0.f, 0.f};
   ArgMax am{-INFINITY, vocab};
   if (vocab % 4 == 0) {
-    for (int i = tid; i < vocab / 4; i += SAMPLE_THREADS) {
-      const float4 q = group_of(x, i, aligned);
+    for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
       const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp, d = q.w * inv_temp;
       acc = add_group(acc, a, b, c, d);
       am = better(am, ArgMax{a, 4 * i});
       am = better(am, ArgMax{b, 4 * i + 1});
       am = better(am, ArgMax{c, 4 * i + 2});
       am = better(am, ArgMax{d, 4 * i + 3});
-    }
+    });
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
       const float v = x[i] * inv_temp;
@@ -225,8 +239,17 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     // u · total, and that warp walks it 32 tokens at a time.
     const int segment = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
     const int begin = min(warp * segment, vocab), end = min(begin + segment, vocab);
+    // Eight loads in flight per lane, summed in the same order as one at a time.
     float part = 0.f;
-    for (int i = begin + lane; i < end; i += 32) part += weight_of(x[i], inv_temp, max);
+    int i = begin + lane;
+    for (; i + 7 * 32 < end; i += 8 * 32) {
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = x[i + 32 * k];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) part += weight_of(v[k], inv_temp, max);
+    }
+    for (; i < end; i += 32) part += weight_of(x[i], inv_temp, max);
     part = warp_sum(part);
     __shared__ float s_upto[SAMPLE_WARPS];  // inclusive prefix of the segments' sums
     if (lane == 0) s_upto[warp] = part;
@@ -251,9 +274,23 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (warp == owner) {
       float running = owner == 0 ? 0.f : s_upto[owner - 1];
       int pick = -1;  // the crossing token, else the segment's last token with any mass
+      // The walk reads eight rounds of 32 tokens ahead (the rounds themselves stay serial).
+      constexpr int AHEAD = 8;
+      float ahead[AHEAD];
       for (int base = begin; base < end; base += 32) {
+        const int round = ((base - begin) >> 5) % AHEAD;
+        if (round == 0) {
+#pragma unroll
+          for (int k = 0; k < AHEAD; ++k) {
+            const int j = base + 32 * k + lane;
+            ahead[k] = j < end ? x[j] : 0.f;
+          }
+        }
         const int i = base + lane;
-        const float p = i < end ? weight_of(x[i], inv_temp, max) : 0.f;
+        float logit = ahead[0];
+#pragma unroll
+        for (int k = 1; k < AHEAD; ++k) logit = round == k ? ahead[k] : logit;
+        const float p = i < end ? weight_of(logit, inv_temp, max) : 0.f;
         float incl = p;
         for (int offset = 1; offset < 32; offset <<= 1) {
           const float y = __shfl_up_sync(0xffffffffu, incl, offset);

@@ -60,6 +60,10 @@ struct GenerateArgs {
     /// Tokens per KV block, or `fixed` for one block of the context length per sequence.
     #[arg(long, default_value = "16")]
     kv_block_size: String,
+    /// Record the run (prefill and every decode step) with PyTorch's profiler: a Chrome trace
+    /// written here, and a summary per output token of GPU busy time, kernels and idle gaps.
+    #[arg(long)]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -164,6 +168,12 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             session: None,
         }))?;
     }
+    let recording = match &a.trace {
+        Some(_) => Some(ooze_torch::profiler::Trace::start(
+            a.compute.device.resolve()?.is_cuda(),
+        )?),
+        None => None,
+    };
     let started = Instant::now();
     let mut streams = Vec::with_capacity(a.batch);
     let mut prompts = Vec::new();
@@ -184,13 +194,18 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     }
     // Every stream is read concurrently, so each first-token time is taken when it arrives; the
     // engine's running count is sampled meanwhile.
+    let readers_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (mut first_tokens, outputs, peak_running) = runtime.block_on(async {
         let watcher = engine.clone();
+        let done = readers_done.clone();
         let peak = tokio::spawn(async move {
             let mut peak = 0;
             while let Ok(stats) = watcher.stats().await {
                 peak = peak.max(stats.running);
-                if stats.running + stats.waiting == 0 && peak > 0 {
+                // Idle after running, or the whole run over before the first sample.
+                if stats.running + stats.waiting == 0
+                    && (peak > 0 || done.load(std::sync::atomic::Ordering::Acquire))
+                {
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -220,11 +235,23 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             firsts.push(first);
             outputs.extend(out);
         }
+        readers_done.store(true, std::sync::atomic::Ordering::Release);
         (firsts, outputs, peak.await.unwrap_or(0))
     });
+    let total = started.elapsed().as_secs_f64();
+    if let (Some(recording), Some(path)) = (recording, &a.trace) {
+        recording.finish(path)?;
+        eprint!(
+            "{}",
+            super::trace::GpuWork::load(path)?.summary(a.output_len.max(1), 25)
+        );
+        eprintln!(
+            "trace written to {} (per step: per output token)",
+            path.display()
+        );
+    }
     let stats = runtime.block_on(engine.stats())?;
     let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
-    let total = started.elapsed().as_secs_f64();
     first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
     let ttft = first_tokens[first_tokens.len() / 2];
     println!(
