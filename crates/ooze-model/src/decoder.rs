@@ -31,11 +31,11 @@ use std::path::Path;
 /// per-head q/k norms of Qwen3 keep ATen's).
 const TRAINED_NORM_MIN_WIDTH: i64 = 256;
 
-/// RMSNorm as transformers computes it: normalise in fp32, cast back, then scale.
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+/// Whether training takes ooze's RMSNorm (ATen's forward bits, ooze's backward) for `x` under
+/// `weight`: gradients recorded, bf16 on a GPU, contiguous rows of a fitting width.
+fn trained_norm_fits(x: &Tensor, weight: &Tensor) -> bool {
     let n = weight.size()[0];
-    // With gradients on a GPU in bf16: the same forward, ooze's one-pass backward.
-    if kernels_fit(x)
+    kernels_fit(x)
         && x.kind() == Kind::BFloat16
         && weight.kind() == Kind::BFloat16
         && x.is_contiguous()
@@ -43,12 +43,16 @@ fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
         && kernels::rms_norm_trained_fits(n)
         && kernels::grad_enabled()
         && (x.requires_grad() || weight.requires_grad())
-    {
+}
+
+/// RMSNorm as transformers computes it: normalise in fp32, cast back, then scale.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+    if trained_norm_fits(x, weight) {
         return kernels::rms_norm_trained(x, weight, eps)
             .expect("invariant: contiguous bf16 rows of a fitting width are valid");
     }
     // ATen's fused kernel: statistics in fp32, one pass; the same formula as transformers' module.
-    x.rms_norm([n].as_slice(), Some(weight), eps)
+    x.rms_norm([weight.size()[0]].as_slice(), Some(weight), eps)
 }
 
 /// A linear layer's weight and optional bias.
@@ -111,9 +115,9 @@ fn as_two_rows(x: &Tensor, product: impl Fn(&Tensor) -> Tensor) -> Tensor {
 
 /// `x + delta` (the residual stream and a block's output, the product rounded before the add: a
 /// GEMM's accumulate-into-C rounds once, and only for some row counts, so it would make a decode
-/// step's residual stream depend on its batch) and the RMSNorm of the sum under `weight`. Where
-/// nothing needs a gradient on a GPU, one of ooze's kernels does both with ATen's bits; training
-/// runs ATen's add and rms_norm.
+/// step's residual stream depend on its batch) and the RMSNorm of the sum under `weight`. On a
+/// GPU one of ooze's kernels does both with ATen's bits: without gradients, or in bf16 training
+/// (then with a backward that adds the sum's gradient into the norm's in the same pass).
 fn add_rms_norm(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f64) -> (Tensor, Tensor) {
     let fused = kernels_apply(x)
         && !(kernels::grad_enabled() && (delta.requires_grad() || weight.requires_grad()))
@@ -129,6 +133,14 @@ fn add_rms_norm(x: &Tensor, delta: &Tensor, weight: &Tensor, eps: f64) -> (Tenso
             kernels::add_rms_norm(&x.view([-1, n]), &delta.view([-1, n]), weight, eps)
                 .expect("invariant: contiguous rows of a multiple of 4 are valid for add_rms_norm");
         return (sum.view_as(x), normed.view_as(x));
+    }
+    if trained_norm_fits(x, weight)
+        && delta.is_contiguous()
+        && delta.size() == x.size()
+        && delta.kind() == x.kind()
+    {
+        return kernels::add_rms_norm_trained(x, delta, weight, eps)
+            .expect("invariant: contiguous bf16 rows of a fitting width are valid");
     }
     let sum = x + delta;
     let normed = rms_norm(&sum, weight, eps);

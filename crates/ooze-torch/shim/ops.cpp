@@ -84,9 +84,47 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::Tensor partial =
         at::empty({ooze_rms_norm_backward_blocks(rows), n}, x.options().dtype(at::kFloat));
     check_launch(ooze_launch_rms_norm_backward(
-        x.data_ptr(), grad.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(), rows,
-        static_cast<int>(n), dx.data_ptr(), dw.data_ptr(), partial.data_ptr<float>(), stream()));
+        x.data_ptr(), grad.data_ptr(), nullptr, weight.data_ptr(), rstd.data_ptr<float>(), 0.f,
+        rows, static_cast<int>(n), dx.data_ptr(), dw.data_ptr(), partial.data_ptr<float>(),
+        stream()));
     return {dx, dw, at::Tensor()};
+  }
+};
+
+// The residual add and the RMSNorm after it, for training: the forward is ooze's fused kernel
+// (ATen's add and rms_norm bitwise), returning the sum and the normed rows; the backward one
+// pass of the norm's backward kernel that also adds the sum's own gradient (the residual stream),
+// so the input and the delta get one gradient tensor without a separate add.
+struct AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& x, const at::Tensor& delta,
+                                                const at::Tensor& weight, double eps) {
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    at::Tensor sum = at::empty_like(x), out = at::empty_like(x);
+    check_launch(ooze_launch_add_rms_norm(1, x.data_ptr(), delta.data_ptr(), weight.data_ptr(),
+                                          static_cast<float>(eps), rows, static_cast<int>(n),
+                                          sum.data_ptr(), out.data_ptr(), stream()));
+    ctx->save_for_backward({sum, weight});
+    ctx->saved_data["eps"] = eps;
+    return {sum, out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &sum = saved[0], &weight = saved[1];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const int64_t n = sum.size(-1), rows = sum.numel() / n;
+    const at::Tensor grad_sum = grads[0].defined() ? grads[0].contiguous() : at::Tensor();
+    const at::Tensor grad_out =
+        grads[1].defined() ? grads[1].contiguous() : at::zeros_like(sum);
+    at::Tensor d = at::empty_like(sum), dw = at::empty_like(weight);
+    at::Tensor partial =
+        at::empty({ooze_rms_norm_backward_blocks(rows), n}, sum.options().dtype(at::kFloat));
+    check_launch(ooze_launch_rms_norm_backward(
+        sum.data_ptr(), grad_out.data_ptr(), grad_sum.defined() ? grad_sum.data_ptr() : nullptr,
+        weight.data_ptr(), nullptr, static_cast<float>(eps), rows, static_cast<int>(n),
+        d.data_ptr(), dw.data_ptr(), partial.data_ptr<float>(), stream()));
+    return {d, d, dw, at::Tensor()};
   }
 };
 
@@ -317,6 +355,31 @@ at::Tensor* ooze_rms_norm_trained(const at::Tensor* x, const at::Tensor* weight,
                     weight->numel() == n && weight->device() == x->device(),
                 "weight must be contiguous bfloat16 [n] on x's device");
     return RmsNormFunction::apply(*x, *weight, eps);
+  });
+}
+
+// The residual add x + delta and its RMSNorm under weight, differentiable (bf16, contiguous
+// [..., n] of one shape; n a multiple of 8 up to 8192). Returns the normed rows, the sum through
+// sum_out.
+at::Tensor* ooze_add_rms_norm_trained(const at::Tensor* x, const at::Tensor* delta,
+                                      const at::Tensor* weight, double eps,
+                                      at::Tensor** sum_out) {
+  return guarded([&] {
+    check_cuda(*x, "x");
+    c10::cuda::CUDAGuard guard(x->device());
+    TORCH_CHECK(x->scalar_type() == at::kBFloat16 && x->is_contiguous() && x->dim() >= 1,
+                "x must be contiguous bfloat16 [..., n]");
+    const int64_t n = x->size(-1);
+    TORCH_CHECK(n % 8 == 0 && n <= 8192, "the norm's width must be a multiple of 8 up to 8192, got ", n);
+    TORCH_CHECK(delta->sizes() == x->sizes() && delta->is_contiguous() &&
+                    delta->scalar_type() == at::kBFloat16 && delta->device() == x->device(),
+                "delta must be contiguous bfloat16 of x's shape on x's device");
+    TORCH_CHECK(weight->scalar_type() == at::kBFloat16 && weight->is_contiguous() &&
+                    weight->numel() == n && weight->device() == x->device(),
+                "weight must be contiguous bfloat16 [n] on x's device");
+    auto outs = AddRmsNormFunction::apply(*x, *delta, *weight, eps);
+    *sum_out = new at::Tensor(outs[0]);
+    return outs[1];
   });
 }
 

@@ -19,9 +19,9 @@ int ooze_launch_add_rms_norm(int bf16, const void* x, const void* delta, const v
                              float eps, int64_t rows, int n, void* sum, void* out,
                              cudaStream_t stream);
 int64_t ooze_rms_norm_backward_blocks(int64_t rows);
-int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* weight,
-                                  const float* rstd, int64_t rows, int n, void* dx, void* dw,
-                                  float* partial, cudaStream_t stream);
+int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* residual_grad,
+                                  const void* weight, const float* rstd, float eps, int64_t rows,
+                                  int n, void* dx, void* dw, float* partial, cudaStream_t stream);
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream);
 int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,

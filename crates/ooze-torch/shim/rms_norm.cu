@@ -55,14 +55,17 @@ __global__ void __launch_bounds__(RMS_THREADS)
 static_assert(RMS_THREADS == 128, "the four-warp combination above assumes 128 threads");
 
 // y = x·r·w with r = rsqrt(mean(x²) + eps) per row. For each row, with q = w·g:
-//   dx = r·q − x·r³·(Σ q·x)/n,   and dw = Σ over rows of g·x·r.
+//   dx = r·q − x·r³·(Σ q·x)/n (+ the gradient that reaches x by the residual stream, when
+//   `residual_grad` is given), and dw = Σ over rows of g·x·r.
+// `rstd` gives r per row (ATen's forward saves it); null: r is recomputed from x in fp32.
 // One thread per eight columns (n a multiple of 8, at most 8192), `rows_per_block` rows per block;
 // each block writes its rows' share of dw to partial[block] in fp32.
 __global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
                                          const __nv_bfloat16* __restrict__ grad,
+                                         const __nv_bfloat16* __restrict__ residual_grad,
                                          const __nv_bfloat16* __restrict__ weight,
-                                         const float* __restrict__ rstd, int64_t rows, int n,
-                                         int rows_per_block, __nv_bfloat16* __restrict__ dx,
+                                         const float* __restrict__ rstd, float eps, int64_t rows,
+                                         int n, int rows_per_block, __nv_bfloat16* __restrict__ dx,
                                          float* __restrict__ partial) {
   const int t = threadIdx.x, col = 8 * t;
   const bool active = col < n;
@@ -70,37 +73,54 @@ __global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc[k] = 0.f;
   if (active) load8(weight + col, w);
-  __shared__ float warp_sums[32];
-  __shared__ float row_dot;
+  __shared__ float warp_dots[32], warp_squares[32];
+  __shared__ float row_dot, row_r;
   const int warps = (blockDim.x + 31) / 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
   for (int64_t row = first; row < last; ++row) {
     float xv[8], gv[8];
-    float dot = 0.f;
+    float dot = 0.f, squares = 0.f;
     if (active) {
       load8(x + row * n + col, xv);
       load8(grad + row * n + col, gv);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) dot += w[k] * gv[k] * xv[k];
+      for (int k = 0; k < 8; ++k) {
+        dot += w[k] * gv[k] * xv[k];
+        squares += xv[k] * xv[k];
+      }
     }
     dot = warp_sum(dot);
-    if ((t & 31) == 0) warp_sums[t >> 5] = dot;
+    if (rstd == nullptr) squares = warp_sum(squares);
+    if ((t & 31) == 0) {
+      warp_dots[t >> 5] = dot;
+      warp_squares[t >> 5] = squares;
+    }
     __syncthreads();
     if (t == 0) {
-      float total = 0.f;
-      for (int i = 0; i < warps; ++i) total += warp_sums[i];
+      float total = 0.f, total_squares = 0.f;
+      for (int i = 0; i < warps; ++i) {
+        total += warp_dots[i];
+        total_squares += warp_squares[i];
+      }
       row_dot = total;
+      row_r = rstd != nullptr ? rstd[row] : rsqrtf(total_squares / static_cast<float>(n) + eps);
     }
     __syncthreads();
     if (active) {
-      const float r = rstd[row];
+      const float r = row_r;
       const float c = row_dot * r * r * r / static_cast<float>(n);
       float d[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         d[k] = r * w[k] * gv[k] - xv[k] * c;
         acc[k] += gv[k] * xv[k] * r;
+      }
+      if (residual_grad != nullptr) {
+        float rg[8];
+        load8(residual_grad + row * n + col, rg);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[k] += rg[k];
       }
       store8(dx + row * n + col, d);
     }
@@ -158,19 +178,21 @@ int ooze_launch_add_rms_norm(int bf16, const void* x, const void* delta, const v
 // The rows' blocks of ooze_launch_rms_norm_backward, and so the partial sums it needs [blocks, n].
 int64_t ooze_rms_norm_backward_blocks(int64_t rows) { return (rows + 31) / 32; }
 
-// bf16 x, grad [rows, n] (contiguous), weight [n], fp32 rstd [rows] → dx [rows, n], dw [n];
+// bf16 x, grad [rows, n] (contiguous), weight [n], fp32 rstd [rows] (null: recomputed from x
+// with eps), residual_grad [rows, n] (null: none; else added into dx) → dx [rows, n], dw [n];
 // `partial` holds ooze_rms_norm_backward_blocks(rows) · n floats. n a multiple of 8, ≤ 8192.
-int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* weight,
-                                  const float* rstd, int64_t rows, int n, void* dx, void* dw,
-                                  float* partial, cudaStream_t stream) {
+int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* residual_grad,
+                                  const void* weight, const float* rstd, float eps, int64_t rows,
+                                  int n, void* dx, void* dw, float* partial, cudaStream_t stream) {
   if (n % 8 != 0 || n > 8192) return static_cast<int>(cudaErrorInvalidValue);
   using T = __nv_bfloat16;
   const int64_t blocks = ooze_rms_norm_backward_blocks(rows);
   if (blocks > 0) {
     const int threads = (n / 8 + 31) / 32 * 32;
     rms_norm_backward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(grad), static_cast<const T*>(weight), rstd,
-        rows, n, 32, static_cast<T*>(dx), partial);
+        static_cast<const T*>(x), static_cast<const T*>(grad),
+        static_cast<const T*>(residual_grad), static_cast<const T*>(weight), rstd, eps, rows, n, 32,
+        static_cast<T*>(dx), partial);
   }
   rms_norm_weight_grad_kernel<<<(n + 31) / 32, dim3(32, 8), 0, stream>>>(
       partial, static_cast<int>(blocks), n, static_cast<T*>(dw));

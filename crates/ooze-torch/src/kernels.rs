@@ -144,6 +144,13 @@ mod ffi {
             sum: *mut *mut CTensor,
         ) -> *mut CTensor;
         pub fn ooze_silu_mul(gate_up: *const CTensor) -> *mut CTensor;
+        pub fn ooze_add_rms_norm_trained(
+            x: *const CTensor,
+            delta: *const CTensor,
+            weight: *const CTensor,
+            eps: f64,
+            sum_out: *mut *mut CTensor,
+        ) -> *mut CTensor;
         pub fn ooze_rms_norm_trained(
             x: *const CTensor,
             weight: *const CTensor,
@@ -343,6 +350,36 @@ pub fn rms_norm_trained(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor,
         let raw =
             unsafe { ffi::ooze_rms_norm_trained(x.as_ptr().cast(), weight.as_ptr().cast(), eps) };
         ffi::result("rms_norm_trained", raw)
+    }
+    #[cfg(not(ooze_cuda_kernels))]
+    Err(KernelError::Unavailable)
+}
+
+/// [`add_rms_norm`] for training: `(x + delta, rms_norm(x + delta))` with the same bits,
+/// differentiable; the backward adds the sum's own gradient into the norm's in one pass. bf16,
+/// contiguous, one shape; the width must satisfy [`rms_norm_trained_fits`].
+#[allow(unused_variables)]
+pub fn add_rms_norm_trained(
+    x: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), KernelError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        let mut sum = std::ptr::null_mut();
+        // SAFETY: live tensors in; on success the shim hands over two heap-allocated tensors.
+        let normed = unsafe {
+            ffi::ooze_add_rms_norm_trained(
+                x.as_ptr().cast(),
+                delta.as_ptr().cast(),
+                weight.as_ptr().cast(),
+                eps,
+                &mut sum,
+            )
+        };
+        let normed = ffi::result("add_rms_norm_trained", normed)?;
+        Ok((ffi::result("add_rms_norm_trained", sum)?, normed))
     }
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)

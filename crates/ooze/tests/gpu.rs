@@ -1076,8 +1076,9 @@ fn gpu_wide_elementwise_kernels_equal_narrow_ones() {
     }
 }
 
-/// Training's RMSNorm: ATen's forward bit for bit, and a backward at least as close to the
-/// exact gradient (fp64) as ATen's own bf16 backward, for the input and the weight.
+/// Training's RMSNorm, alone and after the residual add: ATen's forward bit for bit, and a
+/// backward at least as close to the exact gradient (fp64) as ATen's own bf16 backward, for the
+/// inputs and the weight.
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_trained_rms_norm_matches_aten() {
@@ -1122,6 +1123,40 @@ fn gpu_trained_rms_norm_matches_aten() {
             assert!(
                 e_ours <= 2.0 * e_aten + 1e-3,
                 "{rows}x{n} {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
+            );
+        }
+        // The residual add before the norm; both the sum and the normed rows feed the loss.
+        let delta = Tensor::randn([rows, n], (Kind::BFloat16, dev));
+        let up_sum = Tensor::randn([rows, n], (Kind::BFloat16, dev));
+        let run_add = |ours: bool, kind: Kind| {
+            let x = x.to_kind(kind).detach().set_requires_grad(true);
+            let d = delta.to_kind(kind).detach().set_requires_grad(true);
+            let w = w.to_kind(kind).detach().set_requires_grad(true);
+            let (sum, y) = if ours {
+                kernels::add_rms_norm_trained(&x, &d, &w, 1e-6).unwrap()
+            } else {
+                let sum = &x + &d;
+                let y = sum.rms_norm([n].as_slice(), Some(&w), 1e-6);
+                (sum, y)
+            };
+            ((&y * up.to_kind(kind)).sum(kind) + (&sum * up_sum.to_kind(kind)).sum(kind))
+                .backward();
+            (sum.detach(), y.detach(), x.grad(), d.grad(), w.grad())
+        };
+        let ours = run_add(true, Kind::BFloat16);
+        let aten = run_add(false, Kind::BFloat16);
+        let exact = run_add(false, Kind::Double);
+        assert!(ours.0.equal(&aten.0), "residual sum {rows}x{n}");
+        assert!(ours.1.equal(&aten.1), "add + norm forward {rows}x{n}");
+        for (what, o, a, e) in [
+            ("x", &ours.2, &aten.2, &exact.2),
+            ("delta", &ours.3, &aten.3, &exact.3),
+            ("weight", &ours.4, &aten.4, &exact.4),
+        ] {
+            let (e_ours, e_aten) = (err(o, e), err(a, e));
+            assert!(
+                e_ours <= 2.0 * e_aten + 1e-3,
+                "{rows}x{n} add + norm, {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
             );
         }
     }
