@@ -179,16 +179,25 @@ __global__ void silu_mul_backward_pairs_kernel(const T* __restrict__ gate_up,
   Pair<T>::store(o + width + col, make_float2(g.x * x.x * s0, g.y * x.y * s1));
 }
 
+// Calls f(row, col) for every eight columns col of `rows` rows of `width` (a multiple of 8), one
+// call per thread of a grid-stride loop.
+template <typename F>
+__device__ __forceinline__ void for_each_octet(int64_t rows, int64_t width, F f) {
+  const int64_t per_row = width / 8, total = rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row;
+    f(row, (i - row * per_row) * 8);
+  }
+}
+
 // silu_mul_pairs_kernel's arithmetic over eight columns per thread (bf16, width a multiple of 8,
 // 16-byte aligned rows): 16-byte loads and stores keep more bytes in flight per thread.
 __global__ void silu_mul_octets_kernel(const __nv_bfloat16* __restrict__ gate_up,
                                        __nv_bfloat16* __restrict__ out, int64_t rows,
                                        int64_t width) {
   using T = __nv_bfloat16;
-  const int64_t per_row = width / 8, total = rows * per_row;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / per_row, col = (i - row * per_row) * 8;
+  for_each_octet(rows, width, [&](int64_t row, int64_t col) {
     const T* in = gate_up + row * 2 * width;
     float g[8], u[8], o[8];
     load8(in + col, g);
@@ -196,7 +205,7 @@ __global__ void silu_mul_octets_kernel(const __nv_bfloat16* __restrict__ gate_up
 #pragma unroll
     for (int k = 0; k < 8; ++k) o[k] = stored<T>(g[k] / (1.f + expf(-g[k]))) * u[k];
     store8(out + row * width + col, o);
-  }
+  });
 }
 
 // silu_mul_backward_pairs_kernel's arithmetic over eight columns per thread (as above).
@@ -205,10 +214,7 @@ __global__ void silu_mul_backward_octets_kernel(const __nv_bfloat16* __restrict_
                                                 __nv_bfloat16* __restrict__ out, int64_t rows,
                                                 int64_t width) {
   using T = __nv_bfloat16;
-  const int64_t per_row = width / 8, total = rows * per_row;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / per_row, col = (i - row * per_row) * 8;
+  for_each_octet(rows, width, [&](int64_t row, int64_t col) {
     const T* in = gate_up + row * 2 * width;
     float x[8], u[8], g[8], d_gate[8], d_up[8];
     load8(in + col, x);
@@ -223,7 +229,7 @@ __global__ void silu_mul_backward_octets_kernel(const __nv_bfloat16* __restrict_
     T* o = out + row * 2 * width;
     store8(o + col, d_gate);
     store8(o + width + col, d_up);
-  }
+  });
 }
 
 // Backward of silu(gate)·up: d_gate = g·up·σ(x)(1 + x(1 − σ(x))), d_up = g·silu(x), written into

@@ -247,6 +247,19 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
   }
 };
 
+// The inputs training's norms take: contiguous bf16 x [..., n] on a GPU, n a multiple of 8 up
+// to 8192, and a contiguous bf16 weight [n] on x's device.
+void check_trained_norm(const at::Tensor& x, const at::Tensor& weight) {
+  check_cuda(x, "x");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() >= 1,
+              "x must be contiguous bfloat16 [..., n]");
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(n % 8 == 0 && n <= 8192, "the norm's width must be a multiple of 8 up to 8192, got ", n);
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() &&
+                  weight.numel() == n && weight.device() == x.device(),
+              "weight must be contiguous bfloat16 [n] on x's device");
+}
+
 }  // namespace
 
 extern "C" {
@@ -345,15 +358,8 @@ at::Tensor* ooze_add_rms_norm(const at::Tensor* x, const at::Tensor* delta,
 // n a multiple of 8, at most 8192.
 at::Tensor* ooze_rms_norm_trained(const at::Tensor* x, const at::Tensor* weight, double eps) {
   return guarded([&] {
-    check_cuda(*x, "x");
+    check_trained_norm(*x, *weight);
     c10::cuda::CUDAGuard guard(x->device());
-    TORCH_CHECK(x->scalar_type() == at::kBFloat16 && x->is_contiguous() && x->dim() >= 1,
-                "x must be contiguous bfloat16 [..., n]");
-    const int64_t n = x->size(-1);
-    TORCH_CHECK(n % 8 == 0 && n <= 8192, "the norm's width must be a multiple of 8 up to 8192, got ", n);
-    TORCH_CHECK(weight->scalar_type() == at::kBFloat16 && weight->is_contiguous() &&
-                    weight->numel() == n && weight->device() == x->device(),
-                "weight must be contiguous bfloat16 [n] on x's device");
     return RmsNormFunction::apply(*x, *weight, eps);
   });
 }
@@ -365,18 +371,11 @@ at::Tensor* ooze_add_rms_norm_trained(const at::Tensor* x, const at::Tensor* del
                                       const at::Tensor* weight, double eps,
                                       at::Tensor** sum_out) {
   return guarded([&] {
-    check_cuda(*x, "x");
+    check_trained_norm(*x, *weight);
     c10::cuda::CUDAGuard guard(x->device());
-    TORCH_CHECK(x->scalar_type() == at::kBFloat16 && x->is_contiguous() && x->dim() >= 1,
-                "x must be contiguous bfloat16 [..., n]");
-    const int64_t n = x->size(-1);
-    TORCH_CHECK(n % 8 == 0 && n <= 8192, "the norm's width must be a multiple of 8 up to 8192, got ", n);
     TORCH_CHECK(delta->sizes() == x->sizes() && delta->is_contiguous() &&
                     delta->scalar_type() == at::kBFloat16 && delta->device() == x->device(),
                 "delta must be contiguous bfloat16 of x's shape on x's device");
-    TORCH_CHECK(weight->scalar_type() == at::kBFloat16 && weight->is_contiguous() &&
-                    weight->numel() == n && weight->device() == x->device(),
-                "weight must be contiguous bfloat16 [n] on x's device");
     auto outs = AddRmsNormFunction::apply(*x, *delta, *weight, eps);
     *sum_out = new at::Tensor(outs[0]);
     return outs[1];

@@ -117,7 +117,7 @@ mod ffi {
     use std::ffi::{c_char, c_void};
 
     /// An `at::Tensor*` (tch's `C_tensor`), passed through untyped.
-    type CTensor = c_void;
+    pub type CTensor = c_void;
 
     extern "C" {
         pub fn ooze_ops_last_error() -> *const c_char;
@@ -313,24 +313,48 @@ pub fn add_rms_norm(
     eps: f64,
 ) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
-    {
-        let mut sum = std::ptr::null_mut();
-        // SAFETY: live tensors in; on success the shim hands over two heap-allocated tensors,
-        // the sum through `sum` and the normed rows as the result.
-        let normed = unsafe {
-            ffi::ooze_add_rms_norm(
-                x.as_ptr().cast(),
-                delta.as_ptr().cast(),
-                weight.as_ptr().cast(),
-                eps,
-                &mut sum,
-            )
-        };
-        let normed = ffi::result("add_rms_norm", normed)?;
-        Ok((ffi::result("add_rms_norm", sum)?, normed))
-    }
+    return sum_and_normed(
+        "add_rms_norm",
+        ffi::ooze_add_rms_norm,
+        x,
+        delta,
+        weight,
+        eps,
+    );
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)
+}
+
+/// An add-and-norm entry point of the shim: live tensors in; on success it hands over two
+/// heap-allocated tensors, the sum through its out-parameter and the normed rows as the result.
+#[cfg(ooze_cuda_kernels)]
+fn sum_and_normed(
+    kernel: &'static str,
+    entry: unsafe extern "C" fn(
+        *const ffi::CTensor,
+        *const ffi::CTensor,
+        *const ffi::CTensor,
+        f64,
+        *mut *mut ffi::CTensor,
+    ) -> *mut ffi::CTensor,
+    x: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), KernelError> {
+    let mut sum = std::ptr::null_mut();
+    // SAFETY: live tensors; the shim checks them and owns nothing it returns.
+    let normed = unsafe {
+        entry(
+            x.as_ptr().cast(),
+            delta.as_ptr().cast(),
+            weight.as_ptr().cast(),
+            eps,
+            &mut sum,
+        )
+    };
+    let normed = ffi::result(kernel, normed)?;
+    Ok((ffi::result(kernel, sum)?, normed))
 }
 
 /// Widths [`rms_norm_trained`] takes: multiples of 8 up to 8192.
@@ -366,21 +390,14 @@ pub fn add_rms_norm_trained(
     eps: f64,
 ) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
-    {
-        let mut sum = std::ptr::null_mut();
-        // SAFETY: live tensors in; on success the shim hands over two heap-allocated tensors.
-        let normed = unsafe {
-            ffi::ooze_add_rms_norm_trained(
-                x.as_ptr().cast(),
-                delta.as_ptr().cast(),
-                weight.as_ptr().cast(),
-                eps,
-                &mut sum,
-            )
-        };
-        let normed = ffi::result("add_rms_norm_trained", normed)?;
-        Ok((ffi::result("add_rms_norm_trained", sum)?, normed))
-    }
+    return sum_and_normed(
+        "add_rms_norm_trained",
+        ffi::ooze_add_rms_norm_trained,
+        x,
+        delta,
+        weight,
+        eps,
+    );
     #[cfg(not(ooze_cuda_kernels))]
     Err(KernelError::Unavailable)
 }

@@ -938,7 +938,6 @@ fn gpu_packed_flash_attention_matches_padded_and_trains() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_kernel_gradients_match_libtorch() {
     require_gpu();
-    use ooze_model::config::Rope;
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
@@ -961,16 +960,7 @@ fn gpu_kernel_gradients_match_libtorch() {
     let (tokens, heads, dim) = (29i64, 6i64, 64i64);
     let mut rows =
         Tensor::randn([tokens, (heads + 1) * dim], (Kind::Float, dev)).set_requires_grad(true);
-    let inv = ooze_model::rope::inverse_frequencies(
-        &Rope {
-            theta: 1e6,
-            llama3: None,
-        },
-        dim,
-        dev,
-    );
-    let positions = Tensor::arange(tokens, (Kind::Int64, dev)).unsqueeze(0) * 37;
-    let (cos, sin) = ooze_model::rope::cos_sin(&inv, &positions, Kind::Float);
+    let (cos, sin) = rotary_tables(tokens, dim, Kind::Float);
     let w = Tensor::randn([tokens, heads, dim], (Kind::Float, dev));
     let fused = kernels::rope(
         &rows,
@@ -995,6 +985,27 @@ fn gpu_kernel_gradients_match_libtorch() {
     close(&g_fused, &rows.grad(), "rope gradient");
 }
 
+/// Rotary tables `[1, tokens, dim]` (cos, and the sine with its first half negated) of positions
+/// 0, 37, 74, … at θ = 1e6, on the GPU in `kind`.
+fn rotary_tables(
+    tokens: i64,
+    dim: i64,
+    kind: Kind,
+) -> (ooze_torch::tch::Tensor, ooze_torch::tch::Tensor) {
+    use ooze_model::config::Rope;
+    let dev = Device::Cuda(0);
+    let inv = ooze_model::rope::inverse_frequencies(
+        &Rope {
+            theta: 1e6,
+            llama3: None,
+        },
+        dim,
+        dev,
+    );
+    let positions = ooze_torch::tch::Tensor::arange(tokens, (Kind::Int64, dev)).unsqueeze(0) * 37;
+    ooze_model::rope::cos_sin(&inv, &positions, kind)
+}
+
 /// `x`'s values in a tensor whose data starts 4 bytes past a 16-byte boundary: ooze's elementwise
 /// kernels then take their two-element (or one-element) paths instead of the 16-byte ones.
 fn misaligned_copy(x: &ooze_torch::tch::Tensor) -> ooze_torch::tch::Tensor {
@@ -1011,7 +1022,6 @@ fn misaligned_copy(x: &ooze_torch::tch::Tensor) -> ooze_torch::tch::Tensor {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_wide_elementwise_kernels_equal_narrow_ones() {
     require_gpu();
-    use ooze_model::config::Rope;
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
@@ -1034,16 +1044,7 @@ fn gpu_wide_elementwise_kernels_equal_narrow_ones() {
     }
     for (tokens, heads, dim) in [(29i64, 6i64, 64i64), (300, 48, 128)] {
         let rows = Tensor::randn([tokens, (heads + 2) * dim], bf16);
-        let inv = ooze_model::rope::inverse_frequencies(
-            &Rope {
-                theta: 1e6,
-                llama3: None,
-            },
-            dim,
-            dev,
-        );
-        let positions = Tensor::arange(tokens, (Kind::Int64, dev)).unsqueeze(0) * 37;
-        let (cos, sin) = ooze_model::rope::cos_sin(&inv, &positions, Kind::BFloat16);
+        let (cos, sin) = rotary_tables(tokens, dim, Kind::BFloat16);
         let (cos, sin) = (cos.view([tokens, dim]), sin.view([tokens, dim]));
         let wide = kernels::rope(&rows, &cos, &sin, heads, dim).unwrap();
         let narrow = kernels::rope(&misaligned_copy(&rows), &cos, &sin, heads, dim).unwrap();
@@ -1072,6 +1073,33 @@ fn gpu_wide_elementwise_kernels_equal_narrow_ones() {
         assert!(
             rest.eq(0.0).all().int64_value(&[]) == 1,
             "columns past the heads get no gradient"
+        );
+    }
+}
+
+/// Each (what, ours, ATen's, exact fp64) gradient: ours at most twice ATen's relative error (largest
+/// absolute error over the largest exact value), plus 1e-3.
+fn gradients_as_close_as_aten(
+    label: &str,
+    gradients: &[(
+        &str,
+        &ooze_torch::tch::Tensor,
+        &ooze_torch::tch::Tensor,
+        &ooze_torch::tch::Tensor,
+    )],
+) {
+    let err = |a: &ooze_torch::tch::Tensor, exact: &ooze_torch::tch::Tensor| {
+        (a.to_kind(Kind::Double) - exact)
+            .abs()
+            .max()
+            .double_value(&[])
+            / exact.abs().max().double_value(&[])
+    };
+    for (what, ours, aten, exact) in gradients {
+        let (e_ours, e_aten) = (err(ours, exact), err(aten, exact));
+        assert!(
+            e_ours <= 2.0 * e_aten + 1e-3,
+            "{label}, {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
         );
     }
 }
@@ -1108,23 +1136,13 @@ fn gpu_trained_rms_norm_matches_aten() {
             y_ours.equal(&y_aten),
             "forward {rows}x{n} differs from ATen's"
         );
-        let err = |a: &Tensor, exact: &Tensor| {
-            (a.to_kind(Kind::Double) - exact)
-                .abs()
-                .max()
-                .double_value(&[])
-                / exact.abs().max().double_value(&[])
-        };
-        for (what, ours, aten, exact) in [
-            ("input", &dx_ours, &dx_aten, &dx_exact),
-            ("weight", &dw_ours, &dw_aten, &dw_exact),
-        ] {
-            let (e_ours, e_aten) = (err(ours, exact), err(aten, exact));
-            assert!(
-                e_ours <= 2.0 * e_aten + 1e-3,
-                "{rows}x{n} {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
-            );
-        }
+        gradients_as_close_as_aten(
+            &format!("{rows}x{n} norm"),
+            &[
+                ("input", &dx_ours, &dx_aten, &dx_exact),
+                ("weight", &dw_ours, &dw_aten, &dw_exact),
+            ],
+        );
         // The residual add before the norm; both the sum and the normed rows feed the loss.
         let delta = Tensor::randn([rows, n], (Kind::BFloat16, dev));
         let up_sum = Tensor::randn([rows, n], (Kind::BFloat16, dev));
@@ -1148,17 +1166,14 @@ fn gpu_trained_rms_norm_matches_aten() {
         let exact = run_add(false, Kind::Double);
         assert!(ours.0.equal(&aten.0), "residual sum {rows}x{n}");
         assert!(ours.1.equal(&aten.1), "add + norm forward {rows}x{n}");
-        for (what, o, a, e) in [
-            ("x", &ours.2, &aten.2, &exact.2),
-            ("delta", &ours.3, &aten.3, &exact.3),
-            ("weight", &ours.4, &aten.4, &exact.4),
-        ] {
-            let (e_ours, e_aten) = (err(o, e), err(a, e));
-            assert!(
-                e_ours <= 2.0 * e_aten + 1e-3,
-                "{rows}x{n} add + norm, {what} gradient: relative error {e_ours:.2e}, ATen's {e_aten:.2e}"
-            );
-        }
+        gradients_as_close_as_aten(
+            &format!("{rows}x{n} add + norm"),
+            &[
+                ("x", &ours.2, &aten.2, &exact.2),
+                ("delta", &ours.3, &aten.3, &exact.3),
+                ("weight", &ours.4, &aten.4, &exact.4),
+            ],
+        );
     }
 }
 
