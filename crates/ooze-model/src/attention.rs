@@ -266,7 +266,7 @@ pub(crate) fn packed_mask(lengths: &[i64], device: Device) -> Tensor {
         .enumerate()
         .flat_map(|(i, &n)| std::iter::repeat_n(i as i64, n as usize))
         .collect();
-    let seg = Tensor::from_slice(&segments).to_device(device);
+    let seg = upload(&segments, device);
     let n = segments.len() as i64;
     let same = seg.unsqueeze(1).eq_tensor(&seg.unsqueeze(0));
     let causal = Tensor::ones([n, n], (Kind::Bool, device)).tril(0);
@@ -307,8 +307,8 @@ impl PaddedPacking {
             start += len;
         }
         Some(PaddedPacking {
-            gather: Tensor::from_slice(&gather).to_device(device),
-            scatter: Tensor::from_slice(&scatter).to_device(device),
+            gather: upload(&gather, device),
+            scatter: upload(&scatter, device),
             rows,
             longest,
         })

@@ -8,6 +8,7 @@
 
 use crate::config::{Llama3Scaling, Rope};
 use ooze_torch::tch::{Device, Kind, Tensor};
+use ooze_torch::transfer::upload;
 
 /// Inverse frequencies for one head dimension, fp32 on `device`.
 pub fn inverse_frequencies(rope: &Rope, head_dim: i64, device: Device) -> Tensor {
@@ -21,7 +22,7 @@ pub fn inverse_frequencies(rope: &Rope, head_dim: i64, device: Device) -> Tensor
             }
         })
         .collect();
-    Tensor::from_slice(&freqs).to_device(device)
+    upload(&freqs, device)
 }
 
 fn llama3_scale(inv_freq: f32, s: &Llama3Scaling) -> f32 {

@@ -6,6 +6,7 @@ use ooze_core::Sample;
 use ooze_model::scoring::head_log_probs;
 use ooze_model::{Attention, Decoder, ScoreOptions};
 use ooze_torch::tch::Tensor;
+use ooze_torch::transfer::upload;
 
 /// What the entropy of each position is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +39,8 @@ pub struct ResponseScores {
 }
 
 /// A micro-batch packed into one row: token ids and positions `[1, total]`, sequence lengths, the
-/// flat positions that predict response tokens and those tokens.
+/// flat positions that predict response tokens and those tokens. Uploaded without waiting for the
+/// GPU (a plain `to_device` would drain the work still queued, such as the micro-batch before).
 pub(crate) struct Packed {
     pub(crate) ids: Tensor,
     pub(crate) positions: Tensor,
@@ -66,13 +68,11 @@ pub(crate) fn pack_tokens(decoder: &Decoder, samples: &[Sample]) -> Packed {
         lengths.push(s.tokens.len() as i64);
     }
     Packed {
-        ids: Tensor::from_slice(&ids).unsqueeze(0).to_device(device),
-        positions: Tensor::from_slice(&positions)
-            .unsqueeze(0)
-            .to_device(device),
+        ids: upload(&ids, device).unsqueeze(0),
+        positions: upload(&positions, device).unsqueeze(0),
         lengths,
-        select: Tensor::from_slice(&select).to_device(device),
-        targets: Tensor::from_slice(&targets).to_device(device),
+        select: upload(&select, device),
+        targets: upload(&targets, device),
     }
 }
 

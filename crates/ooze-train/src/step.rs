@@ -16,6 +16,7 @@ use ooze_algo::{token_weights, Aggregation, LossConfig, LossInputs, PolicyLoss, 
 use ooze_core::Sample;
 use ooze_torch::dist::ReduceOp;
 use ooze_torch::tch::{Device, Kind, Tensor};
+use ooze_torch::transfer::upload;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -296,7 +297,8 @@ impl Trainer {
     ) -> Result<(), TrainError> {
         let kind = float_kind(&self.policy);
         let device = self.policy.device();
-        let t = |v: Vec<f64>| Tensor::from_slice(&v).to_kind(kind).to_device(device);
+        // Queued uploads (a plain `to_device` would wait here for the forward pass just queued).
+        let t = |v: Vec<f64>| upload(&v, device).to_kind(kind);
         let chosen = &samples[range.clone()];
         let gather = |all: &[Vec<f64>]| t(all[range.clone()].concat());
         let gather32 = |all: &[Vec<f32>]| {
@@ -343,7 +345,7 @@ impl Trainer {
         let (advantages, weights_t) = (gather(inputs.advantages), gather32(weights));
         let reference_t = inputs.reference.map(&gather);
         let observation_t = observation_weights.map(gather32);
-        let sample_index = Tensor::from_slice(&index).to_device(device);
+        let sample_index = upload(&index, device);
         let mut critic_backward = None;
         let critic_inputs = match inputs.critic_targets {
             Some((old_values, returns)) if self.critic.is_some() => {

@@ -34,11 +34,7 @@ impl Decoder {
                     offsets.push(offsets[offsets.len() - 1] + l as i32);
                 }
                 let longest = lengths.iter().copied().max().unwrap_or(0);
-                Some((
-                    Tensor::from_slice(&offsets).to_device(self.device),
-                    longest,
-                    lengths.to_vec(),
-                ))
+                Some((upload(&offsets, self.device), longest, lengths.to_vec()))
             }
             _ => None,
         };
