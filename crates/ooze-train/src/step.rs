@@ -102,7 +102,7 @@ impl DeviceSums {
             Vec::new()
         } else {
             Vec::<f64>::try_from(Tensor::cat(&present, 0).to_device(Device::Cpu))
-                .map_err(|e| TrainError::Optimizer(format!("reading the step's metrics: {e}")))?
+                .map_err(ooze_model::ModelError::from)?
         }
         .into_iter();
         let sums = self

@@ -131,6 +131,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         config.context_len
     );
     let roofline = Roofline::of(&decoder, a.batch, a.input_len, a.output_len);
+    let device = decoder.device();
     let engine = ooze_engine::start(decoder, None, config);
     eprintln!("{kv_line}");
     let sampling = SamplingParams {
@@ -168,12 +169,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             session: None,
         }))?;
     }
-    let recording = match &a.trace {
-        Some(_) => Some(ooze_torch::profiler::Trace::start(
-            a.compute.device.resolve()?.is_cuda(),
-        )?),
-        None => None,
-    };
+    let recording = super::trace::Recording::start(a.trace.as_deref(), device.is_cuda())?;
     let started = Instant::now();
     let mut streams = Vec::with_capacity(a.batch);
     let mut prompts = Vec::new();
@@ -239,16 +235,8 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         (firsts, outputs, peak.await.unwrap_or(0))
     });
     let total = started.elapsed().as_secs_f64();
-    if let (Some(recording), Some(path)) = (recording, &a.trace) {
-        recording.finish(path)?;
-        eprint!(
-            "{}",
-            super::trace::GpuWork::load(path)?.summary(a.output_len.max(1), 25)
-        );
-        eprintln!(
-            "trace written to {} (per step: per output token)",
-            path.display()
-        );
+    if let Some(recording) = recording {
+        recording.finish(a.output_len.max(1), "one output token of every sequence")?;
     }
     let stats = runtime.block_on(engine.stats())?;
     let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();

@@ -6,7 +6,7 @@
 //! weights up to date (sharded: one all-gather per unit) and its bandwidth.
 
 use super::ranks::{join, launch, RankArgs};
-use super::trace::GpuWork;
+use super::trace::Recording;
 use super::{load_decoder_on, ComputeArgs};
 use ooze_torch::dist::ReduceOp;
 use ooze_torch::tch::{Device, Kind, Tensor};
@@ -127,10 +127,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (mut steps, mut syncs) = (Vec::with_capacity(a.iters), Vec::new());
     // Rank 0 records (one trace per process; the others' match it).
-    let recording = match &a.trace {
-        Some(_) if first => Some(ooze_torch::profiler::Trace::start(device.is_cuda())?),
-        _ => None,
-    };
+    let recording = Recording::start(a.trace.as_deref().filter(|_| first), device.is_cuda())?;
     for _ in 0..a.iters {
         steps.push(trainer.sft_step(&samples)?);
         if let Some(engine) = &engine {
@@ -142,10 +139,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             syncs.push(started.elapsed().as_secs_f64());
         }
     }
-    if let (Some(recording), Some(path)) = (recording, &a.trace) {
-        recording.finish(path)?;
-        eprint!("{}", GpuWork::load(path)?.summary(a.iters, 25));
-        eprintln!("trace written to {}", path.display());
+    if let Some(recording) = recording {
+        recording.finish(a.iters, "one training step")?;
     }
     let peak = match device {
         Device::Cuda(i) => ooze_torch::cuda_graph::peak_allocated(i, false).unwrap_or(0),

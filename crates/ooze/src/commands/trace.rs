@@ -4,9 +4,37 @@
 //! for the host (a synchronisation, a slow launch), named by the work either side.
 
 use anyhow::Context;
+use ooze_torch::profiler::Trace;
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A `--trace` recording in progress, and where it goes.
+pub(crate) struct Recording {
+    trace: Trace,
+    path: PathBuf,
+}
+
+impl Recording {
+    /// Starts recording when `path` is given (`cuda`: the GPU's activity too).
+    pub(crate) fn start(path: Option<&Path>, cuda: bool) -> anyhow::Result<Option<Recording>> {
+        path.map(|path| {
+            Ok(Recording {
+                trace: Trace::start(cuda)?,
+                path: path.to_owned(),
+            })
+        })
+        .transpose()
+    }
+
+    /// Writes the trace and prints its summary over `steps` steps (`step` names what one is).
+    pub(crate) fn finish(self, steps: usize, step: &str) -> anyhow::Result<()> {
+        self.trace.finish(&self.path)?;
+        eprint!("{}", GpuWork::load(&self.path)?.summary(steps, 25));
+        eprintln!("trace written to {} (a step: {step})", self.path.display());
+        Ok(())
+    }
+}
 
 /// One complete event of a Chrome trace (Kineto writes times in microseconds).
 #[derive(Deserialize)]
