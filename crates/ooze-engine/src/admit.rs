@@ -28,6 +28,7 @@ impl EngineLoop {
                 return;
             }
             self.prefill(batch);
+            self.decode_clock.interrupt();
             // First tokens go out at once: the next prefill pass may take a while.
             self.send_outbox();
         }

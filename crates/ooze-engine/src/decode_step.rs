@@ -32,6 +32,50 @@ pub(crate) struct InFlight {
     /// Graph replay or eager launches, and (with `profile_steps`) the forward's time.
     graphed: bool,
     forward_ms: Option<f64>,
+    /// Whether the step was queued right behind another decode step (see [`DecodeClock`]), and
+    /// the key positions its rows attend.
+    follows_decode: bool,
+    positions: u64,
+}
+
+/// Steady decode: the time from one decode step's draws to the next's, counted for steps queued
+/// right behind another decode step — no prefill, idle wait or command between them — so that
+/// each interval is what one decode step costs (with overlap, the device's time for it). Totals
+/// since the engine started, in [`crate::EngineStats`].
+#[derive(Debug, Default)]
+pub(crate) struct DecodeClock {
+    /// Whether the next step queued follows a decode step directly.
+    follows_decode: bool,
+    last_ready: Option<Instant>,
+    pub(crate) steps: u64,
+    pub(crate) seconds: f64,
+    pub(crate) rows: u64,
+    pub(crate) positions: u64,
+}
+
+impl DecodeClock {
+    /// Something other than a decode step ran, or the engine waited: the next step's interval
+    /// would include it.
+    pub(crate) fn interrupt(&mut self) {
+        self.follows_decode = false;
+    }
+
+    fn queued(&mut self) -> bool {
+        std::mem::replace(&mut self.follows_decode, true)
+    }
+
+    /// A step's draws are ready: one that `follows_decode` counts the time since the draws
+    /// before, with its `rows` and the key `positions` they attended.
+    fn ready(&mut self, follows_decode: bool, rows: usize, positions: u64) {
+        let now = Instant::now();
+        if let (true, Some(before)) = (follows_decode, self.last_ready) {
+            self.steps += 1;
+            self.seconds += now.duration_since(before).as_secs_f64();
+            self.rows += rows as u64;
+            self.positions += positions;
+        }
+        self.last_ready = Some(now);
+    }
 }
 
 /// Where a step's input tokens come from on the device: row `rows[k].0` of the step takes the
@@ -177,6 +221,7 @@ impl EngineLoop {
             }
         }
         let past: Vec<i64> = rows.iter().map(|&i| self.running[i].cached).collect();
+        let positions = past.iter().map(|&p| p as u64 + 1).sum();
         let tables: Vec<&[i64]> = rows.iter().map(|&i| &self.running[i].table[..]).collect();
         let feed = self.in_flight.as_ref().map(|f| Feed {
             from: &f.draws.tokens,
@@ -241,6 +286,8 @@ impl EngineLoop {
             draws,
             graphed: is_graphed,
             forward_ms,
+            follows_decode: self.decode_clock.queued(),
+            positions,
         }
     }
 
@@ -279,6 +326,8 @@ impl EngineLoop {
     fn process(&mut self, step: InFlight) {
         let t0 = Instant::now();
         let draws = step.draws.wait();
+        self.decode_clock
+            .ready(step.follows_decode, step.ids.len(), step.positions);
         let index: HashMap<RequestId, usize> = (self.running.iter().enumerate())
             .map(|(i, r)| (r.id, i))
             .collect();

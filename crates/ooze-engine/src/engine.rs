@@ -23,7 +23,7 @@
 //! where a longer cached prefix exists.
 
 use crate::decode_graph::DecodeGraphs;
-use crate::decode_step::InFlight;
+use crate::decode_step::{DecodeClock, InFlight};
 use crate::handle::{
     Command, EngineConfig, EngineHandle, EngineStats, Event, Output, PauseMode, Request, RequestId,
     WeightSource,
@@ -96,6 +96,8 @@ pub(crate) struct EngineLoop {
     pub(crate) graphs: Option<DecodeGraphs>,
     /// The decode step queued on the device whose draws are not handled yet.
     pub(crate) in_flight: Option<InFlight>,
+    /// Steady decode steps: how many, and their time.
+    pub(crate) decode_clock: DecodeClock,
     /// Events drawn but not yet sent. A decode step sends them once the next forward pass is
     /// launched, so waking the callers overlaps with the GPU instead of delaying it.
     pub(crate) outbox: Vec<(async_mpsc::UnboundedSender<Event>, Event)>,
@@ -135,6 +137,7 @@ pub fn start(
         overlapped_steps: 0,
         graphs,
         in_flight: None,
+        decode_clock: DecodeClock::default(),
         outbox: Vec::new(),
     };
     std::thread::Builder::new()
@@ -158,6 +161,7 @@ impl EngineLoop {
             if self.paused || (self.running.is_empty() && self.waiting.is_empty()) {
                 // Nothing to queue: finish the step in flight before waiting for a command.
                 self.drain();
+                self.decode_clock.interrupt();
                 self.send_outbox();
                 match commands.recv() {
                     Ok(Command::Shutdown(reply)) => return self.shut_down(reply),
@@ -214,6 +218,7 @@ impl EngineLoop {
             Command::Submit { .. } | Command::Abort(_) | Command::Stats(_)
         ) {
             self.drain();
+            self.decode_clock.interrupt();
         }
         match command {
             Command::Submit {
@@ -255,6 +260,10 @@ impl EngineLoop {
                     kv_allocated: self.cache.is_some(),
                     preempted: self.preempted,
                     overlapped_steps: self.overlapped_steps,
+                    decode_steps: self.decode_clock.steps,
+                    decode_seconds: self.decode_clock.seconds,
+                    decode_rows: self.decode_clock.rows,
+                    decode_positions: self.decode_clock.positions,
                 });
             }
             Command::FlushCache(reply) => {

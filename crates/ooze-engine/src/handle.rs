@@ -244,6 +244,14 @@ pub struct EngineStats {
     /// Decode steps queued while the step before was still in flight (see
     /// [`EngineConfig::overlap_steps`]).
     pub overlapped_steps: u64,
+    /// Steady decode steps so far (queued right behind another decode step, so no prefill, wait
+    /// or command in their interval), their total seconds from one step's draws to the next's,
+    /// the rows they computed and the key positions those rows attended. `ooze bench generate`
+    /// puts these against the memory roofline.
+    pub decode_steps: u64,
+    pub decode_seconds: f64,
+    pub decode_rows: u64,
+    pub decode_positions: u64,
 }
 
 /// The messages an engine worker serves: the embedded engine thread ([`crate::engine`]), or a

@@ -132,3 +132,40 @@ fn overlapped_steps_give_what_sequential_steps_give() {
     assert!(stats.preempted > 0, "blocks ran out: {stats:?}");
     assert_eq!((stats.kv_blocks_free, stats.running), (10, 0), "{stats:?}");
 }
+
+/// The steady-decode counters (`decode_steps` and the rest) count the decode steps queued right
+/// behind another decode step, with and without overlap: not the first one after a prefill, and
+/// not across the idle time between two requests.
+#[test]
+fn steady_decode_counts_only_steps_behind_decode_steps() {
+    let dir = common::tiny_model(37);
+    let rt = runtime();
+    for overlap in [false, true] {
+        let handle = start_engine(dir.path(), config(4, None, overlap));
+        let request = || Request {
+            input_ids: vec![11, 12, 13, 14, 15, 16],
+            sampling: SamplingParams {
+                seed: Some(3),
+                max_new_tokens: Some(10),
+                ignore_eos: Some(true),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap(),
+            session: None,
+        };
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let out = rt.block_on(all(&handle, vec![request()]));
+            assert_eq!(out[0].tokens.len(), 10);
+            let s = rt.block_on(handle.stats()).unwrap();
+            seen.push((s.decode_steps, s.decode_rows, s.decode_positions));
+            assert!(s.decode_seconds > 0.0, "{s:?}");
+        }
+        // The prefill draws token 1; decode steps 1..=9 draw the rest, step k attending 6 + k
+        // positions. Step 1 follows the prefill, so steps 2..=9 count: 8 steps, 92 positions.
+        assert_eq!(seen[0], (8, 8, 92), "overlap {overlap}");
+        // The second request adds the same: the first step after the idle wait does not count.
+        assert_eq!(seen[1], (16, 16, 184), "overlap {overlap}");
+    }
+}

@@ -559,6 +559,10 @@ fn serve(shared: Arc<Shared>, commands: mpsc::Receiver<Command>) {
                     kv_allocated: true,
                     preempted: 0,
                     overlapped_steps: 0,
+                    decode_steps: 0,
+                    decode_seconds: 0.0,
+                    decode_rows: 0,
+                    decode_positions: 0,
                 });
             }
             Command::FlushCache(reply) => {

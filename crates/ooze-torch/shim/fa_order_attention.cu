@@ -42,14 +42,28 @@ __host__ __device__ constexpr int fao_block_n() {
 // FlashAttention-2's bitwise. Long single rows would otherwise leave most of the GPU idle.
 constexpr int FAO_CHUNK = 4096;
 constexpr int FAO_WARPS = 4;
-// Copy slots. Three (two items in flight while one is used) against two, measured with whole
-// 128-key items at head size 64: 4B decode 223 against 240 µs a call, 0.5B 48.8 against 49.7
-// (H200, scripts/bench/fa_order).
-constexpr int FAO_SLOTS = 3;
+// Copy slots: SLOTS − 1 items are in flight while one is used. Three slots (two in flight) fit
+// the most blocks on a multiprocessor; a launch with fewer blocks than that would hold takes a
+// deeper pipeline instead (fao_pick_slots), so that as many bytes are in flight per
+// multiprocessor either way.
 constexpr int FAO_PAD = 8;  // bf16 row padding: ldmatrix rows land on distinct banks
 // Keys a copy slot holds: a block of 64 (head size 128) or half of one (64), so that a slot is
 // 8 or 16 KiB and five or three blocks of the kernel fit on a multiprocessor.
 constexpr int FAO_ITEM = 64;
+
+// Blocks whose runs are looked up ahead of the copies: block b's first item looks up block
+// b − fao_ahead, whose first copy is staged fao_ahead · 2 · (N / FAO_ITEM) − (SLOTS − 1) ≥ 1
+// items later, after a barrier.
+template <int D, int SLOTS>
+__host__ __device__ constexpr int fao_ahead() {
+  return (SLOTS + 2 * (fao_block_n<D>() / FAO_ITEM) - 1) / (2 * (fao_block_n<D>() / FAO_ITEM));
+}
+// Entries of the run table, a ring by block number: the fao_ahead blocks being staged and the one
+// being looked up, rounded up to a power of two.
+template <int D, int SLOTS>
+__host__ __device__ constexpr int fao_ring() {
+  return fao_ahead<D, SLOTS>() + 1 <= 4 ? 4 : 8;
+}
 
 template <int D, int SLOTS>
 struct FaoShared {
@@ -60,7 +74,7 @@ struct FaoShared {
   __nv_bfloat16 q[16][D + FAO_PAD];
   float rescale[16];  // per row: what the running output is multiplied by before this block
   float inv_sum[16];
-  int64_t cell[4][N / 16];  // where each 16-key run of a block starts, by block number mod 4
+  int64_t cell[fao_ring<D, SLOTS>()][N / 16];  // where each 16-key run of a block starts
 };
 
 struct FaoArgs {
@@ -135,15 +149,16 @@ __device__ __forceinline__ float fao_reciprocal(float x) {
 #endif
 }
 
-// Blocks a multiprocessor holds, as shared memory allows (≈ 43 KiB a block at head size 64,
-// 63 KiB at 128); the register cap follows from it.
-template <int D>
-constexpr int fao_blocks_per_sm() {
-  return D == 64 ? 5 : 3;
+// Blocks a multiprocessor holds, as shared memory allows (228 KiB, 1 KiB of it reserved per
+// block; ≈ 43 KiB a block at head size 64 with three slots, 63 KiB at 128); the register cap
+// follows from it.
+template <int D, int SLOTS>
+__host__ __device__ constexpr int fao_blocks_per_sm() {
+  return static_cast<int>((228 * 1024) / (sizeof(FaoShared<D, SLOTS>) + 1024));
 }
 
 template <int D, int SLOTS>
-__global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
+__global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
     fa_order_attention_kernel(FaoArgs a) {
   constexpr int N = fao_block_n<D>();
   extern __shared__ __align__(128) unsigned char fao_raw[];
@@ -177,11 +192,17 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
   constexpr int PARTS = N / FAO_ITEM;
   const int items = 2 * PARTS * (last - first + 1);
 
-  // Where the 16-key runs of block b start (threads < N / 16).
-  auto look_up = [&](int b) {
-    if (b >= first && tid < N / 16) {
-      sh.cell[b & 3][tid] = a.keys.cell_if_mapped(tile.seq, static_cast<int64_t>(b) * N + tid * 16);
-    }
+  // Where the 16-key runs of block b start (threads < N / 16), read from the block table, and
+  // kept in the ring for the copies. A block's runs are read one block before they are kept, so
+  // that the read's latency hides behind a block's work instead of holding up the next barrier.
+  constexpr int AHEAD = fao_ahead<D, SLOTS>(), RING = fao_ring<D, SLOTS>();
+  auto find = [&](int b) -> int64_t {
+    return b >= first && tid < N / 16
+               ? a.keys.cell_if_mapped(tile.seq, static_cast<int64_t>(b) * N + tid * 16)
+               : 0;
+  };
+  auto keep = [&](int b, int64_t cell) {
+    if (b >= first && tid < N / 16) sh.cell[b & (RING - 1)][tid] = cell;
   };
   // Item i: part i % PARTS of the keys (i / PARTS even) or values (odd) of block
   // last − i / (2·PARTS), into slot i % SLOTS; positions past the tile's keys are zeros. One
@@ -200,7 +221,7 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
         const int row = p / (D / 8), piece = p % (D / 8), key = from + row;
         __nv_bfloat16* to = &sh.kv[i % SLOTS][row][piece * 8];
         if (static_cast<int64_t>(b) * N + key < n_keys) {
-          copy_async_16(to, head + (sh.cell[b & 3][key / 16] + key % 16) * stride + piece * 8);
+          copy_async_16(to, head + (sh.cell[b & (RING - 1)][key / 16] + key % 16) * stride + piece * 8);
         } else {
           *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
         }
@@ -209,22 +230,33 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
     copy_async_commit();
   };
 
-  // The query tile (rows past the tile's are zeros) and the first two blocks' runs.
+  // The runs of the first AHEAD blocks and the next one's, and the query tile (rows past the
+  // tile's are zeros): every read issued before any is waited for.
+  int64_t early[AHEAD];
+#pragma unroll
+  for (int ahead = 0; ahead < AHEAD; ++ahead) early[ahead] = find(last - ahead);
+  int64_t found = find(last - AHEAD);  // block last − AHEAD's runs, kept at block last
   constexpr int Q_PIECES = 16 * D / 8 / (FAO_WARPS * 32);
+  uint4 q_piece[Q_PIECES];
 #pragma unroll
   for (int j = 0; j < Q_PIECES; ++j) {
     const int p = tid + j * FAO_WARPS * 32;
     const int r = p / (D / 8), d = p % (D / 8) * 8;
-    *reinterpret_cast<uint4*>(&sh.q[r][d]) =
-        r < rows ? *reinterpret_cast<const uint4*>(
-                       a.q + static_cast<int64_t>(tile.first + r / group) * a.q_stride +
-                       (kv * group + r % group) * D + d)
-                 : make_uint4(0, 0, 0, 0);
+    q_piece[j] = r < rows ? *reinterpret_cast<const uint4*>(
+                                a.q + static_cast<int64_t>(tile.first + r / group) * a.q_stride +
+                                (kv * group + r % group) * D + d)
+                          : make_uint4(0, 0, 0, 0);
   }
-  look_up(last);
-  look_up(last - 1);
+#pragma unroll
+  for (int ahead = 0; ahead < AHEAD; ++ahead) keep(last - ahead, early[ahead]);
   __syncthreads();
   for (int i = 0; i < SLOTS - 1; ++i) stage(i);
+#pragma unroll
+  for (int j = 0; j < Q_PIECES; ++j) {
+    const int p = tid + j * FAO_WARPS * 32;
+    *reinterpret_cast<uint4*>(&sh.q[p / (D / 8)][p % (D / 8) * 8]) = q_piece[j];
+  }
+  __syncthreads();
 
   // This warp's A operands of q (all of the head dimension).
   unsigned qa[D / 16][4];
@@ -250,9 +282,13 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
     const int from = i % PARTS * FAO_ITEM;  // the item's first key within its block
     const __nv_bfloat16(*slot)[D + FAO_PAD] = sh.kv[i % SLOTS];
     if (i / PARTS % 2 == 0) {
-      // The runs of the block after next: its first copy is at least two items away, and the
-      // block whose entry this reuses (b + 2) was copied before the sync above.
-      if (from == 0) look_up(b - 2);
+      // The runs of block b − AHEAD: its first copy is staged after the next barrier, and the
+      // ring entry this reuses belongs to a block whose copies were all staged before the one
+      // above.
+      if (from == 0) {
+        keep(b - AHEAD, found);
+        found = find(b - AHEAD - 1);
+      }
       // Scores of the item's keys: 16 a warp, two 8-key tiles.
       {
         float s0[4] = {}, s1[4] = {};
@@ -273,7 +309,10 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D>())
       }
       if (from + FAO_ITEM < N) continue;  // the block's softmax waits for all of its scores
       __syncthreads();
-      if (warp < 2) {
+      // Warp 0 runs rows 0–7 and warp 1 rows 8–15; a warp whose rows are all padding (decode's
+      // tile is one token's G rows) skips them: the products of a padded row, whatever its
+      // probabilities hold, stay in that row's outputs, which are never written.
+      if (warp < 2 && warp * 8 < rows) {
         // FlashAttention-2's softmax_rescale_o for row srow, this thread's keys 8n + 2·part + v.
         const int64_t base = static_cast<int64_t>(b) * N;
         float x[N / 4];
@@ -453,6 +492,37 @@ int launch_fa_order_attention(const FaoArgs& args, int tiles, cudaStream_t strea
   return static_cast<int>(cudaGetLastError());
 }
 
+// Runs four copy slots at head size 64 when the launch's blocks all fit four to a
+// multiprocessor, else three (the most blocks per multiprocessor). Measured on an H200
+// (scripts/bench/fa_order): four slots take 0.5B decode (512 blocks) from 36.1 to 35.2 µs; deeper
+// pipelines with fewer blocks per multiprocessor were slower at every decode shape (0.5B 54–90 µs
+// with 5–12 slots; 7B 75–123 against 72 µs with three), as the kernel's time goes to its
+// barriers and softmax more than to waiting for copies. FAO_FORCE_SLOTS (a build switch for
+// scripts/bench/fa_order) fixes the depth.
+template <int D>
+int launch_fa_order_by_depth(const FaoArgs& args, int tiles, cudaStream_t stream) {
+#ifdef FAO_FORCE_SLOTS
+  return launch_fa_order_attention<D, FAO_FORCE_SLOTS>(args, tiles, stream);
+#else
+  if (D == 64) {
+    static int multiprocessors[64] = {};
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess && (device < 0 || device >= 64)) e = cudaErrorInvalidDevice;
+    if (e == cudaSuccess && multiprocessors[device] == 0) {
+      e = cudaDeviceGetAttribute(&multiprocessors[device], cudaDevAttrMultiProcessorCount, device);
+    }
+    if (e != cudaSuccess) return static_cast<int>(e);
+    const int sms = multiprocessors[device];
+    const int64_t blocks = static_cast<int64_t>(args.kv_heads) * tiles * args.chunks;
+    if (blocks <= static_cast<int64_t>(sms) * fao_blocks_per_sm<D, 4>()) {
+      return launch_fa_order_attention<D, 4>(args, tiles, stream);
+    }
+  }
+  return launch_fa_order_attention<D, 3>(args, tiles, stream);
+#endif
+}
+
 }  // namespace
 
 extern "C" {
@@ -500,8 +570,8 @@ int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* 
       reinterpret_cast<uintptr_t>(out) % 4 != 0 || out_stride % 2 != 0) {
     return static_cast<int>(cudaErrorMisalignedAddress);
   }
-  if (dim == 64) return launch_fa_order_attention<64, FAO_SLOTS>(args, n_tiles, stream);
-  if (dim == 128) return launch_fa_order_attention<128, FAO_SLOTS>(args, n_tiles, stream);
+  if (dim == 64) return launch_fa_order_by_depth<64>(args, n_tiles, stream);
+  if (dim == 128) return launch_fa_order_by_depth<128>(args, n_tiles, stream);
   return static_cast<int>(cudaErrorInvalidValue);
 }
 

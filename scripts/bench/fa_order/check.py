@@ -192,6 +192,22 @@ def timing(fao, split, label, batch, dim, heads, kv, length, reps=20):
           f"outputs differ in {(out_a != out_b).sum().item()}/{out_a.numel()} elements")
 
 
+def profile_call(fao, batch, dim, heads, kv, length):
+    g = torch.Generator(device=dev).manual_seed(7)
+    block = 16
+    width = (length + block - 1) // block
+    cells = batch * width * block
+    kc = torch.randn(cells, kv, dim, device=dev, generator=g).bfloat16()
+    vc = torch.randn(cells, kv, dim, device=dev, generator=g).bfloat16()
+    table = torch.randperm(batch * width, device=dev, generator=g).view(batch, width)
+    q = torch.randn(batch, heads, dim, device=dev, generator=g).bfloat16()
+    positions = torch.full((batch,), length - 1, dtype=torch.int64, device=dev)
+    out = torch.empty_like(q)
+    fao_call(fao, q.view(batch, -1), kc.view(cells, -1), vc.view(cells, -1), table, width, block,
+             None, positions, heads, kv, dim, 1.0 / math.sqrt(dim), out.view(batch, -1), length)
+    torch.cuda.synchronize()
+
+
 def time_all(best, split):
     print("decode speed (CUDA graph of 20 calls, best of 5):")
     timing(best, split, "0.5B 256 x 768", 256, 64, 14, 2, 768)
@@ -209,9 +225,20 @@ def main():
                 for p in sorted(glob.glob(os.path.join(built, "fao_*.so")))]
     split = Split(*load_split(os.path.join(built, "split.so")))
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    chosen = [(n, f) for n, f in variants if n == os.environ.get("FAO_TIME", "u1_r0")]
+    timed = os.environ.get("FAO_TIME", "u1_r0").split(",")
+    chosen = [(n, f) for n, f in variants if n in timed]
+    if "--profile" in sys.argv:
+        # One eager call per variant at the 0.5B and 7B decode shapes, for a profiler (ncu).
+        for name, fn in chosen:
+            for label, batch, dim, heads, kv, length in (("0.5B", 256, 64, 14, 2, 768),
+                                                         ("7B", 64, 128, 28, 4, 1536)):
+                print(f"profiling {name} at {label}")
+                profile_call(fn, batch, dim, heads, kv, length)
+        return
     if "--time" in sys.argv:
-        time_all(chosen[0][1], split)
+        for name, fn in chosen:
+            print(f"variant {name}:")
+            time_all(fn, split)
         return
     print("bitwise against FlashAttention-2 (aten._flash_attention_forward, varlen, causal):")
     mixed = [1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 300, 511, 777, 1024, 1500, 2048]
@@ -220,7 +247,7 @@ def main():
             check(variants, split, dim, heads, kv, mixed, spread)
     print("past one chunk (4,096 keys: rows longer than it are merged, not bitwise):")
     for dim, heads, kv in ((64, 14, 2), (128, 32, 8)):
-        check(chosen, split, dim, heads, kv, [100, 4095, 4096, 4097, 5000, 9000, 20000], 1.0)
+        check(chosen[:1], split, dim, heads, kv, [100, 4095, 4096, 4097, 5000, 9000, 20000], 1.0)
 
 
 main()

@@ -130,7 +130,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         config.max_running,
         config.context_len
     );
-    let roofline = Roofline::of(&decoder, a.batch, a.input_len, a.output_len);
+    let roofline = Roofline::of(&decoder);
     let device = decoder.device();
     let engine = ooze_engine::start(decoder, None, config);
     eprintln!("{kv_line}");
@@ -169,6 +169,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             session: None,
         }))?;
     }
+    let before = runtime.block_on(engine.stats())?;
     let recording = super::trace::Recording::start(a.trace.as_deref(), device.is_cuda())?;
     let started = Instant::now();
     let mut streams = Vec::with_capacity(a.batch);
@@ -257,8 +258,9 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         "concurrency: peak {peak_running} sequences running, {} preempted",
         stats.preempted
     );
-    let per_token = (total - ttft) / (a.output_len.max(2) - 1) as f64;
-    println!("{}", roofline.line(per_token));
+    let steady = SteadyDecode::between(&before, &stats);
+    println!("{}", steady.line());
+    println!("{}", roofline.line(&steady));
     runtime.block_on(engine.shutdown());
     if !prompts.is_empty() {
         check_logprobs(&a, &prompts, &outputs)?;
@@ -300,19 +302,48 @@ fn check_logprobs(
     Ok(())
 }
 
-/// The memory roofline of a decode step: every weight the step reads (the input embedding only
-/// where the LM head is tied to it: otherwise a step gathers a few rows of it) and the keys and
-/// values of every running sequence, at the copy bandwidth measured on the device itself.
+/// The run's steady decode steps (see [`ooze_engine::EngineStats::decode_steps`]): those queued
+/// right behind another decode step, so that no prefill is inside their time.
+struct SteadyDecode {
+    steps: u64,
+    seconds: f64,
+    rows: u64,
+    positions: u64,
+}
+
+impl SteadyDecode {
+    fn between(before: &ooze_engine::EngineStats, after: &ooze_engine::EngineStats) -> Self {
+        SteadyDecode {
+            steps: after.decode_steps - before.decode_steps,
+            seconds: after.decode_seconds - before.decode_seconds,
+            rows: after.decode_rows - before.decode_rows,
+            positions: after.decode_positions - before.decode_positions,
+        }
+    }
+
+    fn line(&self) -> String {
+        let steps = self.steps.max(1) as f64;
+        format!(
+            "decode steps without a prefill: {} of {:.2} ms on average, {:.0} sequences and {:.0} key positions a step",
+            self.steps,
+            self.seconds / steps * 1e3,
+            self.rows as f64 / steps,
+            self.positions as f64 / steps
+        )
+    }
+}
+
+/// The memory roofline of decode: a step reads every weight (the input embedding only where the
+/// LM head is tied to it: otherwise a step gathers a few rows of it) and the keys and values of
+/// every position its sequences attend, at the copy bandwidth measured on the device itself.
 struct Roofline {
     weight_bytes: f64,
-    kv_bytes: f64,
+    kv_bytes_per_position: f64,
     bandwidth: f64,
 }
 
 impl Roofline {
-    /// For `batch` sequences of `input` prompt and `output` drawn tokens decoded together: the
-    /// average step reads `input + output / 2` positions of each.
-    fn of(decoder: &ooze_model::Decoder, batch: usize, input: usize, output: usize) -> Roofline {
+    fn of(decoder: &ooze_model::Decoder) -> Roofline {
         let c = &decoder.config;
         let gathered = if c.tie_word_embeddings {
             0
@@ -321,26 +352,32 @@ impl Roofline {
         };
         let weight_bytes =
             (c.num_parameters() - gathered) * decoder.kind().elt_size_in_bytes() as i64;
-        let per_token = ooze_model::PagedKv::bytes_per_token(&decoder.config, decoder.kind());
-        let positions = batch as f64 * (input as f64 + output as f64 / 2.0);
+        let per_position = ooze_model::PagedKv::bytes_per_token(&decoder.config, decoder.kind());
         Roofline {
             weight_bytes: weight_bytes as f64,
-            kv_bytes: positions * per_token as f64,
+            kv_bytes_per_position: per_position as f64,
             bandwidth: copy_bandwidth(decoder.device()),
         }
     }
 
-    /// The roofline step time and the share of it a measured `per_token` seconds reaches.
-    fn line(&self, per_token: f64) -> String {
-        let ideal = (self.weight_bytes + self.kv_bytes) / self.bandwidth;
+    /// The bytes the steady steps read, the time they would take at the copy bandwidth, and the
+    /// share of that the measured time reaches.
+    fn line(&self, steady: &SteadyDecode) -> String {
+        if steady.steps == 0 {
+            return "roofline: no decode step ran without a prefill beside it".into();
+        }
+        let steps = steady.steps as f64;
+        let weights = self.weight_bytes * steps;
+        let kv = self.kv_bytes_per_position * steady.positions as f64;
+        let ideal = (weights + kv) / self.bandwidth;
         format!(
-            "roofline: {:.3} GB weights + {:.3} GB KV per step at {:.0} GB/s (measured copy) = {:.2} ms; the engine's {:.2} ms per step reaches {:.0}% of it",
-            self.weight_bytes / 1e9,
-            self.kv_bytes / 1e9,
+            "roofline: {:.3} GB weights + {:.3} GB KV a step at {:.0} GB/s (measured copy) = {:.2} ms; the engine's {:.2} ms a step reaches {:.0}% of it",
+            weights / steps / 1e9,
+            kv / steps / 1e9,
             self.bandwidth / 1e9,
-            ideal * 1e3,
-            per_token * 1e3,
-            100.0 * ideal / per_token
+            ideal / steps * 1e3,
+            steady.seconds / steps * 1e3,
+            100.0 * ideal / steady.seconds
         )
     }
 }
