@@ -24,6 +24,15 @@ struct KeyMap {
   __device__ __forceinline__ int64_t cell_if_mapped(int seq, int64_t p) const {
     return block_size == 0 || p / block_size < width ? cell(seq, p) : 0;
   }
+  // cell_if_mapped in two halves, so that a kernel can issue the table read early and use it
+  // late: `entry` reads the table (0 past its end), `cell_at` turns what it read into the cell.
+  __device__ __forceinline__ int64_t entry(int seq, int64_t p) const {
+    if (block_size == 0) return table[seq];
+    return p / block_size < width ? table[static_cast<int64_t>(seq) * width + p / block_size] : 0;
+  }
+  __device__ __forceinline__ int64_t cell_at(int64_t entry, int64_t p) const {
+    return block_size == 0 ? entry + p : entry * block_size + p % block_size;
+  }
 };
 
 // A tile's tokens: `tiles` is int32 [tiles, 3] (first token, token count, sequence), or null for

@@ -74,7 +74,10 @@ struct FaoShared {
   __nv_bfloat16 q[16][D + FAO_PAD];
   float rescale[16];  // per row: what the running output is multiplied by before this block
   float inv_sum[16];
-  int64_t cell[fao_ring<D, SLOTS>()][N / 16];  // where each 16-key run of a block starts
+  // Where each 16-key run of a block starts in the keys and in the values (elements from their
+  // base, this block's key head included), by block number in a ring.
+  int64_t run_k[fao_ring<D, SLOTS>()][N / 16];
+  int64_t run_v[fao_ring<D, SLOTS>()][N / 16];
 };
 
 struct FaoArgs {
@@ -193,17 +196,28 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
   const int items = 2 * PARTS * (last - first + 1);
 
   // Where the 16-key runs of block b start (threads < N / 16), read from the block table, and
-  // kept in the ring for the copies. A block's runs are read one block before they are kept, so
-  // that the read's latency hides behind a block's work instead of holding up the next barrier.
+  // kept in the ring for the copies. A block's table entries are read one block before they are
+  // used, so that the read's latency hides behind a block's work instead of holding up a barrier.
   constexpr int AHEAD = fao_ahead<D, SLOTS>(), RING = fao_ring<D, SLOTS>();
   auto find = [&](int b) -> int64_t {
     return b >= first && tid < N / 16
-               ? a.keys.cell_if_mapped(tile.seq, static_cast<int64_t>(b) * N + tid * 16)
+               ? a.keys.entry(tile.seq, static_cast<int64_t>(b) * N + tid * 16)
                : 0;
   };
-  auto keep = [&](int b, int64_t cell) {
-    if (b >= first && tid < N / 16) sh.cell[b & (RING - 1)][tid] = cell;
+  auto keep = [&](int b, int64_t entry) {
+    if (b >= first && tid < N / 16) {
+      const int64_t cell = a.keys.cell_at(entry, static_cast<int64_t>(b) * N + tid * 16);
+      sh.run_k[b & (RING - 1)][tid] = cell * a.k_stride + static_cast<int64_t>(kv) * D;
+      sh.run_v[b & (RING - 1)][tid] = cell * a.v_stride + static_cast<int64_t>(kv) * D;
+    }
   };
+  // This thread's pieces of a copy item: 16 bytes at column `column` of rows row0 + u·ROW_STEP.
+  // A row's place in its 16-key run is row0, or row0 + 8 for odd u at head size 128.
+  constexpr int ROW_PIECES = D / 8, ROW_STEP = FAO_WARPS * 32 / ROW_PIECES;
+  constexpr int PIECES = FAO_ITEM / ROW_STEP;
+  static_assert(ROW_STEP == 16 || ROW_STEP == 8, "a thread's rows tile the 16-key runs");
+  const int row0 = tid / ROW_PIECES, column = tid % ROW_PIECES * 8;
+  const int64_t k_in_run = row0 * a.k_stride + column, v_in_run = row0 * a.v_stride + column;
   // Item i: part i % PARTS of the keys (i / PARTS even) or values (odd) of block
   // last − i / (2·PARTS), into slot i % SLOTS; positions past the tile's keys are zeros. One
   // commit group per item (empty past the end).
@@ -212,16 +226,19 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
       const int b = last - i / (2 * PARTS);
       const bool values = i / PARTS % 2 == 1;
       const int from = i % PARTS * FAO_ITEM;
-      const __nv_bfloat16* head = (values ? a.v : a.k) + static_cast<int64_t>(kv) * D;
+      const __nv_bfloat16* base = values ? a.v : a.k;
+      const int64_t* runs = values ? sh.run_v[b & (RING - 1)] : sh.run_k[b & (RING - 1)];
       const int64_t stride = values ? a.v_stride : a.k_stride;
-      constexpr int PIECES = FAO_ITEM * D / 8;
+      const int64_t in_run = values ? v_in_run : k_in_run;
+      const int64_t first_key = static_cast<int64_t>(b) * N + from;
+      const bool whole = first_key + FAO_ITEM <= n_keys;
 #pragma unroll
-      for (int u = 0; u < PIECES / (FAO_WARPS * 32); ++u) {
-        const int p = tid + u * FAO_WARPS * 32;
-        const int row = p / (D / 8), piece = p % (D / 8), key = from + row;
-        __nv_bfloat16* to = &sh.kv[i % SLOTS][row][piece * 8];
-        if (static_cast<int64_t>(b) * N + key < n_keys) {
-          copy_async_16(to, head + (sh.cell[b & (RING - 1)][key / 16] + key % 16) * stride + piece * 8);
+      for (int u = 0; u < PIECES; ++u) {
+        const int row = row0 + u * ROW_STEP;
+        __nv_bfloat16* to = &sh.kv[i % SLOTS][row][column];
+        if (whole || first_key + row < n_keys) {
+          const int run = from / 16 + (ROW_STEP == 16 ? u : u / 2);
+          copy_async_16(to, base + runs[run] + in_run + (ROW_STEP == 16 ? 0 : u % 2 * 8 * stride));
         } else {
           *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
         }

@@ -230,8 +230,11 @@ def main():
     if "--profile" in sys.argv:
         # One eager call per variant at the 0.5B and 7B decode shapes, for a profiler (ncu).
         for name, fn in chosen:
-            for label, batch, dim, heads, kv, length in (("0.5B", 256, 64, 14, 2, 768),
-                                                         ("7B", 64, 128, 28, 4, 1536)):
+            shapes = (("0.5B", 256, 64, 14, 2, 768), ("7B", 64, 128, 28, 4, 1536))
+            only = os.environ.get("FAO_PROFILE_SHAPES")
+            for label, batch, dim, heads, kv, length in shapes:
+                if only and label not in only.split(","):
+                    continue
                 print(f"profiling {name} at {label}")
                 profile_call(fn, batch, dim, heads, kv, length)
         return
