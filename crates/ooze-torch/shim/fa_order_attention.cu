@@ -331,14 +331,16 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
       // probabilities hold, stay in that row's outputs, which are never written.
       if (warp < 2 && warp * 8 < rows) {
         // FlashAttention-2's softmax_rescale_o for row srow, this thread's keys 8n + 2·part + v.
-        const int64_t base = static_cast<int64_t>(b) * N;
+        // The row's keys in this block: those before `visible`.
+        const int64_t past = row_keys - static_cast<int64_t>(b) * N;
+        const int visible = past <= 0 ? 0 : past >= N ? N : static_cast<int>(past);
         float x[N / 4];
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
           for (int v = 0; v < 2; ++v) {
             const int key = 8 * n + 2 * part + v;
-            x[2 * n + v] = base + key < row_keys ? sh.s[srow][key] : -INFINITY;
+            x[2 * n + v] = key < visible ? sh.s[srow][key] : -INFINITY;
           }
         }
         float m = row_max;

@@ -222,16 +222,32 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
       return {grad_hidden, at::zeros_like(weight), at::Tensor(), at::Tensor(), at::Tensor(),
               at::Tensor()};
     }
+    if (kept.defined()) {
+      // The logits' gradients go over the kept logits, chunk by chunk; then one product for the
+      // hidden gradient and one for the head's over all rows: the head's gradient sums every row
+      // in the GEMM's fp32 accumulator instead of adding bf16 chunk products, and neither product
+      // is split into chunk-sized GEMMs that leave multiprocessors idle.
+      for (int64_t start = 0; start < rows; start += chunk) {
+        const int64_t len = std::min(chunk, rows - start);
+        void* logits = kept.narrow(0, start, len).data_ptr();
+        check_launch(ooze_launch_log_prob_backward(
+            1, logits, 1, static_cast<int>(len), static_cast<int>(vocab),
+            targets.data_ptr<int64_t>() + start, lse.data_ptr<float>() + start,
+            grad.data_ptr<float>() + start, static_cast<float>(inv_temp), logits, stream()));
+      }
+      at::mm_out(grad_hidden, kept, weight);
+      return {grad_hidden, at::mm(kept.t(), hidden), at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor()};
+    }
     at::Tensor grad_weight = at::empty_like(weight);  // the first chunk's product writes it
     at::Tensor d_logits = at::empty({std::min(chunk, rows), vocab}, hidden.options());
     for (int64_t start = 0; start < rows; start += chunk) {
       const int64_t len = std::min(chunk, rows - start);
       const at::Tensor rows_in = hidden.narrow(0, start, len);
-      const at::Tensor logits =
-          kept.defined() ? kept.narrow(0, start, len) : fp32_logits(rows_in, weight);
+      const at::Tensor logits = fp32_logits(rows_in, weight);
       at::Tensor d = d_logits.narrow(0, 0, len);
       check_launch(ooze_launch_log_prob_backward(
-          hidden.scalar_type() == at::kBFloat16, logits.data_ptr(), kept.defined() ? 1 : 0,
+          hidden.scalar_type() == at::kBFloat16, logits.data_ptr(), 0,
           static_cast<int>(len), static_cast<int>(vocab), targets.data_ptr<int64_t>() + start,
           lse.data_ptr<float>() + start, grad.data_ptr<float>() + start,
           static_cast<float>(inv_temp), d.data_ptr(), stream()));

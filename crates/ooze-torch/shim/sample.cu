@@ -125,12 +125,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 }
 
 // d logits = g · inv_temp · (onehot(target) − softmax(x)), written in T (the matmul's dtype).
+// `out` may be `logits` itself (each element is read, then written, by one thread).
 template <typename TIn, typename T>
-__global__ void log_prob_backward_kernel(const TIn* __restrict__ logits, int vocab,
+__global__ void log_prob_backward_kernel(const TIn* logits, int vocab,
                                          const int64_t* __restrict__ targets,
                                          const float* __restrict__ lse,
-                                         const float* __restrict__ grad, float inv_temp,
-                                         T* __restrict__ out) {
+                                         const float* __restrict__ grad, float inv_temp, T* out) {
   const int row = blockIdx.x;
   const int64_t base = static_cast<int64_t>(row) * vocab;
   const float g = grad[row] * inv_temp, l = lse[row];
