@@ -150,9 +150,10 @@ def check(variants, split, dim, heads, kv, lengths, spread):
     print(f"  {'split':10s} {name}: decode {n2}/{t2} differ (max {m2:.3g})")
 
 
-def timing(fao, split, label, batch, dim, heads, kv, length, reps=20):
+def decode_inputs(batch, dim, heads, kv, length, block=16):
+    """A decode step's inputs: `batch` rows of `length` keys in paged memory (blocks of `block`
+    keys behind a shuffled table), random bf16: q, k and v rows, table, width, positions."""
     g = torch.Generator(device=dev).manual_seed(7)
-    block = 16
     width = (length + block - 1) // block
     cells = batch * width * block
     kc = torch.randn(cells, kv, dim, device=dev, generator=g).bfloat16()
@@ -160,15 +161,20 @@ def timing(fao, split, label, batch, dim, heads, kv, length, reps=20):
     table = torch.randperm(batch * width, device=dev, generator=g).view(batch, width)
     q = torch.randn(batch, heads, dim, device=dev, generator=g).bfloat16()
     positions = torch.full((batch,), length - 1, dtype=torch.int64, device=dev)
+    return q, kc.view(cells, -1), vc.view(cells, -1), table, width, positions
+
+
+def timing(fao, split, label, batch, dim, heads, kv, length, reps=20):
+    block = 16
+    q, kc, vc, table, width, positions = decode_inputs(batch, dim, heads, kv, length, block)
     scale = 1.0 / math.sqrt(dim)
     out_a = torch.empty_like(q)
     out_b = torch.empty_like(q)
     split.prepare(batch, kv, dim, length)
-    run_a = lambda: fao_call(fao, q.view(batch, -1), kc.view(cells, -1), vc.view(cells, -1),
-                             table, width, block, None, positions, heads, kv, dim, scale,
-                             out_a.view(batch, -1), length)
-    run_b = lambda: split(q.view(batch, -1), kc.view(cells, -1), vc.view(cells, -1), table, width,
-                          block, positions, heads, kv, dim, scale, out_b.view(batch, -1))
+    run_a = lambda: fao_call(fao, q.view(batch, -1), kc, vc, table, width, block, None, positions,
+                             heads, kv, dim, scale, out_a.view(batch, -1), length)
+    run_b = lambda: split(q.view(batch, -1), kc, vc, table, width, block, positions, heads, kv,
+                          dim, scale, out_b.view(batch, -1))
     result = {}
     for name, run in (("fa-order", run_a), ("split", run_b)):
         run()
@@ -193,18 +199,11 @@ def timing(fao, split, label, batch, dim, heads, kv, length, reps=20):
 
 
 def profile_call(fao, batch, dim, heads, kv, length):
-    g = torch.Generator(device=dev).manual_seed(7)
     block = 16
-    width = (length + block - 1) // block
-    cells = batch * width * block
-    kc = torch.randn(cells, kv, dim, device=dev, generator=g).bfloat16()
-    vc = torch.randn(cells, kv, dim, device=dev, generator=g).bfloat16()
-    table = torch.randperm(batch * width, device=dev, generator=g).view(batch, width)
-    q = torch.randn(batch, heads, dim, device=dev, generator=g).bfloat16()
-    positions = torch.full((batch,), length - 1, dtype=torch.int64, device=dev)
+    q, kc, vc, table, width, positions = decode_inputs(batch, dim, heads, kv, length, block)
     out = torch.empty_like(q)
-    fao_call(fao, q.view(batch, -1), kc.view(cells, -1), vc.view(cells, -1), table, width, block,
-             None, positions, heads, kv, dim, 1.0 / math.sqrt(dim), out.view(batch, -1), length)
+    fao_call(fao, q.view(batch, -1), kc, vc, table, width, block, None, positions, heads, kv, dim,
+             1.0 / math.sqrt(dim), out.view(batch, -1), length)
     torch.cuda.synchronize()
 
 
