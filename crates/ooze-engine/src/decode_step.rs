@@ -55,9 +55,11 @@ pub(crate) struct DecodeClock {
 
 impl DecodeClock {
     /// Something other than a decode step ran, or the engine waited: the next step's interval
-    /// would include it.
+    /// would include it, and so would that of a step in flight meanwhile (its draws are taken
+    /// after the prefill that the host waited for), so neither counts.
     pub(crate) fn interrupt(&mut self) {
         self.follows_decode = false;
+        self.last_ready = None;
     }
 
     fn queued(&mut self) -> bool {
