@@ -21,10 +21,14 @@
 //
 // Block (kv head, tile), four warps; a tile is up to 16 rows (query tokens × the query heads of
 // the key head), as in split attention. Keys and values arrive 64 positions at a time (the keys,
-// then the values, of each block, latest block first) through three copy slots, two in flight
-// while one is used. Each warp computes the scores of 16 keys of each 64; 64 threads (a quad per
-// row) run the block's softmax over shared memory in FlashAttention-2's per-thread order; each
-// warp then accumulates a quarter of the output columns.
+// then the values, of each block, latest block first) through three or four copy slots, all but
+// one in flight while one is used; the block table is read a block ahead and each 16-key run's
+// offset kept in shared memory, so that staging a copy is an add and a cp.async. Each warp
+// computes the scores of 16 keys of each 64; a quad of threads per row (rows 0–7 warp 0, 8–15
+// warp 1, a warp of padding rows skipping) runs the block's softmax over shared memory in
+// FlashAttention-2's per-thread order; each warp then accumulates a quarter of the output
+// columns. What limits it (ncu, H200): barriers and fixed-latency dependencies, not copies in
+// flight (docs/benchmarks.md).
 
 #include "attention_common.cuh"
 #include "common.cuh"
