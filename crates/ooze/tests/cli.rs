@@ -343,3 +343,45 @@ fn bench_train_writes_a_chrome_trace_of_its_timed_steps() {
         events.len()
     );
 }
+
+#[test]
+fn bench_generate_puts_its_steady_decode_steps_against_the_roofline() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path(), "qwen2");
+    let out = ooze(&[
+        "bench",
+        "generate",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--batch",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "6",
+    ]);
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{err}");
+    // One prefill draws both first tokens; decode steps 1..=5 draw the rest, the first of them
+    // right after the prefill (not counted), step k attending 8 + k positions in each row: steps
+    // 2..=5, (10 + 11 + 12 + 13) / 4 · 2 rows = 23 positions a step. The
+    // warm-up requests before the timed run are not counted either.
+    assert!(
+        stdout.contains("decode steps without a prefill: 4 of ")
+            && stdout.contains("2 sequences and 23 key positions a step"),
+        "{stdout}"
+    );
+    let share = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("roofline: "))
+        .and_then(|l| l.rsplit("reaches ").next())
+        .and_then(|l| l.strip_suffix("% of it"))
+        .and_then(|p| p.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no roofline share in {stdout}"));
+    assert!(share > 0.0, "{stdout}");
+}
