@@ -356,24 +356,25 @@ fn bench_generate_puts_its_steady_decode_steps_against_the_roofline() {
         "--device",
         "cpu",
         "--batch",
-        "2",
+        "1",
         "--input-len",
         "8",
         "--output-len",
-        "6",
+        "5",
     ]);
     let (stdout, err) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{err}");
-    // One prefill draws both first tokens; decode steps 1..=5 draw the rest, the first of them
-    // right after the prefill (not counted), step k attending 8 + k positions in each row: steps
-    // 2..=5, (10 + 11 + 12 + 13) / 4 · 2 rows = 23 positions a step. The
-    // warm-up requests before the timed run are not counted either.
+    // One sequence, so that no prefill can fall between its decode steps (two may be admitted
+    // in one prefill or in two, as their submissions race the engine): the prefill draws the
+    // first token, decode steps 1..=4 the rest, the first right after the prefill (not counted),
+    // step k attending 8 + k positions: steps 2..=4, (10 + 11 + 12) / 3 = 11 positions a step.
+    // The warm-up requests before the timed run are not counted either.
     assert!(
-        stdout.contains("decode steps without a prefill: 4 of ")
-            && stdout.contains("2 sequences and 23 key positions a step"),
+        stdout.contains("decode steps without a prefill: 3 of ")
+            && stdout.contains("1 sequences and 11 key positions a step"),
         "{stdout}"
     );
     let share = stdout
