@@ -15,20 +15,22 @@ struct KeyMap {
   const int64_t* table;
   int width;
   int64_t block_size;
+  // The table entry that position p of sequence seq goes through.
+  __device__ __forceinline__ int64_t index(int seq, int64_t p) const {
+    return block_size == 0 ? seq : static_cast<int64_t>(seq) * width + p / block_size;
+  }
   __device__ __forceinline__ int64_t cell(int seq, int64_t p) const {
-    if (block_size == 0) return table[seq] + p;
-    return table[static_cast<int64_t>(seq) * width + p / block_size] * block_size + p % block_size;
+    return cell_at(table[index(seq, p)], p);
   }
   // cell(seq, p) where the block table reaches position p, else 0 (a position past the table,
   // never read): safe to look up before knowing how many keys the sequence has.
   __device__ __forceinline__ int64_t cell_if_mapped(int seq, int64_t p) const {
     return block_size == 0 || p / block_size < width ? cell(seq, p) : 0;
   }
-  // cell_if_mapped in two halves, so that a kernel can issue the table read early and use it
-  // late: `entry` reads the table (0 past its end), `cell_at` turns what it read into the cell.
+  // cell(seq, p) in two halves, so that a kernel can issue the table read early and use it late:
+  // `entry` reads the table (0 past its end), `cell_at` turns what it read into the cell.
   __device__ __forceinline__ int64_t entry(int seq, int64_t p) const {
-    if (block_size == 0) return table[seq];
-    return p / block_size < width ? table[static_cast<int64_t>(seq) * width + p / block_size] : 0;
+    return block_size == 0 || p / block_size < width ? table[index(seq, p)] : 0;
   }
   __device__ __forceinline__ int64_t cell_at(int64_t entry, int64_t p) const {
     return block_size == 0 ? entry + p : entry * block_size + p % block_size;

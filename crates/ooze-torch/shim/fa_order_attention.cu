@@ -47,9 +47,8 @@ __host__ __device__ constexpr int fao_block_n() {
 constexpr int FAO_CHUNK = 4096;
 constexpr int FAO_WARPS = 4;
 // Copy slots: SLOTS − 1 items are in flight while one is used. Three slots (two in flight) fit
-// the most blocks on a multiprocessor; a launch with fewer blocks than that would hold takes a
-// deeper pipeline instead (fao_pick_slots), so that as many bytes are in flight per
-// multiprocessor either way.
+// the most blocks on a multiprocessor; four are used at head size 64 when a launch's blocks fit
+// four to a multiprocessor (launch_fa_order_by_depth).
 constexpr int FAO_PAD = 8;  // bf16 row padding: ldmatrix rows land on distinct banks
 // Keys a copy slot holds: a block of 64 (head size 128) or half of one (64), so that a slot is
 // 8 or 16 KiB and five or three blocks of the kernel fit on a multiprocessor.

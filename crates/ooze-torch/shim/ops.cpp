@@ -222,6 +222,15 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
       return {grad_hidden, at::zeros_like(weight), at::Tensor(), at::Tensor(), at::Tensor(),
               at::Tensor()};
     }
+    // d logits of rows [start, start + len) from their logits (bf16 or fp32) into `out`.
+    const auto logits_backward = [&](const void* logits, bool logits_bf16, int64_t start,
+                                     int64_t len, void* out) {
+      check_launch(ooze_launch_log_prob_backward(
+          hidden.scalar_type() == at::kBFloat16, logits, logits_bf16 ? 1 : 0,
+          static_cast<int>(len), static_cast<int>(vocab), targets.data_ptr<int64_t>() + start,
+          lse.data_ptr<float>() + start, grad.data_ptr<float>() + start,
+          static_cast<float>(inv_temp), out, stream()));
+    };
     if (kept.defined()) {
       // The logits' gradients go over the kept logits, chunk by chunk; then one product for the
       // hidden gradient and one for the head's over all rows: the head's gradient sums every row
@@ -230,10 +239,7 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
       for (int64_t start = 0; start < rows; start += chunk) {
         const int64_t len = std::min(chunk, rows - start);
         void* logits = kept.narrow(0, start, len).data_ptr();
-        check_launch(ooze_launch_log_prob_backward(
-            1, logits, 1, static_cast<int>(len), static_cast<int>(vocab),
-            targets.data_ptr<int64_t>() + start, lse.data_ptr<float>() + start,
-            grad.data_ptr<float>() + start, static_cast<float>(inv_temp), logits, stream()));
+        logits_backward(logits, true, start, len, logits);
       }
       at::mm_out(grad_hidden, kept, weight);
       return {grad_hidden, at::mm(kept.t(), hidden), at::Tensor(), at::Tensor(), at::Tensor(),
@@ -246,11 +252,7 @@ struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFun
       const at::Tensor rows_in = hidden.narrow(0, start, len);
       const at::Tensor logits = fp32_logits(rows_in, weight);
       at::Tensor d = d_logits.narrow(0, 0, len);
-      check_launch(ooze_launch_log_prob_backward(
-          hidden.scalar_type() == at::kBFloat16, logits.data_ptr(), 0,
-          static_cast<int>(len), static_cast<int>(vocab), targets.data_ptr<int64_t>() + start,
-          lse.data_ptr<float>() + start, grad.data_ptr<float>() + start,
-          static_cast<float>(inv_temp), d.data_ptr(), stream()));
+      logits_backward(logits.data_ptr(), false, start, len, d.data_ptr());
       at::Tensor hidden_out = grad_hidden.narrow(0, start, len);
       at::mm_out(hidden_out, d, weight);
       if (start == 0) {

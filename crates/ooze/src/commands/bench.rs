@@ -367,17 +367,17 @@ impl Roofline {
             return "roofline: no decode step ran without a prefill beside it".into();
         }
         let steps = steady.steps as f64;
-        let weights = self.weight_bytes * steps;
-        let kv = self.kv_bytes_per_position * steady.positions as f64;
-        let ideal = (weights + kv) / self.bandwidth;
+        let kv = self.kv_bytes_per_position * steady.positions as f64 / steps;
+        let ideal = (self.weight_bytes + kv) / self.bandwidth;
+        let measured = steady.seconds / steps;
         format!(
             "roofline: {:.3} GB weights + {:.3} GB KV a step at {:.0} GB/s (measured copy) = {:.2} ms; the engine's {:.2} ms a step reaches {:.0}% of it",
-            weights / steps / 1e9,
-            kv / steps / 1e9,
+            self.weight_bytes / 1e9,
+            kv / 1e9,
             self.bandwidth / 1e9,
-            ideal / steps * 1e3,
-            steady.seconds / steps * 1e3,
-            100.0 * ideal / steady.seconds
+            ideal * 1e3,
+            measured * 1e3,
+            100.0 * ideal / measured
         )
     }
 }
