@@ -9,8 +9,9 @@
 //! `shim/profiler.cpp`, PyTorch's profiler) against the libtorch headers and CUDA's host headers
 //! from the nvidia wheels, and sets
 //! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
-//! kernels (`shim/kernels.cu` and `shim/attention.cu`, with their checked entry points in
-//! `shim/ops.cpp` and `shim/attention_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
+//! kernels (`shim/*.cu`: elementwise, norms, attention, sampling, the master-weight AdamW; their
+//! checked entry points in `shim/ops.cpp`, `shim/attention_ops.cpp` and
+//! `shim/master_adamw_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
 //! newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the same steps run as libtorch
 //! operations.
 
@@ -97,6 +98,9 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/fa_order_attention.cu");
     println!("cargo:rerun-if-changed=shim/rms_norm.cu");
     println!("cargo:rerun-if-changed=shim/sample.cu");
+    println!("cargo:rerun-if-changed=shim/master_adamw.cu");
+    println!("cargo:rerun-if-changed=shim/master_adamw.h");
+    println!("cargo:rerun-if-changed=shim/master_adamw_ops.cpp");
     println!("cargo:rerun-if-changed=shim/rms_norm.cuh");
     println!("cargo:rerun-if-changed=shim/attention_common.cuh");
     println!("cargo:rerun-if-changed=shim/common.cuh");
@@ -112,6 +116,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .file("shim/fa_order_attention.cu")
         .file("shim/rms_norm.cu")
         .file("shim/sample.cu")
+        .file("shim/master_adamw.cu")
         .include(cuda.join("include"))
         .debug(false)
         .opt_level(3)
@@ -125,6 +130,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .cpp(true)
         .file("shim/ops.cpp")
         .file("shim/attention_ops.cpp")
+        .file("shim/master_adamw_ops.cpp")
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))
         .include(cuda.join("include"))

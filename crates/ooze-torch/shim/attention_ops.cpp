@@ -168,15 +168,19 @@ struct SplitAttentionFunction : public torch::autograd::Function<SplitAttentionF
 
 // Causal attention over packed sequences straight from the fused projection's output
 // qkv [tokens, ≥ (heads + 2 kv_heads) · dim] (q, k, v heads at the start of each row; columns past
-// them get a zero gradient): the rotary embedding of q and k (ooze's kernel), then
-// FlashAttention-2 with v read in place. The backward writes the gradient of qkv as one tensor:
-// FlashAttention's dq and dk rotated back into their columns, dv copied into its own. Separate
-// operations would have autograd build zero-padded gradients for the q, k and v slices and add
-// them up (ncu, 0.5B 8 × 2048: ~6 ms a training step of fills, copies and adds).
+// them get a zero gradient): the rotary embedding of q and k (ooze's kernel; with Qwen3's q_norm /
+// k_norm, each head RMS-normalised first, in rope_store's arithmetic: the engine's bits), then
+// FlashAttention-2. The backward writes the gradient of qkv as one tensor: FlashAttention's dq and
+// dk rotated back into their columns (through the norms' backward, which also gives the norm
+// weights' gradients), dv copied into its own. Separate operations would have autograd build
+// zero-padded gradients for the q, k and v slices and add them up (ncu, 0.5B 8 × 2048: ~6 ms a
+// training step of fills, copies and adds; with the norms as ATen operations, 4B 4 × 4096: ~140
+// ms of norms, copies, fills and adds).
 struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
                             const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& cu_seqlens, int64_t heads, int64_t kv_heads,
+                            const at::Tensor& cu_seqlens, const at::Tensor& q_norm,
+                            const at::Tensor& k_norm, double eps, int64_t heads, int64_t kv_heads,
                             int64_t dim, int64_t longest, double scale) {
     const int64_t tokens = qkv.size(0);
     ctx->saved_data["heads"] = heads;
@@ -184,51 +188,88 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["longest"] = longest;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["eps"] = eps;
+    const bool normed = q_norm.numel() > 0;
+    ctx->saved_data["normed"] = normed;
     if (tokens == 0) {
-      ctx->save_for_backward({qkv});
+      ctx->save_for_backward({qkv, q_norm, k_norm});
       return at::empty({0, heads, dim}, qkv.options());
     }
-    const at::Tensor qk = rope_apply(qkv, cos, sin, heads + kv_heads, dim, 1.f);
-    const at::Tensor q = qk.narrow(1, 0, heads), k = qk.narrow(1, heads, kv_heads);
-    const at::Tensor v =
-        qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    at::Tensor q, k, v;
+    if (normed) {
+      q = at::empty({tokens, heads, dim}, qkv.options());
+      k = at::empty({tokens, kv_heads, dim}, qkv.options());
+      v = at::empty({tokens, kv_heads, dim}, qkv.options());
+      // Null cells: row r's k and v go to row r of k and v.
+      check_launch(ooze_launch_rope_store(
+          /*bf16=*/1, qkv.data_ptr(), qkv.stride(0), nullptr, cos.data_ptr(), sin.data_ptr(),
+          q_norm.data_ptr(), k_norm.data_ptr(), static_cast<float>(eps), q.data_ptr(),
+          k.data_ptr(), v.data_ptr(), static_cast<int>(tokens), static_cast<int>(heads),
+          static_cast<int>(kv_heads), static_cast<int>(dim), stream()));
+    } else {
+      const at::Tensor qk = rope_apply(qkv, cos, sin, heads + kv_heads, dim, 1.f);
+      q = qk.narrow(1, 0, heads);
+      k = qk.narrow(1, heads, kv_heads);
+      v = qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    }
     auto fwd = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
                                             0.0, /*is_causal=*/true,
                                             /*return_debug_mask=*/false, scale);
     const at::Tensor out = std::get<0>(fwd);
-    ctx->save_for_backward({qkv, qk, cos, sin, cu_seqlens, out, std::get<1>(fwd),
-                            std::get<2>(fwd), std::get<3>(fwd)});
+    ctx->save_for_backward({qkv, q_norm, k_norm, q, k, v, cos, sin, cu_seqlens, out,
+                            std::get<1>(fwd), std::get<2>(fwd), std::get<3>(fwd)});
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    // The gradient of qkv; the other eight inputs take none.
-    const auto only_qkv = [](at::Tensor g) {
-      torch::autograd::variable_list out(9);
-      out[0] = std::move(g);
-      return out;
-    };
-    if (s.size() == 1) return only_qkv(at::zeros_like(s[0]));  // no tokens
-    const at::Tensor &qkv = s[0], &qk = s[1], &cos = s[2], &sin = s[3], &cu = s[4];
     const int64_t heads = ctx->saved_data["heads"].toInt();
     const int64_t kv_heads = ctx->saved_data["kv_heads"].toInt();
     const int64_t dim = ctx->saved_data["dim"].toInt();
     const int64_t longest = ctx->saved_data["longest"].toInt();
     const double scale = ctx->saved_data["scale"].toDouble();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool normed = ctx->saved_data["normed"].toBool();
+    const at::Tensor &qkv = s[0], &q_norm = s[1], &k_norm = s[2];
+    // The gradients of qkv and of the norm weights (when given); the other inputs take none.
+    const auto with = [](at::Tensor g, at::Tensor dq_norm, at::Tensor dk_norm) {
+      torch::autograd::variable_list out(12);
+      out[0] = std::move(g);
+      out[4] = std::move(dq_norm);
+      out[5] = std::move(dk_norm);
+      return out;
+    };
     const int64_t tokens = qkv.size(0), columns = qkv.size(1);
-    const at::Tensor q = qk.narrow(1, 0, heads), k = qk.narrow(1, heads, kv_heads);
-    const at::Tensor v =
-        qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    if (tokens == 0) {
+      return normed ? with(at::zeros_like(qkv), at::zeros_like(q_norm), at::zeros_like(k_norm))
+                    : with(at::zeros_like(qkv), at::Tensor(), at::Tensor());
+    }
+    const at::Tensor &q = s[3], &k = s[4], &v = s[5], &cos = s[6], &sin = s[7], &cu = s[8];
     auto [dq, dk, dv] = at::_flash_attention_backward(
-        grads[0].contiguous(), q, k, v, s[5], s[6], cu, cu, longest, longest, 0.0,
-        /*is_causal=*/true, s[7], s[8], scale);
+        grads[0].contiguous(), q, k, v, s[9], s[10], cu, cu, longest, longest, 0.0,
+        /*is_causal=*/true, s[11], s[12], scale);
     at::Tensor grad = at::empty({tokens, columns}, qkv.options());
+    const int64_t used = (heads + 2 * kv_heads) * dim;
+    if (columns > used) grad.narrow(1, used, columns - used).zero_();
+    const at::Tensor dq_c = dq.contiguous(), dk_c = dk.contiguous();
+    if (normed) {
+      const at::Tensor dv_c = dv.contiguous();
+      const int64_t blocks = ooze_qk_norm_rope_backward_blocks(tokens, static_cast<int>(heads),
+                                                               static_cast<int>(kv_heads));
+      at::Tensor partial = at::empty({blocks, 2 * dim}, qkv.options().dtype(at::kFloat));
+      at::Tensor dw = at::empty({2 * dim}, q_norm.options());
+      check_launch(ooze_launch_qk_norm_rope_backward(
+          qkv.data_ptr(), qkv.stride(0), dq_c.data_ptr(), dk_c.data_ptr(), dv_c.data_ptr(),
+          cos.data_ptr(), sin.data_ptr(), q_norm.data_ptr(), k_norm.data_ptr(),
+          static_cast<float>(eps), grad.data_ptr(), grad.stride(0), dw.data_ptr(),
+          partial.data_ptr<float>(), tokens, static_cast<int>(heads), static_cast<int>(kv_heads),
+          static_cast<int>(dim), stream()));
+      return with(grad, dw.narrow(0, 0, dim), dw.narrow(0, dim, dim));
+    }
     const bool bf16 = is_bf16(qkv);
     const int64_t row = grad.stride(0);
     auto* base = static_cast<char*>(grad.data_ptr());
     const int64_t elt = grad.element_size();
-    const at::Tensor dq_c = dq.contiguous(), dk_c = dk.contiguous();
     check_launch(ooze_launch_rope(bf16, dq_c.data_ptr(), heads * dim, cos.data_ptr(),
                                   sin.data_ptr(), base, row, tokens, static_cast<int>(heads),
                                   static_cast<int>(dim), -1.f, stream()));
@@ -238,9 +279,7 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
                                   stream()));
     grad.narrow(1, (heads + kv_heads) * dim, kv_heads * dim)
         .copy_(dv.reshape({tokens, kv_heads * dim}));
-    const int64_t used = (heads + 2 * kv_heads) * dim;
-    if (columns > used) grad.narrow(1, used, columns - used).zero_();
-    return only_qkv(grad);
+    return with(grad, at::Tensor(), at::Tensor());
   }
 };
 
@@ -332,13 +371,15 @@ at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k
 
 // Causal attention over packed sequences from the fused projection output qkv [total,
 // ≥ (heads + 2 kv_heads) · dim] (bf16, unit last stride; q, k, v heads at the start of each row):
-// rotary embedding of q and k (cos / sin [total, dim] as ooze_rope takes them), then
-// FlashAttention-2; differentiable in qkv, its gradient one tensor. cu_seqlens [sequences + 1]
-// int32 offsets. Returns [total, heads, dim].
+// rotary embedding of q and k (cos / sin [total, dim] as ooze_rope takes them), after Qwen3's
+// per-head RMSNorm with q_norm / k_norm [dim] and eps (both null: none), then FlashAttention-2;
+// differentiable in qkv and the norm weights, qkv's gradient one tensor. cu_seqlens
+// [sequences + 1] int32 offsets. Returns [total, heads, dim].
 at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Tensor* cos,
                                             const at::Tensor* sin, const at::Tensor* cu_seqlens,
-                                            int64_t heads, int64_t kv_heads, int64_t dim,
-                                            int64_t max_seqlen, double scale) {
+                                            const at::Tensor* q_norm, const at::Tensor* k_norm,
+                                            double eps, int64_t heads, int64_t kv_heads,
+                                            int64_t dim, int64_t max_seqlen, double scale) {
   return guarded([&] {
     check_cuda(*qkv, "qkv");
     c10::cuda::CUDAGuard guard(qkv->device());
@@ -354,8 +395,24 @@ at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Ten
     }
     TORCH_CHECK(cu_seqlens->scalar_type() == at::kInt && cu_seqlens->dim() == 1,
                 "cu_seqlens must be int32 [sequences + 1]");
-    return QkvFlashAttentionFunction::apply(*qkv, *cos, *sin, *cu_seqlens, heads, kv_heads, dim,
-                                            max_seqlen, scale);
+    TORCH_CHECK((q_norm == nullptr) == (k_norm == nullptr), "q_norm and k_norm go together");
+    if (q_norm != nullptr) {
+      TORCH_CHECK(dim == 32 || dim == 64 || dim == 128,
+                  "fused q/k norms in training take head sizes 32, 64 or 128, got ", dim);
+      TORCH_CHECK(qkv->stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(qkv->data_ptr()) % 16 == 0,
+                  "fused q/k norms read qkv in groups of 4: rows must start 16-byte aligned");
+      for (const at::Tensor* t : {q_norm, k_norm}) {
+        check_cuda(*t, "q_norm / k_norm");
+        TORCH_CHECK(t->is_contiguous() && t->numel() == dim && t->scalar_type() == at::kBFloat16,
+                    "q_norm and k_norm must be contiguous bfloat16 [head_dim]");
+      }
+    }
+    // Without norms, empty stand-ins: autograd records every tensor argument's metadata, which an
+    // undefined tensor does not have.
+    const at::Tensor none = at::empty({0}, qkv->options());
+    return QkvFlashAttentionFunction::apply(
+        *qkv, *cos, *sin, *cu_seqlens, q_norm != nullptr ? *q_norm : none,
+        k_norm != nullptr ? *k_norm : none, eps, heads, kv_heads, dim, max_seqlen, scale);
   });
 }
 

@@ -26,7 +26,7 @@ struct HeadSlot {
 };
 
 // This warp's HeadSlot. A v head is copied into its cell here (and gets a null source, as does a
-// warp past the end).
+// warp past the end). Null `cells`: row r's cell is r (k and v written as [rows, kv_heads, dim]).
 template <typename T>
 __device__ __forceinline__ HeadSlot<T> rope_store_head(const T* __restrict__ qkv,
                                                        int64_t qkv_stride,
@@ -39,7 +39,7 @@ __device__ __forceinline__ HeadSlot<T> rope_store_head(const T* __restrict__ qkv
   if (warp >= rows * per_row) return {0, 0, 0, nullptr};
   const int row = warp / per_row, head = warp % per_row;
   const T* src = qkv + row * qkv_stride + head * dim;
-  const int64_t cell = cells[row] * kv_heads;
+  const int64_t cell = (cells != nullptr ? cells[row] : row) * kv_heads;
   if (head >= heads + kv_heads) {
     T* dst = v_cache + (cell + head - heads - kv_heads) * dim;
     for (int i = lane; i < dim; i += 32) dst[i] = src[i];

@@ -22,6 +22,13 @@ int64_t ooze_rms_norm_backward_blocks(int64_t rows);
 int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* residual_grad,
                                   const void* weight, const float* rstd, float eps, int64_t rows,
                                   int n, void* dx, void* dw, float* partial, cudaStream_t stream);
+int64_t ooze_qk_norm_rope_backward_blocks(int64_t rows, int heads, int kv_heads);
+int ooze_launch_qk_norm_rope_backward(const void* qkv, int64_t qkv_stride, const void* dq,
+                                      const void* dk, const void* dv, const void* cos,
+                                      const void* signed_sin, const void* q_norm,
+                                      const void* k_norm, float eps, void* grad,
+                                      int64_t grad_stride, void* dw, float* partial, int64_t rows,
+                                      int heads, int kv_heads, int dim, cudaStream_t stream);
 int ooze_launch_silu_mul(int bf16, const void* gate_up, void* out, int64_t rows, int64_t width,
                          cudaStream_t stream);
 int ooze_launch_sample(const float* logits, int64_t stride, int vocab, const float* params,

@@ -49,10 +49,11 @@ int ooze_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_a
   }
 }
 
-// The L2 norms of n tensors as one float32 tensor [n] (one multi-tensor kernel on a GPU).
+// The L2 norms of n tensors as one float32 tensor [n] (one multi-tensor kernel on a GPU), summed in
+// float32 whatever the tensors' dtype.
 at::Tensor* ooze_foreach_norm(at::Tensor** tensors, int64_t n) {
   try {
-    return new at::Tensor(at::stack(at::_foreach_norm(list(tensors, n), 2)));
+    return new at::Tensor(at::stack(at::_foreach_norm(list(tensors, n), 2, at::kFloat)));
   } catch (const std::exception& e) {
     last_error = e.what();
     return nullptr;

@@ -152,6 +152,104 @@ __global__ void rms_norm_weight_grad_kernel(const float* __restrict__ partial, i
   }
 }
 
+
+// The backward of training's Qwen3 attention inputs: q and k heads of the fused projection's rows,
+// each RMS-normalised with its own weight (q_norm or k_norm) and rotated, as rope_norm_store_kernel
+// computes them. Per (token, head) of q or k, with d the incoming gradient of the rotated head:
+//   g = d rotated back (pair (i, i + D/2): g1 = d1·c + d2·s, g2 = d2·c − d1·s), then the norm's
+//   backward dx = r·w·g − x·r³·(Σ w·g·x)/D with r recomputed from x as the forward computed it,
+//   and w's gradient Σ g·x·r over the heads of its kind.
+// A v head's gradient is copied. So the whole gradient of the projection's q, k and v columns is
+// written in one pass, instead of ATen's norm backward over copied heads plus the adds and
+// zero-filled slices autograd builds around it.
+// One warp per (token, head) item, grid-stride; lane l holds elements 4l … 4l + 3 (D = 32, 64 or
+// 128), and a rotation pair's other half sits in lane l ^ D/8. Each block leaves its share of the
+// two weights' gradients in partial[block] ([q_norm's D, k_norm's D], fp32), summed afterwards
+// in a fixed order.
+constexpr int QK_BACKWARD_THREADS = 256;
+
+__global__ void qk_norm_rope_backward_kernel(
+    const __nv_bfloat16* __restrict__ qkv, int64_t qkv_stride, const __nv_bfloat16* __restrict__ dq,
+    const __nv_bfloat16* __restrict__ dk, const __nv_bfloat16* __restrict__ dv,
+    const __nv_bfloat16* __restrict__ cos, const __nv_bfloat16* __restrict__ signed_sin,
+    const __nv_bfloat16* __restrict__ q_norm, const __nv_bfloat16* __restrict__ k_norm, float eps,
+    __nv_bfloat16* __restrict__ grad, int64_t grad_stride, float* __restrict__ partial,
+    int64_t rows, int heads, int kv_heads, int dim) {
+  using T = __nv_bfloat16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int per_row = heads + 2 * kv_heads, half = dim / 2, col = 4 * lane;
+  const bool active = col < dim, first = col < half;
+  const int pair = first ? col : col - half;  // the rotation pair's index in the tables
+  float wq[4] = {0.f, 0.f, 0.f, 0.f}, wk[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc_q[4] = {0.f, 0.f, 0.f, 0.f}, acc_k[4] = {0.f, 0.f, 0.f, 0.f};
+  if (active) {
+    Quad<T>::load(q_norm + col, wq);
+    Quad<T>::load(k_norm + col, wk);
+  }
+  const int64_t items = rows * per_row;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * warps + warp; item < items;
+       item += static_cast<int64_t>(gridDim.x) * warps) {
+    const int64_t row = item / per_row;
+    const int head = static_cast<int>(item - row * per_row);
+    T* out = grad + row * grad_stride + static_cast<int64_t>(head) * dim + col;
+    if (head >= heads + kv_heads) {
+      float v[4];
+      if (active) {
+        Quad<T>::load(dv + (row * kv_heads + head - heads - kv_heads) * dim + col, v);
+        Quad<T>::store(out, v);
+      }
+      continue;
+    }
+    const bool is_q = head < heads;
+    const T* d_src = is_q ? dq + (row * heads + head) * dim : dk + (row * kv_heads + head - heads) * dim;
+    float d[4] = {0.f, 0.f, 0.f, 0.f}, x[4] = {0.f, 0.f, 0.f, 0.f};
+    float c[4] = {0.f, 0.f, 0.f, 0.f}, s[4] = {0.f, 0.f, 0.f, 0.f};
+    if (active) {
+      Quad<T>::load(d_src + col, d);
+      Quad<T>::load(qkv + row * qkv_stride + static_cast<int64_t>(head) * dim + col, x);
+      Quad<T>::load(cos + row * dim + pair, c);
+      Quad<T>::load(signed_sin + row * dim + half + pair, s);
+    }
+    float g[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, d[j], dim / 8);
+      g[j] = d[j] * c[j] + (first ? other : -other) * s[j];
+    }
+    // r exactly as the forward computed it (rope_norm_store_kernel), from the same x.
+    const float r = rms_factor(warp_sum(add_squares(0.f, x)), dim, eps);
+    const float* w = is_q ? wq : wk;
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dot += w[j] * g[j] * x[j];
+    dot = warp_sum(dot);
+    const float coef = dot * r * r * r / static_cast<float>(dim);
+    float dx[4];
+    float* acc = is_q ? acc_q : acc_k;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      dx[j] = r * w[j] * g[j] - x[j] * coef;
+      acc[j] += g[j] * x[j] * r;
+    }
+    if (active) Quad<T>::store(out, dx);
+  }
+  // The block's share of both weights' gradients: its warps' sums in warp order.
+  extern __shared__ float shares[];  // [warps][2 · dim]
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      shares[warp * 2 * dim + col + j] = acc_q[j];
+      shares[warp * 2 * dim + dim + col + j] = acc_k[j];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 2 * dim; i += blockDim.x) {
+    float total = 0.f;
+    for (int v = 0; v < warps; ++v) total += shares[v * 2 * dim + i];
+    partial[static_cast<int64_t>(blockIdx.x) * 2 * dim + i] = total;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -196,6 +294,48 @@ int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* r
   }
   rms_norm_weight_grad_kernel<<<(n + 31) / 32, dim3(32, 8), 0, stream>>>(
       partial, static_cast<int>(blocks), n, static_cast<T*>(dw));
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Blocks of ooze_launch_qk_norm_rope_backward (fixed, so the weights' gradients are summed in the
+// same order on every call), and so the partial sums it needs: [blocks, 2 · dim].
+int64_t ooze_qk_norm_rope_backward_blocks(int64_t rows, int heads, int kv_heads) {
+  const int64_t items = rows * (heads + 2 * kv_heads), warps = QK_BACKWARD_THREADS / 32;
+  const int64_t wanted = (items + warps - 1) / warps;
+  return wanted < 1024 ? (wanted > 0 ? wanted : 1) : 1024;
+}
+
+// bf16 throughout. qkv [rows, ≥ (heads + 2 kv_heads) · dim] (row stride qkv_stride): the forward's
+// input; dq [rows, heads, dim], dk / dv [rows, kv_heads, dim] contiguous; cos / signed_sin
+// [rows, dim]; q_norm / k_norm [dim]. Writes the q, k and v columns of grad (row stride
+// grad_stride) and the weights' gradients dw [2 · dim] (q_norm's, then k_norm's); `partial` holds
+// ooze_qk_norm_rope_backward_blocks(…) · 2 · dim floats. dim 32, 64 or 128; strides multiples of 4.
+int ooze_launch_qk_norm_rope_backward(const void* qkv, int64_t qkv_stride, const void* dq,
+                                      const void* dk, const void* dv, const void* cos,
+                                      const void* signed_sin, const void* q_norm,
+                                      const void* k_norm, float eps, void* grad,
+                                      int64_t grad_stride, void* dw, float* partial, int64_t rows,
+                                      int heads, int kv_heads, int dim, cudaStream_t stream) {
+  if ((dim != 32 && dim != 64 && dim != 128) || qkv_stride % 4 != 0 || grad_stride % 4 != 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  using T = __nv_bfloat16;
+  const int64_t blocks = ooze_qk_norm_rope_backward_blocks(rows, heads, kv_heads);
+  const int threads = QK_BACKWARD_THREADS;
+  if (rows > 0) {
+    qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), threads,
+                                   (threads / 32) * 2 * dim * sizeof(float), stream>>>(
+        static_cast<const T*>(qkv), qkv_stride, static_cast<const T*>(dq),
+        static_cast<const T*>(dk), static_cast<const T*>(dv), static_cast<const T*>(cos),
+        static_cast<const T*>(signed_sin), static_cast<const T*>(q_norm),
+        static_cast<const T*>(k_norm), eps, static_cast<T*>(grad), grad_stride, partial, rows,
+        heads, kv_heads, dim);
+  } else {
+    cudaMemsetAsync(partial, 0, static_cast<size_t>(blocks) * 2 * dim * sizeof(float), stream);
+  }
+  // partial's rows are [q_norm's dim, k_norm's dim]: both weights' gradients in one sum.
+  rms_norm_weight_grad_kernel<<<(2 * dim + 31) / 32, dim3(32, 8), 0, stream>>>(
+      partial, static_cast<int>(blocks), 2 * dim, static_cast<T*>(dw));
   return static_cast<int>(cudaGetLastError());
 }
 

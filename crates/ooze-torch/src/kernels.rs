@@ -111,6 +111,10 @@ pub struct QkNorm<'a> {
 /// The head sizes [`rope_store`] normalises q and k for itself.
 pub const QK_NORM_HEAD_DIMS: [i64; 4] = [32, 64, 128, 256];
 
+/// The head sizes [`qkv_flash_attention_varlen`] normalises q and k for itself in training (its
+/// backward holds a head in one warp's lanes, four elements each).
+pub const QK_NORM_TRAINING_HEAD_DIMS: [i64; 3] = [32, 64, 128];
+
 #[cfg(ooze_cuda_kernels)]
 mod ffi {
     use crate::tch::Tensor;
@@ -187,6 +191,9 @@ mod ffi {
             cos: *const CTensor,
             sin: *const CTensor,
             cu_seqlens: *const CTensor,
+            q_norm: *const CTensor,
+            k_norm: *const CTensor,
+            eps: f64,
             heads: i64,
             kv_heads: i64,
             dim: i64,
@@ -624,17 +631,20 @@ pub fn flash_attention_varlen(
 }
 
 /// Causal attention over packed sequences straight from the fused projection's output
-/// `qkv [total, ≥ (heads + 2·kv_heads)·head_dim]` (bf16 CUDA, q then k then v heads): the rotary
-/// embedding of q and k (`cos`, `signed_sin [total, head_dim]` as [`rope`] takes them), then
-/// FlashAttention-2 over the sequences at `cu_seqlens`, v read in place. Returns
-/// `[total, heads, head_dim]`; differentiable in `qkv`, whose gradient comes back as one tensor
-/// (no zero-padded per-slice gradients for autograd to add up).
+/// `qkv [total, ≥ (heads + 2·kv_heads)·head_dim]` (bf16 CUDA, q then k then v heads): with
+/// `qk_norm`, Qwen3's per-head RMSNorm of q and k (head sizes in [`QK_NORM_TRAINING_HEAD_DIMS`];
+/// the arithmetic of [`rope_store`], so the engine's bits), then the rotary embedding of q and k
+/// (`cos`, `signed_sin [total, head_dim]` as [`rope`] takes them), then FlashAttention-2 over the
+/// sequences at `cu_seqlens`. Returns `[total, heads, head_dim]`; differentiable in `qkv` (its
+/// gradient comes back as one tensor, no zero-padded per-slice gradients for autograd to add up)
+/// and in the norm weights.
 #[allow(unused_variables, clippy::too_many_arguments)]
 pub fn qkv_flash_attention_varlen(
     qkv: &Tensor,
     cos: &Tensor,
     signed_sin: &Tensor,
     cu_seqlens: &Tensor,
+    qk_norm: Option<QkNorm<'_>>,
     heads: i64,
     kv_heads: i64,
     head_dim: i64,
@@ -643,13 +653,16 @@ pub fn qkv_flash_attention_varlen(
 ) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
-        // SAFETY: live tensors; the shim checks them.
+        // SAFETY: live tensors (or null norms); the shim checks them.
         let raw = unsafe {
             ffi::ooze_qkv_flash_attention_varlen(
                 qkv.as_ptr().cast(),
                 cos.as_ptr().cast(),
                 signed_sin.as_ptr().cast(),
                 cu_seqlens.as_ptr().cast(),
+                qk_norm.map_or(std::ptr::null(), |n| n.q.as_ptr().cast()),
+                qk_norm.map_or(std::ptr::null(), |n| n.k.as_ptr().cast()),
+                qk_norm.map_or(0.0, |n| n.eps),
                 heads,
                 kv_heads,
                 head_dim,

@@ -69,7 +69,8 @@ fn handles(ts: &[Tensor]) -> Vec<*mut std::ffi::c_void> {
     ts.iter().map(|t| t.as_ptr() as *mut _).collect()
 }
 
-/// The L2 norm of every tensor, as one fp32 tensor `[n]` (one multi-tensor kernel on a GPU).
+/// The L2 norm of every tensor, as one fp32 tensor `[n]` (one multi-tensor kernel on a GPU;
+/// 16-bit tensors are summed in fp32).
 pub fn foreach_norm(tensors: &[Tensor]) -> Result<Tensor, OptimError> {
     #[cfg(ooze_fused_adamw)]
     {
@@ -177,6 +178,103 @@ pub fn fused_adamw(
         Ok(())
     }
     #[cfg(not(ooze_fused_adamw))]
+    Err(OptimError::Unavailable)
+}
+
+/// One parameter of [`master_adamw`]: its bf16 gradient and model weight, fp32 master weight,
+/// moments and step counter (scalar), and its weight decay.
+pub struct MasterSlot<'a> {
+    pub grad: &'a Tensor,
+    pub model: &'a Tensor,
+    pub master: &'a Tensor,
+    pub exp_avg: &'a Tensor,
+    pub exp_avg_sq: &'a Tensor,
+    pub step: &'a Tensor,
+    pub weight_decay: f64,
+}
+
+/// Whether [`master_adamw`] is in this build and on (ooze's CUDA kernels).
+pub fn master_adamw_available() -> bool {
+    crate::kernels::available()
+}
+
+#[cfg(ooze_cuda_kernels)]
+mod master_ffi {
+    use std::ffi::c_void;
+    extern "C" {
+        pub fn ooze_master_adamw(
+            grads: *const *mut c_void,
+            masters: *const *mut c_void,
+            exp_avgs: *const *mut c_void,
+            exp_avg_sqs: *const *mut c_void,
+            models: *const *mut c_void,
+            steps: *const *mut c_void,
+            weight_decays: *const f64,
+            n: i64,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            eps: f64,
+            divisor: *const c_void,
+        ) -> i32;
+        pub fn ooze_ops_last_error() -> *const std::ffi::c_char;
+    }
+}
+
+/// One AdamW step over fp32 master weights with bf16 gradients, written back to the bf16 model
+/// weights, in one pass over each parameter on a GPU (ooze's kernel; the arithmetic of
+/// [`fused_adamw`]): no fp32 copy of the gradients and no separate copy of the masters down to
+/// the model. Increments the step counters first. `divisor` (an fp32 scalar on the GPU) divides
+/// every gradient (clipping). `hyper.weight_decay` is unused: each slot has its own.
+#[allow(unused_variables)]
+pub fn master_adamw(
+    slots: &[MasterSlot<'_>],
+    hyper: AdamW,
+    divisor: &Tensor,
+) -> Result<(), OptimError> {
+    #[cfg(ooze_cuda_kernels)]
+    {
+        type Pick = dyn Fn(&MasterSlot<'_>) -> *mut std::ffi::c_void;
+        let handle =
+            |pick: &Pick| -> Vec<*mut std::ffi::c_void> { slots.iter().map(pick).collect() };
+        let (g, p, m, v, w, st) = (
+            handle(&|s| s.grad.as_ptr() as *mut _),
+            handle(&|s| s.master.as_ptr() as *mut _),
+            handle(&|s| s.exp_avg.as_ptr() as *mut _),
+            handle(&|s| s.exp_avg_sq.as_ptr() as *mut _),
+            handle(&|s| s.model.as_ptr() as *mut _),
+            handle(&|s| s.step.as_ptr() as *mut _),
+        );
+        let decays: Vec<f64> = slots.iter().map(|s| s.weight_decay).collect();
+        // SAFETY: each pointer is a live at::Tensor borrowed by `slots` for the call; the shim
+        // checks them and updates their data in place.
+        let code = unsafe {
+            master_ffi::ooze_master_adamw(
+                g.as_ptr(),
+                p.as_ptr(),
+                m.as_ptr(),
+                v.as_ptr(),
+                w.as_ptr(),
+                st.as_ptr(),
+                decays.as_ptr(),
+                slots.len() as i64,
+                hyper.lr,
+                hyper.beta1,
+                hyper.beta2,
+                hyper.eps,
+                divisor.as_ptr().cast(),
+            )
+        };
+        if code != 0 {
+            // SAFETY: a thread-local NUL-terminated string set by the failing call.
+            let message = unsafe { std::ffi::CStr::from_ptr(master_ffi::ooze_ops_last_error()) }
+                .to_string_lossy()
+                .into_owned();
+            return Err(OptimError::Failed(message));
+        }
+        Ok(())
+    }
+    #[cfg(not(ooze_cuda_kernels))]
     Err(OptimError::Unavailable)
 }
 

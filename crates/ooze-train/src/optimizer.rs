@@ -1,9 +1,12 @@
 //! AdamW with fp32 master weights. The model computes in its own dtype (bf16 on a GPU); the
-//! optimizer keeps an fp32 copy of every trainable tensor, upcasts the gradients (one multi-tensor
-//! copy into one buffer), clips them by their global norm, runs libtorch's fused AdamW (one call per
-//! weight-decay group) and writes the result back into the model's tensors (one multi-tensor
-//! copy). In fp32 the model's tensors are their own masters. Between steps the gradients are
-//! dropped, not zeroed, as PyTorch's `zero_grad()` does by default.
+//! optimizer keeps an fp32 copy of every trainable tensor and clips the gradients by their global
+//! norm. A bf16 model on a GPU steps with ooze's master-weight kernel: one pass per parameter reads
+//! the bf16 gradient and writes master, moments and the bf16 weight. Otherwise (and for ranks that
+//! sum their gradients first) the gradients are upcast (one multi-tensor copy into one buffer),
+//! libtorch's fused AdamW runs (one call per weight-decay group) and the result is written back
+//! into the model's tensors (one multi-tensor copy). In fp32 the model's tensors are their own
+//! masters. Between steps the gradients are dropped, not zeroed, as PyTorch's `zero_grad()` does by
+//! default.
 //!
 //! Weight decay applies to matrices (≥ 2 dimensions); biases and norm weights are not decayed.
 
@@ -11,7 +14,8 @@ use crate::data_parallel::{dist_error, sum_gradients};
 use crate::TrainError;
 use ooze_torch::dist::ProcessGroup;
 use ooze_torch::optim::{
-    clear_grad, foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, AdamW,
+    clear_grad, foreach_copy, foreach_norm, fused_adamw, fused_adamw_available, master_adamw,
+    master_adamw_available, AdamW, MasterSlot,
 };
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
@@ -118,6 +122,11 @@ impl Optimizer {
     /// With `group`, the ranks' gradients are summed first, so every rank takes the same step.
     pub fn step(&mut self, lr: f64, group: Option<&ProcessGroup>) -> Result<f64, TrainError> {
         let _guard = tch::no_grad_guard();
+        if group.is_none() {
+            if let Some(norm) = self.master_step(lr)? {
+                return Ok(norm);
+            }
+        }
         let (mut grads, flat) = self.fp32_gradients()?;
         if let Some(group) = group {
             let shapes: Vec<Vec<i64>> = self.slots.iter().map(|s| s.model.size()).collect();
@@ -127,6 +136,90 @@ impl Optimizer {
             return self.apply_with_norm(&grads, lr, None, None);
         }
         self.apply_with_norm(&grads, lr, None, flat.as_ref())
+    }
+
+    /// The step through ooze's master-weight kernel, when it applies: every gradient bf16 with an
+    /// fp32 master on a GPU. `None`: it does not, and nothing was changed.
+    fn master_step(&mut self, lr: f64) -> Result<Option<f64>, TrainError> {
+        if !master_adamw_available() {
+            return Ok(None);
+        }
+        let grads: Vec<Option<Tensor>> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let g = s.model.grad();
+                g.defined().then_some(g)
+            })
+            .collect();
+        let fits = |s: &Slot, g: &Tensor| {
+            g.kind() == Kind::BFloat16
+                && s.model.kind() == Kind::BFloat16
+                && s.master.is_some()
+                && g.device().is_cuda()
+                && g.is_contiguous()
+        };
+        let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
+        if present.is_empty()
+            || !self
+                .slots
+                .iter()
+                .zip(&grads)
+                .all(|(s, g)| g.as_ref().is_none_or(|g| fits(s, g)))
+        {
+            return Ok(None);
+        }
+        let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
+        let total = norms.square().sum(Kind::Float).sqrt();
+        let (divisor, norm) = self.clip_divisor(&total)?;
+        let slots: Vec<MasterSlot<'_>> = self
+            .slots
+            .iter()
+            .zip(&grads)
+            .filter_map(|(s, g)| {
+                Some(MasterSlot {
+                    grad: g.as_ref()?,
+                    model: &s.model,
+                    master: s.master.as_ref()?,
+                    exp_avg: &s.exp_avg,
+                    exp_avg_sq: &s.exp_avg_sq,
+                    step: &s.step,
+                    weight_decay: if s.decay {
+                        self.config.weight_decay
+                    } else {
+                        0.0
+                    },
+                })
+            })
+            .collect();
+        let hyper = AdamW {
+            lr,
+            beta1: self.config.beta1,
+            beta2: self.config.beta2,
+            weight_decay: self.config.weight_decay,
+            eps: self.config.eps,
+        };
+        master_adamw(&slots, hyper, &divisor).map_err(|e| TrainError::Optimizer(e.to_string()))?;
+        Ok(Some(norm))
+    }
+
+    /// The divisor that clips the gradients by their global norm `total` (an fp32 scalar on their
+    /// device: max(norm / clip, 1), or 1 without clipping) and the norm itself; an error, and no
+    /// step, when the norm is not finite.
+    fn clip_divisor(&self, total: &Tensor) -> Result<(Tensor, f64), TrainError> {
+        let clip = self.config.clip_grad;
+        let divisor = if clip > 0.0 {
+            (total / clip).clamp_min(1.0)
+        } else {
+            total.ones_like()
+        };
+        let norm = total.double_value(&[]);
+        if !norm.is_finite() {
+            return Err(TrainError::NonFinite(format!(
+                "gradient norm is {norm}; the step was skipped"
+            )));
+        }
+        Ok((divisor, norm))
     }
 
     /// The slots' gradients in fp32 (`None` where a tensor has none). Gradients of a lower
@@ -212,18 +305,7 @@ impl Optimizer {
             }
         };
         // Clipping divides the gradients inside the AdamW kernel: max(norm / clip, 1).
-        let clip = self.config.clip_grad;
-        let divisor = if clip > 0.0 {
-            (&total / clip).clamp_min(1.0)
-        } else {
-            total.ones_like()
-        };
-        let norm = total.double_value(&[]);
-        if !norm.is_finite() {
-            return Err(TrainError::NonFinite(format!(
-                "gradient norm is {norm}; the step was skipped"
-            )));
-        }
+        let (divisor, norm) = self.clip_divisor(&total)?;
         for decay in [true, false] {
             let mut params = Vec::new();
             let (mut g, mut m, mut v, mut st) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

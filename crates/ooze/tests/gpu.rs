@@ -1255,11 +1255,13 @@ fn gpu_linear_log_prob_matches_log_softmax() {
     }
 }
 
-/// Training's fused attention step (rotary embedding and FlashAttention-2 on the projection's
-/// output, one gradient for it) against the separate operations it replaces, on three packed
-/// sequences with 14 query and 2 key heads and 16 columns past the heads: the same output bitwise,
-/// the same gradient of the projection (up to FlashAttention's atomic dq sums; zero past the
-/// heads).
+/// Training's fused attention step (Qwen3's q/k norms where the model has them, the rotary
+/// embedding and FlashAttention-2 on the projection's output, one gradient for it) against the
+/// separate operations it replaces (ATen's `rms_norm` over the heads, ooze's rotary kernel,
+/// FlashAttention-2), on three packed sequences with 16 columns past the heads, for 14 query and
+/// 2 key heads of 64 (Qwen2.5-0.5B) and 32 and 8 of 128 with norms (Qwen3-4B): the same output
+/// bitwise (the engine's bits), the same gradients of the projection and the norm weights (up to
+/// FlashAttention's atomic dq sums and the order of the weights' sums; zero past the heads).
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_fused_qkv_attention_matches_separate_ops() {
@@ -1268,58 +1270,102 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
-    let (heads, kv, d) = (14i64, 2i64, 64i64);
     let lengths = [37i64, 64, 5];
     let total: i64 = lengths.iter().sum();
-    ooze_torch::tch::manual_seed(5);
-    let qkv = Tensor::randn([total, (heads + 2 * kv) * d + 16], (Kind::BFloat16, dev));
     let positions: Vec<i64> = lengths.iter().flat_map(|&l| 0..l).collect();
-    let inv_freq = ooze_model::rope::inverse_frequencies(
-        &Rope {
-            theta: 1e6,
-            llama3: None,
-        },
-        d,
-        dev,
-    );
-    let (cos, sin) = ooze_model::rope::cos_sin(
-        &inv_freq,
-        &Tensor::from_slice(&positions).to_device(dev),
-        Kind::BFloat16,
-    );
-    let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
     let offsets = Tensor::from_slice(&[0i32, 37, 101, 106]).to_device(dev);
-    let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
-    let scale = 1.0 / (d as f64).sqrt();
-    let run = |fused: bool| {
-        let x = qkv.copy().set_requires_grad(true);
-        let out = if fused {
-            kernels::qkv_flash_attention_varlen(&x, &cos, &sin, &offsets, heads, kv, d, 64, scale)
-                .unwrap()
-        } else {
-            let qk = kernels::rope(&x, &cos, &sin, heads + kv, d).unwrap();
-            let v = x.narrow(1, (heads + kv) * d, kv * d).view([total, kv, d]);
-            kernels::flash_attention_varlen(
-                &qk.narrow(1, 0, heads),
-                &qk.narrow(1, heads, kv),
-                &v,
-                &offsets,
-                64,
-                scale,
-            )
-            .unwrap()
-        };
-        (&out * &upstream).sum(Kind::Float).backward();
-        (out.detach(), x.grad())
+    let relative = |a: &Tensor, b: &Tensor| -> f64 {
+        let d = (a.to_kind(Kind::Float) - b.to_kind(Kind::Float)).norm();
+        d.double_value(&[]) / b.to_kind(Kind::Float).norm().double_value(&[])
     };
-    let ((out_f, grad_f), (out_s, grad_s)) = (run(true), run(false));
-    assert!(out_f.equal(&out_s), "the fused forward differs");
-    let diff = (&grad_f - &grad_s).abs().max().double_value(&[]);
-    let size = grad_s.abs().max().double_value(&[]);
-    assert!(
-        diff <= 1e-2 * size,
-        "the projection's gradient differs by {diff} (largest entry {size})"
-    );
+    for (heads, kv, d, normed) in [(14i64, 2i64, 64i64, false), (32, 8, 128, true)] {
+        ooze_torch::tch::manual_seed(5);
+        let qkv = Tensor::randn([total, (heads + 2 * kv) * d + 16], (Kind::BFloat16, dev));
+        let inv_freq = ooze_model::rope::inverse_frequencies(
+            &Rope {
+                theta: 1e6,
+                llama3: None,
+            },
+            d,
+            dev,
+        );
+        let (cos, sin) = ooze_model::rope::cos_sin(
+            &inv_freq,
+            &Tensor::from_slice(&positions).to_device(dev),
+            Kind::BFloat16,
+        );
+        let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
+        let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
+        let norm_weight = || (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
+        let (q_norm, k_norm) = (norm_weight(), norm_weight());
+        let eps = 1e-6;
+        let scale = 1.0 / (d as f64).sqrt();
+        let run = |fused: bool| {
+            let x = qkv.copy().set_requires_grad(true);
+            let qn = q_norm.copy().set_requires_grad(normed);
+            let kn = k_norm.copy().set_requires_grad(normed);
+            let out = if fused {
+                let norms = normed.then_some(kernels::QkNorm {
+                    q: &qn,
+                    k: &kn,
+                    eps,
+                });
+                kernels::qkv_flash_attention_varlen(
+                    &x, &cos, &sin, &offsets, norms, heads, kv, d, 64, scale,
+                )
+                .unwrap()
+            } else {
+                let qk = if normed {
+                    let part = |from: i64, n: i64, w: &Tensor| {
+                        x.narrow(1, from * d, n * d).view([total, n, d]).rms_norm(
+                            [d].as_slice(),
+                            Some(w),
+                            eps,
+                        )
+                    };
+                    let qk = Tensor::cat(&[part(0, heads, &qn), part(heads, kv, &kn)], 1);
+                    kernels::rope(&qk.view([total, -1]), &cos, &sin, heads + kv, d).unwrap()
+                } else {
+                    kernels::rope(&x, &cos, &sin, heads + kv, d).unwrap()
+                };
+                let v = x.narrow(1, (heads + kv) * d, kv * d).view([total, kv, d]);
+                kernels::flash_attention_varlen(
+                    &qk.narrow(1, 0, heads),
+                    &qk.narrow(1, heads, kv),
+                    &v,
+                    &offsets,
+                    64,
+                    scale,
+                )
+                .unwrap()
+            };
+            (&out * &upstream).sum(Kind::Float).backward();
+            let norm_grads = normed.then(|| (qn.grad(), kn.grad()));
+            (out.detach(), x.grad(), norm_grads)
+        };
+        let ((out_f, grad_f, norms_f), (out_s, grad_s, norms_s)) = (run(true), run(false));
+        let shape = format!("{heads}/{kv}x{d}");
+        assert!(out_f.equal(&out_s), "{shape}: the fused forward differs");
+        let past = grad_f.narrow(1, (heads + 2 * kv) * d, 16);
+        assert_eq!(
+            past.abs().max().double_value(&[]),
+            0.0,
+            "{shape}: columns past the heads"
+        );
+        let e = relative(&grad_f, &grad_s);
+        eprintln!("{shape}: the projection's gradient differs by {e:.2e} (relative)");
+        assert!(
+            e < 1e-2,
+            "{shape}: the projection's gradient differs by {e:.3e}"
+        );
+        if let (Some((qf, kf)), Some((qs, ks))) = (norms_f, norms_s) {
+            for (what, f, s) in [("q_norm", qf, qs), ("k_norm", kf, ks)] {
+                let e = relative(&f, &s);
+                eprintln!("{shape}: {what}'s gradient differs by {e:.2e} (relative)");
+                assert!(e < 2e-2, "{shape}: {what}'s gradient differs by {e:.3e}");
+            }
+        }
+    }
 }
 
 /// Split attention over packed sequences (deterministic training's forward) trains like
@@ -1391,5 +1437,109 @@ fn gpu_split_attention_gradients_match_flash_attention() {
                 "{heads}/{kv_heads}x{dim}: {what} differs by {e:.3e} (relative)"
             );
         }
+    }
+}
+
+/// The master-weight AdamW kernel (bf16 gradients read once, fp32 masters and moments, the bf16
+/// weight written back) against libtorch's fused AdamW on upcast gradients followed by the copy
+/// down: parameters of odd sizes (tails), more than one chunk, and one not 16-byte aligned (a view
+/// one element in), two weight decays, a clipping divisor, three steps. The masters and moments
+/// agree to fp32 rounding; the model weights are the masters rounded to bf16, bitwise.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_master_adamw_matches_fused_adamw() {
+    require_gpu();
+    use ooze_torch::optim::{fused_adamw, master_adamw, AdamW, MasterSlot};
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    ooze_torch::tch::manual_seed(11);
+    let sizes = [7i64, 4096 + 3, 200_001, 64];
+    let hyper = AdamW {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.98,
+        weight_decay: 0.1,
+        eps: 1e-8,
+    };
+    let f32 = (Kind::Float, dev);
+    let masters: Vec<Tensor> = sizes.iter().map(|&n| Tensor::randn([n], f32)).collect();
+    let decays = [0.1, 0.0, 0.1, 0.0];
+    let state = |n: i64| {
+        (
+            Tensor::zeros([n], f32),
+            Tensor::zeros([n], f32),
+            Tensor::zeros([], f32),
+        )
+    };
+    // The kernel's last master a view one element into its storage: not 16-byte aligned.
+    let placed = |i: usize, m: &Tensor| {
+        let n = m.numel() as i64;
+        let mut view = if i == 3 {
+            Tensor::zeros([n + 1], f32).narrow(0, 1, n)
+        } else {
+            Tensor::zeros([n], f32)
+        };
+        view.copy_(m);
+        view
+    };
+    let mine: Vec<_> = masters
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (placed(i, m), state(m.numel() as i64)))
+        .collect();
+    let theirs: Vec<_> = masters
+        .iter()
+        .map(|m| (m.copy(), state(m.numel() as i64)))
+        .collect();
+    let models: Vec<Tensor> = masters.iter().map(|m| m.to_kind(Kind::BFloat16)).collect();
+    let divisor = Tensor::from_slice(&[1.7f32]).to_device(dev).view([]);
+    for _ in 0..3 {
+        let grads: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| Tensor::randn([n], (Kind::BFloat16, dev)))
+            .collect();
+        let slots: Vec<MasterSlot<'_>> = (0..sizes.len())
+            .map(|i| MasterSlot {
+                grad: &grads[i],
+                model: &models[i],
+                master: &mine[i].0,
+                exp_avg: &mine[i].1 .0,
+                exp_avg_sq: &mine[i].1 .1,
+                step: &mine[i].1 .2,
+                weight_decay: decays[i],
+            })
+            .collect();
+        master_adamw(&slots, hyper, &divisor).unwrap();
+        for (i, (p, (m, v, s))) in theirs.iter().enumerate() {
+            fused_adamw(
+                &mut [p.shallow_clone()],
+                &[grads[i].to_kind(Kind::Float)],
+                &mut [m.shallow_clone()],
+                &mut [v.shallow_clone()],
+                &mut [s.shallow_clone()],
+                AdamW {
+                    weight_decay: decays[i],
+                    ..hyper
+                },
+                Some(&divisor),
+            )
+            .unwrap();
+        }
+    }
+    for i in 0..sizes.len() {
+        let ((p, (m, v, s)), (tp, (tm, tv, ts))) = (&mine[i], &theirs[i]);
+        for (what, a, b) in [("master", p, tp), ("exp_avg", m, tm), ("exp_avg_sq", v, tv)] {
+            assert!(
+                a.allclose(b, 1e-5, 1e-7, false),
+                "parameter {i}: {what} differs by {}",
+                (a - b).abs().max().double_value(&[])
+            );
+        }
+        assert_eq!(s.double_value(&[]), 3.0);
+        assert_eq!(ts.double_value(&[]), 3.0);
+        assert!(
+            models[i].equal(&p.to_kind(Kind::BFloat16)),
+            "parameter {i}: the model weight is not its master in bf16"
+        );
     }
 }

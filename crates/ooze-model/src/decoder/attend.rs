@@ -26,8 +26,8 @@ pub(super) struct AttentionPlan {
     pub fused_attention: bool,
     /// Deterministic numerics: split attention wherever attention runs.
     pub split: bool,
-    /// Packed sequences through FlashAttention, taken straight from the fused projection (rotary
-    /// embedding included) in one differentiable operation: no q/k norms, bf16 on a GPU, not
+    /// Packed sequences through FlashAttention, taken straight from the fused projection (q/k
+    /// norms and rotary embedding included) in one differentiable operation: bf16 on a GPU, not
     /// under deterministic numerics.
     pub fused_qkv_varlen: bool,
     /// Paged prefill through the decode kernel (deterministic numerics, or rows with cached
@@ -156,11 +156,20 @@ impl Decoder {
                     .as_ref()
                     .expect("invariant: the fused path is planned for packed sequences");
                 let flat = |x: &Tensor| x.view([b * t, c.head_dim]);
+                let qk_norm = match (&l.q_norm, &l.k_norm) {
+                    (Some(q), Some(k)) => Some(kernels::QkNorm {
+                        q,
+                        k,
+                        eps: c.rms_norm_eps,
+                    }),
+                    _ => None,
+                };
                 kernels::qkv_flash_attention_varlen(
                     &qkv.view([b * t, -1]),
                     &flat(cos),
                     &flat(sin),
                     offsets,
+                    qk_norm,
                     c.num_heads,
                     c.num_kv_heads,
                     c.head_dim,

@@ -127,13 +127,15 @@ impl Decoder {
             }
             _ => None,
         };
-        // Packed training or scoring in bf16 without q/k norms, outside deterministic numerics
-        // (which run split attention): the rotary embedding and FlashAttention as one operation
-        // on the projection's output.
+        // Packed training or scoring in bf16, outside deterministic numerics (which run split
+        // attention): Qwen3's q/k norms (where the kernels take the head size), the rotary
+        // embedding and FlashAttention as one operation on the projection's output.
         // (Packed sequences write no KV memory, and FlashAttention's head sizes suit the rotary
         // kernel.)
-        let fused_qkv_varlen =
-            varlen.is_some() && !split && self.kind == Kind::BFloat16 && !c.qk_norm;
+        let fused_qkv_varlen = varlen.is_some()
+            && !split
+            && self.kind == Kind::BFloat16
+            && (!c.qk_norm || kernels::QK_NORM_TRAINING_HEAD_DIMS.contains(&c.head_dim));
         // The rows as packed sequences of `t` tokens, for the kernels that take packed sequences
         // over plain causal rows: uploaded once for every block, without waiting for the device.
         let row_offsets = (flash_causal || (split && causal && varlen.is_none())).then(|| {
