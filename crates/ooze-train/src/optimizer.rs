@@ -138,26 +138,31 @@ impl Optimizer {
         self.apply_with_norm(&grads, lr, None, flat.as_ref())
     }
 
+    /// Each slot's gradient, `None` where its tensor has none (unused in this step).
+    fn gradients(&self) -> Vec<Option<Tensor>> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let g = s.model.grad();
+                g.defined().then_some(g)
+            })
+            .collect()
+    }
+
     /// The step through ooze's master-weight kernel, when it applies: every gradient bf16 with an
     /// fp32 master on a GPU. `None`: it does not, and nothing was changed.
     fn master_step(&mut self, lr: f64) -> Result<Option<f64>, TrainError> {
         if !master_adamw_available() {
             return Ok(None);
         }
-        let grads: Vec<Option<Tensor>> = self
-            .slots
-            .iter()
-            .map(|s| {
-                let g = s.model.grad();
-                g.defined().then_some(g)
-            })
-            .collect();
+        let grads = self.gradients();
         let fits = |s: &Slot, g: &Tensor| {
             g.kind() == Kind::BFloat16
                 && s.model.kind() == Kind::BFloat16
                 && s.master.is_some()
                 && g.device().is_cuda()
                 && g.is_contiguous()
+                && s.model.is_contiguous()
         };
         let present: Vec<Tensor> = grads.iter().flatten().map(|g| g.shallow_clone()).collect();
         if present.is_empty()
@@ -226,14 +231,7 @@ impl Optimizer {
     /// precision are upcast into one flat buffer by one multi-tensor copy, which is returned too
     /// (their global norm is then one reduction over it); fp32 gradients are used as they are.
     fn fp32_gradients(&self) -> Result<(Vec<Option<Tensor>>, Option<Tensor>), TrainError> {
-        let grads: Vec<Option<Tensor>> = self
-            .slots
-            .iter()
-            .map(|s| {
-                let g = s.model.grad();
-                g.defined().then_some(g)
-            })
-            .collect();
+        let grads = self.gradients();
         let low: Vec<&Tensor> = grads
             .iter()
             .flatten()
