@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
@@ -53,7 +54,12 @@ int ooze_fused_adamw(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_a
 // float32 whatever the tensors' dtype.
 at::Tensor* ooze_foreach_norm(at::Tensor** tensors, int64_t n) {
   try {
-    return new at::Tensor(at::stack(at::_foreach_norm(list(tensors, n), 2, at::kFloat)));
+    auto all = list(tensors, n);
+    // fp32 tensors as before (the same kernels and sums); 16-bit ones summed in fp32.
+    const bool fp32 = std::all_of(all.begin(), all.end(),
+                                  [](const at::Tensor& t) { return t.scalar_type() == at::kFloat; });
+    return new at::Tensor(at::stack(fp32 ? at::_foreach_norm(all, 2)
+                                         : at::_foreach_norm(all, 2, at::kFloat)));
   } catch (const std::exception& e) {
     last_error = e.what();
     return nullptr;
