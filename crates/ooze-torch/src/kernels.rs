@@ -116,7 +116,7 @@ pub const QK_NORM_HEAD_DIMS: [i64; 4] = [32, 64, 128, 256];
 pub const QK_NORM_TRAINING_HEAD_DIMS: [i64; 3] = [32, 64, 128];
 
 #[cfg(ooze_cuda_kernels)]
-mod ffi {
+pub(crate) mod ffi {
     use crate::tch::Tensor;
     use std::ffi::{c_char, c_void};
 
@@ -237,14 +237,19 @@ mod ffi {
         ) -> *mut CTensor;
     }
 
+    /// The error the shim's last failing entry point recorded on this thread.
+    pub fn last_error() -> String {
+        // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string that lives
+        // until the next failing call on this thread.
+        unsafe { std::ffi::CStr::from_ptr(ooze_ops_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
     /// Wraps a returned tensor, or reads the error the shim recorded.
     pub fn result(kernel: &'static str, raw: *mut CTensor) -> Result<Tensor, super::KernelError> {
         if raw.is_null() {
-            // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string that
-            // lives until the next failing call on this thread.
-            let message = unsafe { std::ffi::CStr::from_ptr(ooze_ops_last_error()) }
-                .to_string_lossy()
-                .into_owned();
+            let message = last_error();
             return Err(super::KernelError::Failed { kernel, message });
         }
         // SAFETY: a non-null result is a heap-allocated at::Tensor the caller now owns; tch frees

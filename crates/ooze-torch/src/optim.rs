@@ -217,7 +217,6 @@ mod master_ffi {
             eps: f64,
             divisor: *const c_void,
         ) -> i32;
-        pub fn ooze_ops_last_error() -> *const std::ffi::c_char;
     }
 }
 
@@ -266,10 +265,7 @@ pub fn master_adamw(
             )
         };
         if code != 0 {
-            // SAFETY: a thread-local NUL-terminated string set by the failing call.
-            let message = unsafe { std::ffi::CStr::from_ptr(master_ffi::ooze_ops_last_error()) }
-                .to_string_lossy()
-                .into_owned();
+            let message = crate::kernels::ffi::last_error();
             return Err(OptimError::Failed(message));
         }
         Ok(())
