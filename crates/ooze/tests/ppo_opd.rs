@@ -162,13 +162,22 @@ fn ppo_with_a_critic_learns_addition_and_resumes_exactly() {
         3,
         "at the start, after 10 and after 20 rollouts"
     );
-    assert!(pass[2] > pass[0] + 0.03, "held-out pass@1 {pass:?}");
+    // RL improves the agent: the reward of the last five rollouts (640 samples) over the first
+    // five's, and held-out pass@1 at the end over the start. Over rollout seeds 1–4 and the
+    // default, the first rose by 0.13–0.18 and the second by 0.03–0.16 (2026-11-29).
+    let reward = series(&rows, "reward/mean");
+    assert!(
+        mean(&reward[15..]) > mean(&reward[..5]) + 0.08,
+        "reward mean per rollout {reward:?}"
+    );
+    assert!(pass[2] > pass[0], "held-out pass@1 {pass:?}");
     // The critic: the first warm-up steps freeze the policy, and the value loss falls below what
-    // a zero critic pays (E[G²] = the mean reward for rewards in {0, 1}).
+    // a zero critic pays (E[G²] = the mean reward for rewards in {0, 1}): from 0.89–0.91 of it at
+    // the first rollout to 0.58–0.62 over the last five, over the same five seeds. On this task it
+    // learns the baseline, not per-prompt difficulty (explained variance stays near 0).
     assert_eq!(rows[1]["train/policy_frozen_steps"], 2, "{:?}", rows[1]);
     assert!(!rows[2].contains_key("train/policy_frozen_steps"));
     let value = series(&rows, "train/value_loss");
-    let reward = series(&rows, "reward/mean");
     let relative: Vec<f64> = value.iter().zip(&reward).map(|(v, g)| v / g).collect();
     assert!(
         mean(&relative[15..]) < 0.8 * relative[0],
