@@ -15,7 +15,7 @@ pub fn cases() -> Vec<Case> {
             &["model.path=\"{model2}\""],
             Responses,
         ),
-        // GPU only on this machine: asking for one names the key (gpu.rs runs it on a GPU).
+        // GPU only on this machine: asking for one names the key (tests/gpu/ runs it on a GPU).
         case(
             &["model.device"],
             &[],
@@ -135,7 +135,7 @@ pub fn cases() -> Vec<Case> {
             &["rollout.max_running=3"],
             Stderr("engine: 3 sequences"),
         ),
-        // GPU only (ooze's bf16 kernels; tests/gpu.rs checks the bitwise log-probs): a CPU
+        // GPU only (ooze's bf16 kernels; tests/gpu/ checks the bitwise log-probs): a CPU
         // recipe is refused when parsed.
         case(
             &["rollout.deterministic"],
