@@ -3,12 +3,12 @@
 //! its own, because the setting is process-wide.
 
 use ooze_engine::{start, EngineConfig, Output, SamplingParams};
-use ooze_model::init::{init_model, InitOptions, Size};
+use ooze_model::init::Size;
 use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions};
 use ooze_torch::tch::{Device, Kind};
 
 mod common;
-use common::generate_all;
+use common::{generate_all, random_model};
 
 fn generate(
     runtime: &tokio::runtime::Runtime,
@@ -40,15 +40,7 @@ fn engine_log_probs_equal_the_trainers_bitwise() {
         .build()
         .unwrap();
     for family in [Family::Qwen2, Family::Qwen3] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut options = InitOptions::new(family, Size::Medium);
-        options.seed = 9;
-        init_model(
-            dir.path(),
-            &ooze_model::corpus::generate(0, 50_000),
-            &options,
-        )
-        .unwrap();
+        let dir = random_model(family, Size::Medium, 9);
         let load = || Decoder::load(dir.path(), Device::Cuda(0), Kind::BFloat16).unwrap();
         let vocab = load().config.vocab_size;
         let prompts: Vec<Vec<u32>> = (0..8)

@@ -302,3 +302,19 @@ pub fn generate_all(
         outs
     })
 }
+
+/// A random `family` model of `size` (its tokenizer trained on the built-in corpus), seeded
+/// `seed`, in a fresh temporary directory: the GPU tests' models.
+#[allow(dead_code)] // the GPU tests' helper
+pub fn random_model(family: Family, size: Size, seed: i64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = InitOptions::new(family, size);
+    options.seed = seed;
+    init_model(
+        dir.path(),
+        &ooze_model::corpus::generate(0, 50_000),
+        &options,
+    )
+    .unwrap();
+    dir
+}

@@ -21,15 +21,7 @@ fn gpu_is_reported() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_scores_match_cpu() {
     require_gpu();
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Small);
-    options.seed = 3;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen2, Size::Small, 3);
     let cpu = Decoder::load(dir.path(), Device::Cpu, Kind::Float).unwrap();
     let gpu = Decoder::load(dir.path(), Device::Cuda(0), Kind::Float).unwrap();
     let gpu_bf16 = Decoder::load(dir.path(), Device::Cuda(0), Kind::BFloat16).unwrap();
@@ -85,15 +77,7 @@ fn gpu_scores_match_cpu() {
 fn gpu_engine_greedy_matches_scoring() {
     require_gpu();
     use ooze_engine::{start, EngineConfig, SamplingParams};
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Small);
-    options.seed = 5;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen2, Size::Small, 5);
     for kind in [Kind::Float, Kind::BFloat16] {
         let engine = start(
             Decoder::load(dir.path(), Device::Cuda(0), kind).unwrap(),
@@ -145,15 +129,7 @@ fn gpu_cuda_graph_decode_matches_eager() {
         ooze_torch::cuda_graph::CudaGraph::available(),
         "this build has no CUDA-graph shim"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen3, Size::Small);
-    options.seed = 9;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen3, Size::Small, 9);
     let params = SamplingParams {
         seed: Some(4),
         max_new_tokens: Some(48),
@@ -205,15 +181,7 @@ fn gpu_overlapped_decode_matches_sequential() {
     require_gpu();
     use ooze_core::FinishReason;
     use ooze_engine::{start, EngineConfig, Event, Output, PauseMode, Request, SamplingParams};
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen3, Size::Small);
-    options.seed = 13;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen3, Size::Small, 13);
     // `stops[i]`: request i's stop tokens (none: it runs to its length).
     let requests = |stops: &[Vec<u32>]| -> Vec<Request> {
         (sequences(600).into_iter().enumerate())
@@ -323,13 +291,7 @@ fn gpu_overlapped_decode_matches_sequential() {
 fn gpu_engines_sharing_a_gpu_capture_while_others_decode() {
     require_gpu();
     use ooze_engine::{start, EngineConfig, SamplingParams};
-    let dir = tempfile::tempdir().unwrap();
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &InitOptions::new(Family::Qwen2, Size::Small),
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen2, Size::Small, 0);
     let params = SamplingParams {
         seed: Some(11),
         max_new_tokens: Some(300),

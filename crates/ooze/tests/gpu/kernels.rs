@@ -46,15 +46,7 @@ fn gpu_kernels_match_libtorch_ops() {
     }
     assert!(same >= 62, "only {same} of 64 rows drew the same token");
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen3, Size::Small);
-    options.seed = 21;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen3, Size::Small, 21);
     let params = SamplingParams {
         seed: Some(8),
         max_new_tokens: Some(48),

@@ -4,13 +4,13 @@
 //! end to end against scoring and against itself; `kernels`: the engine's kernels against the
 //! operations they replace; `training`: the trainer's kernels, fused nodes and optimizer.
 
-use ooze_model::init::{init_model, InitOptions, Size};
+use ooze_model::init::Size;
 use ooze_model::{score_sequences, Decoder, Family, Layout, ScoreOptions};
 use ooze_torch::tch::{Device, Kind};
 
 #[path = "../common/mod.rs"]
 mod common;
-use common::generate_all;
+use common::{generate_all, random_model};
 
 mod engine;
 mod kernels;

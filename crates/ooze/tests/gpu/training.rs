@@ -10,15 +10,7 @@ use super::*;
 fn gpu_packed_flash_attention_matches_padded_and_trains() {
     require_gpu();
     use ooze_train::{Sample, Trainer, TrainerConfig};
-    let dir = tempfile::tempdir().unwrap();
-    let mut options = InitOptions::new(Family::Qwen2, Size::Small);
-    options.seed = 12;
-    init_model(
-        dir.path(),
-        &ooze_model::corpus::generate(0, 50_000),
-        &options,
-    )
-    .unwrap();
+    let dir = random_model(Family::Qwen2, Size::Small, 12);
     let decoder = Decoder::load(dir.path(), Device::Cuda(0), Kind::BFloat16).unwrap();
     let seqs = sequences(decoder.config.vocab_size);
     let score =
