@@ -154,16 +154,7 @@ fn gpu_cuda_graph_decode_matches_eager() {
         let outs: Vec<_> = generate_all(&runtime, &engine, &prompts, &params);
         results.push(outs);
     }
-    let mut worst = 0.0f32;
-    for (g, e) in results[0].iter().zip(&results[1]) {
-        assert_eq!(
-            g.tokens, e.tokens,
-            "graph and eager decoding drew different tokens"
-        );
-        for (a, b) in g.log_probs.iter().zip(&e.log_probs) {
-            worst = worst.max((a - b).abs());
-        }
-    }
+    let worst = same_tokens_log_prob_gap(&results[0], &results[1], "graph and eager decoding");
     assert!(worst < 1e-4, "graph vs eager log-prob error {worst}");
     eprintln!("graph vs eager: max |log-prob diff| {worst:.2e}");
 }

@@ -69,16 +69,7 @@ fn gpu_kernels_match_libtorch_ops() {
         results.push(generate_all(&runtime, &engine, &sequences(600), &params));
     }
     kernels::set_enabled(true);
-    let mut worst = 0.0f32;
-    for (a, b) in results[0].iter().zip(&results[1]) {
-        assert_eq!(
-            a.tokens, b.tokens,
-            "kernels on and off drew different tokens"
-        );
-        for (x, y) in a.log_probs.iter().zip(&b.log_probs) {
-            worst = worst.max((x - y).abs());
-        }
-    }
+    let worst = same_tokens_log_prob_gap(&results[0], &results[1], "kernels on and off");
     assert!(worst < 1e-4, "kernels on vs off log-prob error {worst}");
     eprintln!("kernels on vs off: max |log-prob diff| {worst:.2e}");
 }

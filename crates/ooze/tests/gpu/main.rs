@@ -64,3 +64,20 @@ fn sequences(vocab: i64) -> Vec<Vec<u32>> {
         })
         .collect()
 }
+
+/// The largest |log-prob difference| between two runs' outputs, after asserting that each pair
+/// drew the same tokens (`what`: the two runs, for the message).
+fn same_tokens_log_prob_gap(
+    a: &[ooze_engine::Output],
+    b: &[ooze_engine::Output],
+    what: &str,
+) -> f32 {
+    let mut worst = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.tokens, y.tokens, "{what} drew different tokens");
+        for (p, q) in x.log_probs.iter().zip(&y.log_probs) {
+            worst = worst.max((p - q).abs());
+        }
+    }
+    worst
+}
