@@ -193,10 +193,54 @@ mod ffi {
     }
 }
 
-/// A TCP port free on `host` now, for a group's store (the system picks it; another program may
-/// take it before the store binds it, which then fails with the port named).
+/// A TCP port free on `host` now, for a group's store. It is taken below the system's ephemeral
+/// range (Linux: `net.ipv4.ip_local_port_range`) when that range is known, because every socket
+/// bound to port 0 in the meantime (Gloo's pair listeners, outgoing connections) gets its port
+/// from that range: a port the system handed out could go to one of them before the store binds
+/// it, and a store client would then connect to a socket that is not a store. Successive calls
+/// in one process return different ports. Another program may still take the port before the
+/// store binds it, which then fails with the port named.
 pub fn free_port(host: &str) -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    const LOWEST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > LOWEST + 1_000 && low <= 65_535);
+    if let Some(low) = ephemeral_low {
+        let span = low - LOWEST;
+        // A start that differs between processes (their ids) and between calls (the counter),
+        // so that ranks and tests picking at once rarely try the same ports.
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let start = (std::process::id().wrapping_mul(2_654_435_761) >> 8).wrapping_add(call * 97);
+        for i in 0..span.min(2_000) {
+            let port = (LOWEST + (start.wrapping_add(i) % span)) as u16;
+            let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+            if !handed_out.contains(&port) && std::net::TcpListener::bind((host, port)).is_ok() {
+                handed_out.push(port);
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+}
+
+/// How long past its timeout a group's join is waited for before it is given up
+/// ([`ProcessGroup::connect`]): c10d's own waits end at the timeout, give or take its retries.
+#[cfg(ooze_dist)]
+fn join_margin(timeout: Duration) -> Duration {
+    (timeout / 4).max(Duration::from_secs(2))
+}
+
+/// The message of the last failed shim call on this thread.
+#[cfg(ooze_dist)]
+fn last_error() -> String {
+    // SAFETY: a thread-local NUL-terminated string set by the failing call.
+    unsafe { std::ffi::CStr::from_ptr(ffi::ooze_dist_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The ranks of one job, joined. Collectives block until every rank has called them (or the
@@ -226,7 +270,8 @@ impl std::fmt::Debug for ProcessGroup {
 
 impl ProcessGroup {
     /// Joins the job's ranks: rank 0 serves the store unless the launcher does; the others
-    /// connect to it, retrying until `timeout`.
+    /// connect to it, retrying until `timeout`. A join that has not ended a quarter of `timeout`
+    /// (at least 2 s) after it is given up with an error, whatever c10d is waiting for.
     pub fn connect(
         rendezvous: &Rendezvous,
         backend: Backend,
@@ -258,21 +303,73 @@ impl ProcessGroup {
                     expected: "a host name without NUL bytes".into(),
                 }
             })?;
-            // SAFETY: plain values and a NUL-terminated string; a null result sets the error.
-            let raw = unsafe {
-                ffi::ooze_dist_new(
-                    match backend {
-                        Backend::Gloo => 0,
-                        Backend::Nccl => 1,
-                    },
-                    host.as_ptr(),
-                    rendezvous.master_port as i32,
-                    rendezvous.rank as i32,
-                    rendezvous.world_size as i32,
-                    rendezvous.agent_store as i32,
-                    timeout.as_millis().min(i64::MAX as u128) as i64,
-                    prefix.as_ptr(),
-                )
+            let backend_code = match backend {
+                Backend::Gloo => 0,
+                Backend::Nccl => 1,
+            };
+            let (port, rank, world, agent_store) = (
+                rendezvous.master_port as i32,
+                rendezvous.rank as i32,
+                rendezvous.world_size as i32,
+                rendezvous.agent_store as i32,
+            );
+            let timeout_ms = timeout.as_millis().min(i64::MAX as u128) as i64;
+            // c10d waits without a bound in one place: a store client that reached a socket
+            // which is not a store waits forever for the answer to its first message. So the
+            // join runs on its own thread and is given up after the timeout and a margin; a
+            // group that still forms after that is freed by that thread.
+            let (sender, receiver) = std::sync::mpsc::channel::<Result<usize, String>>();
+            std::thread::Builder::new()
+                .name("ooze-dist-join".into())
+                .spawn(move || {
+                    // SAFETY: plain values and NUL-terminated strings that live in this thread; a
+                    // null result sets this thread's error.
+                    let raw = unsafe {
+                        ffi::ooze_dist_new(
+                            backend_code,
+                            host.as_ptr(),
+                            port,
+                            rank,
+                            world,
+                            agent_store,
+                            timeout_ms,
+                            prefix.as_ptr(),
+                        )
+                    };
+                    let joined = if raw.is_null() {
+                        Err(last_error())
+                    } else {
+                        Ok(raw as usize)
+                    };
+                    if let Err(std::sync::mpsc::SendError(Ok(raw))) = sender.send(joined) {
+                        // SAFETY: a group nobody else holds, freed once.
+                        unsafe { ffi::ooze_dist_free(raw as *mut std::ffi::c_void) };
+                    }
+                })
+                .map_err(|e| DistError::Failed {
+                    rank: rendezvous.rank,
+                    world: rendezvous.world_size,
+                    message: format!("starting a thread to join the group: {e}"),
+                })?;
+            let doing = format!(
+                "joining the group at {}:{}",
+                rendezvous.master_addr, rendezvous.master_port
+            );
+            let failed = |message: String| DistError::Failed {
+                rank: rendezvous.rank,
+                world: rendezvous.world_size,
+                message: format!("{doing}: {message}"),
+            };
+            let raw = match receiver.recv_timeout(timeout + join_margin(timeout)) {
+                Ok(Ok(raw)) => raw as *mut std::ffi::c_void,
+                Ok(Err(message)) => return Err(failed(message)),
+                Err(_) => {
+                    return Err(failed(format!(
+                        "no answer within {:.0?}: the port may be held by a program that is \
+                         not the group's store",
+                        timeout + join_margin(timeout)
+                    )))
+                }
             };
             let group = ProcessGroup {
                 raw,
@@ -280,12 +377,6 @@ impl ProcessGroup {
                 world_size: rendezvous.world_size,
                 backend,
             };
-            if raw.is_null() {
-                return Err(group.error(&format!(
-                    "joining the group at {}:{}",
-                    rendezvous.master_addr, rendezvous.master_port
-                )));
-            }
             Ok(group)
         }
         #[cfg(not(ooze_dist))]
@@ -309,14 +400,10 @@ impl ProcessGroup {
 
     #[cfg(ooze_dist)]
     fn error(&self, doing: &str) -> DistError {
-        // SAFETY: a thread-local NUL-terminated string set by the failing call.
-        let message = unsafe { std::ffi::CStr::from_ptr(ffi::ooze_dist_last_error()) }
-            .to_string_lossy()
-            .into_owned();
         DistError::Failed {
             rank: self.rank,
             world: self.world_size,
-            message: format!("{doing}: {message}"),
+            message: format!("{doing}: {}", last_error()),
         }
     }
 
@@ -705,15 +792,11 @@ mod collective_tests {
     fn gloo_groups_of_one_process_start_collectives_at_once() {
         let groups = 8;
         for _ in 0..4 {
-            // Ports held together until all are known, so no two groups get the same one.
-            let listeners: Vec<_> = (0..groups)
-                .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap())
+            // Distinct ports outside the ephemeral range, which the groups' own Gloo listeners
+            // take theirs from (free_port).
+            let ports: Vec<u16> = (0..groups)
+                .map(|_| free_port("127.0.0.1").unwrap())
                 .collect();
-            let ports: Vec<u16> = listeners
-                .iter()
-                .map(|l| l.local_addr().unwrap().port())
-                .collect();
-            drop(listeners);
             let start = std::sync::Arc::new(std::sync::Barrier::new(2 * groups));
             let ranks: Vec<_> = ports
                 .into_iter()
@@ -742,6 +825,30 @@ mod collective_tests {
                 assert_eq!(r.join().unwrap(), vec![1.0, 1.0]);
             }
         }
+    }
+
+    /// A store client that reaches a program which accepts connections but never answers (as a
+    /// Gloo listener that took the store's port does) stops with an error, not a hang.
+    #[test]
+    fn a_port_held_by_something_else_is_an_error_not_a_hang() {
+        let silent = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || {
+            let connections: Vec<_> = silent.incoming().take(1).collect();
+            std::thread::sleep(Duration::from_secs(30));
+            drop(connections);
+        });
+        let rendezvous = local_rank(1, 2, port);
+        let e = ProcessGroup::connect(&rendezvous, Backend::Gloo, Duration::from_secs(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "rank 1 of 2: joining the group at 127.0.0.1:{port}: "
+            )),
+            "{e}"
+        );
+        drop(held);
     }
 
     /// A rank whose peer never comes stops with an error naming it, not a hang or an abort.
