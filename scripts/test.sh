@@ -4,17 +4,31 @@
 # `cargo test -p ooze --test gpu -- --ignored` on a CUDA machine. Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, printed at the end for readers of CI logs.
+phases=()
+phase() { phases+=("$1 $SECONDS"); echo "== $1"; }
+phase "setup"
 scripts/setup.sh
 . scripts/torch-env.sh
 # Environment images are built once per checkout (by the first test that needs one) and kept here.
 export OOZE_IMAGE_CACHE="$PWD/.cache/images"
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== reference values (PyTorch + transformers)"
+phase "reference values (PyTorch + transformers)"
 .venv/bin/python scripts/reference/make_references.py target/reference
-echo "== cargo test"
+phase "cargo test: build"
+cargo test --workspace --no-run
+phase "cargo test: run"
 cargo test --workspace 2>&1 | tee target/test.log
 # One summary line for readers of CI logs.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "ooze tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test.log
+phases+=("end $SECONDS")
+for ((i = 0; i + 1 < ${#phases[@]}; i++)); do
+  read -r -a this <<<"${phases[i]}"
+  read -r -a next <<<"${phases[i + 1]}"
+  name="${phases[i]% *}"
+  echo "time: ${name}: $((${next[-1]} - ${this[-1]})) s"
+done
+echo "time: total: $SECONDS s"

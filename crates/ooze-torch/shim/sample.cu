@@ -29,11 +29,16 @@ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
           __fmaf_rn(a.weighted, ea, __fmul_rn(b.weighted, eb))};
 }
 
-// Four scaled logits merged into the running moments: one local max, then one merge.
-__device__ __forceinline__ Moments add_group(Moments acc, float a, float b, float c, float d) {
+// The moments of four scaled logits: their max, then the sums relative to it.
+__device__ __forceinline__ Moments group_moments(float a, float b, float c, float d) {
   const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
   const float ea = expf(a - m), eb = expf(b - m), ec = expf(c - m), ed = expf(d - m);
-  return merge_moments(acc, Moments{m, ea + eb + ec + ed, ea * a + eb * b + ec * c + ed * d});
+  return Moments{m, ea + eb + ec + ed, ea * a + eb * b + ec * c + ed * d};
+}
+
+// Four scaled logits merged into the running moments: one local max, then one merge.
+__device__ __forceinline__ Moments add_group(Moments acc, float a, float b, float c, float d) {
+  return merge_moments(acc, group_moments(a, b, c, d));
 }
 
 __device__ __forceinline__ Moments shfl_moments(Moments m, int offset) {
@@ -193,6 +198,231 @@ __device__ __forceinline__ float weight_of(float logit, float inv_temp, float ma
   return expf(__fsub_rn(__fmul_rn(logit, inv_temp), max));
 }
 
+// Walks tokens [begin, end) of a row in vocabulary order, one warp, 32 tokens a round, from the
+// mass `running` before `begin`: the first token whose inclusive mass passes `target`, or when
+// rounding lets none pass, the last token with any mass before that point; -1 when the span has
+// no mass. Every lane returns the same token.
+__device__ int walk_to_target(const float* x, int begin, int end, float inv_temp, float max,
+                              float running, float target, int lane) {
+  int pick = -1;
+  // Eight rounds of 32 tokens read ahead (the rounds themselves stay serial).
+  constexpr int AHEAD = 8;
+  float ahead[AHEAD];
+  for (int base = begin; base < end; base += 32) {
+    const int round = ((base - begin) >> 5) % AHEAD;
+    if (round == 0) {
+#pragma unroll
+      for (int k = 0; k < AHEAD; ++k) {
+        const int j = base + 32 * k + lane;
+        ahead[k] = j < end ? x[j] : 0.f;
+      }
+    }
+    const int i = base + lane;
+    float logit = ahead[0];
+#pragma unroll
+    for (int k = 1; k < AHEAD; ++k) logit = round == k ? ahead[k] : logit;
+    const float p = i < end ? weight_of(logit, inv_temp, max) : 0.f;
+    float incl = p;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, offset);
+      if (lane >= offset) incl += y;
+    }
+    const unsigned crossed = __ballot_sync(0xffffffffu, running + incl > target);
+    const unsigned mass = __ballot_sync(0xffffffffu, p > 0.f);
+    if (crossed != 0u) {
+      // The crossing token has mass unless the scan's rounding says otherwise: then the last
+      // token before it that has.
+      const unsigned upto = mass & ((2u << (__ffs(crossed) - 1)) - 1u);
+      if (upto != 0u) pick = base + 31 - __clz(upto);
+      break;
+    }
+    if (mass != 0u) pick = base + 31 - __clz(mass);
+    running += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return pick;
+}
+
+// The inclusive prefix, over the block's threads in order, of one value per thread; every thread
+// gets its own prefix and (through `total`) the block's sum.
+__device__ float block_inclusive_scan(float v, float* total) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += y;
+  }
+  __shared__ float s_warp[SAMPLE_WARPS];
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = s_warp[lane];
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += y;
+    }
+    s_warp[lane] = w;
+  }
+  __syncthreads();
+  *total = s_warp[SAMPLE_WARPS - 1];
+  const float before = warp == 0 ? 0.f : s_warp[warp - 1];
+  __syncthreads();  // s_warp may be reused by the next call
+  return before + v;
+}
+
+// The one-pass path's chunks: the 32 groups of four a warp reads in one round, 128 consecutive
+// tokens. Vocabularies of up to MAX_CHUNKS chunks (262,144 tokens) take it.
+constexpr int CHUNK_TOKENS = 128;
+constexpr int MAX_CHUNKS = 2048;
+
+// Sampled rows, one pass over the logits: the row's moments exactly as row_moments computes them
+// (the same threads, groups and merges: the trainer's log-sum-exp), and beside them each chunk's
+// max and mass relative to it (a warp's max and sum, one per round). The chunks' masses then
+// locate u · total, and one warp walks that chunk's 128 tokens. Writes the moments and the first
+// maximum; returns the token, or -1 where rounding left no chunk holding the target.
+__device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float inv_temp,
+                                  float u, Moments* moments, ArgMax* argmax) {
+  __shared__ float s_chunk_max[MAX_CHUNKS], s_chunk_mass[MAX_CHUNKS];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int groups = vocab / 4;
+  const int rounds = (groups + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+  const int chunks = (vocab + CHUNK_TOKENS - 1) / CHUNK_TOKENS;
+  Moments acc{-INFINITY, 0.f, 0.f};
+  ArgMax am{-INFINITY, vocab};
+  // Four rounds' loads in flight, as for_each_group; every warp takes part in every round (the
+  // chunk sums are warp-wide), lanes past the row with nothing.
+  for (int r0 = 0; r0 < rounds; r0 += 4) {
+    float4 q[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = tid + (r0 + k) * SAMPLE_THREADS;
+      q[k] = i < groups ? group_of(x, i, aligned) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (r0 + k >= rounds) break;
+      const int i = tid + (r0 + k) * SAMPLE_THREADS;
+      const bool in = i < groups;
+      const float a = q[k].x * inv_temp, b = q[k].y * inv_temp, c = q[k].z * inv_temp,
+                  d = q[k].w * inv_temp;
+      const Moments g = group_moments(a, b, c, d);
+      if (in) {
+        acc = merge_moments(acc, g);
+        am = better(am, ArgMax{a, 4 * i});
+        am = better(am, ArgMax{b, 4 * i + 1});
+        am = better(am, ArgMax{c, 4 * i + 2});
+        am = better(am, ArgMax{d, 4 * i + 3});
+      }
+      float chunk_max = in ? g.max : -INFINITY;
+      for (int offset = 16; offset > 0; offset >>= 1)
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
+      float mass = in && chunk_max > -INFINITY ? g.sum * expf(g.max - chunk_max) : 0.f;
+      mass = warp_sum(mass);
+      const int chunk = (i - lane) >> 5;
+      if (lane == 0 && chunk < chunks) {
+        s_chunk_max[chunk] = chunk_max;
+        s_chunk_mass[chunk] = mass;
+      }
+    }
+  }
+  acc = block_moments(acc);
+  am = block_argmax(am);
+  *moments = acc;
+  *argmax = am;
+  // Each thread takes two consecutive chunks (chunks ≤ 2 · SAMPLE_THREADS); their masses at the
+  // row's max, scanned in chunk order.
+  const float max = acc.max;
+  float mine[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int c = 2 * tid + k;
+    mine[k] = c < chunks && s_chunk_max[c] > -INFINITY
+                  ? s_chunk_mass[c] * expf(s_chunk_max[c] - max)
+                  : 0.f;
+  }
+  float total;
+  const float incl = block_inclusive_scan(mine[0] + mine[1], &total);
+  const float target = u * total;
+  // The first thread whose prefix passes the target owns it (rounding may make neighbouring
+  // prefixes disagree slightly; the minimum keeps the choice deterministic).
+  __shared__ int s_owner, s_chunk;
+  __shared__ float s_before;
+  if (tid == 0) {
+    s_owner = SAMPLE_THREADS;
+    s_chunk = -1;
+  }
+  __syncthreads();
+  if (incl > target) atomicMin(&s_owner, tid);
+  __syncthreads();
+  if (tid == s_owner) {
+    const float excl = incl - (mine[0] + mine[1]);
+    const bool first = excl + mine[0] > target || mine[1] == 0.f;
+    s_chunk = 2 * tid + (first ? 0 : 1);
+    s_before = first ? excl : excl + mine[0];
+  }
+  __syncthreads();
+  const int chunk = s_chunk;
+  if (chunk < 0) return -1;
+  __shared__ int s_pick;
+  if (warp == 0) {
+    const int begin = chunk * CHUNK_TOKENS, end = min(begin + CHUNK_TOKENS, vocab);
+    const int pick = walk_to_target(x, begin, end, inv_temp, max, s_before, target, lane);
+    if (lane == 0) s_pick = pick;
+  }
+  __syncthreads();
+  return s_pick;
+}
+
+// Sampled rows of other vocabularies, after row_moments: a second pass over the logits. Warp w owns
+// the w-th of 32 contiguous segments; a scan of the segments' masses finds the one holding
+// u · total, and that warp walks it. Returns the token, or -1 where rounding left no segment
+// holding the target.
+__device__ int sample_by_segments(const float* x, int vocab, float inv_temp, float max, float u) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int segment = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
+  const int begin = min(warp * segment, vocab), end = min(begin + segment, vocab);
+  // Eight loads in flight per lane, summed in the same order as one at a time.
+  float part = 0.f;
+  int i = begin + lane;
+  for (; i + 7 * 32 < end; i += 8 * 32) {
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = x[i + 32 * k];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) part += weight_of(v[k], inv_temp, max);
+  }
+  for (; i < end; i += 32) part += weight_of(x[i], inv_temp, max);
+  part = warp_sum(part);
+  __shared__ float s_upto[SAMPLE_WARPS];  // inclusive prefix of the segments' sums
+  if (lane == 0) s_upto[warp] = part;
+  __syncthreads();
+  if (warp == 0) {
+    float w = s_upto[lane];
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += y;
+    }
+    s_upto[lane] = w;
+  }
+  __syncthreads();
+  const float target = u * s_upto[SAMPLE_WARPS - 1];
+  int owner = SAMPLE_WARPS;
+  for (int w = 0; w < SAMPLE_WARPS; ++w) {
+    if (s_upto[w] > target) {
+      owner = w;
+      break;
+    }
+  }
+  __shared__ int s_pick;
+  if (threadIdx.x == 0) s_pick = -1;
+  __syncthreads();
+  if (warp == owner) {
+    const float running = owner == 0 ? 0.f : s_upto[owner - 1];
+    const int pick = walk_to_target(x, begin, end, inv_temp, max, running, target, lane);
+    if (lane == 0) s_pick = pick;
+  }
+  __syncthreads();
+  return s_pick;
+}
+
 // One block per row. params is [3, rows]: inv_temp (1/T, as the trainer scales; 1 for greedy),
 // greedy flag (0/1), uniform u in [0, 1). out is [2, rows] (double): the token, then its log-prob
 // log_softmax(logits · inv_temp), equal to log_prob_forward_kernel's for the same row. `aligned`:
@@ -202,131 +432,55 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
                   const float* __restrict__ params, int rows, bool aligned,
                   double* __restrict__ out) {
   const int row = blockIdx.x;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x;
   const float* x = logits + row * stride;
   const float inv_temp = params[row];
   const bool greedy = params[rows + row] != 0.f;
   const float u = params[2 * rows + row];
 
-  // Pass 1: the log-sum-exp as the trainer's kernel computes it, and the first maximum.
   Moments acc{-INFINITY, 0.f, 0.f};
   ArgMax am{-INFINITY, vocab};
-  if (vocab % 4 == 0) {
-    for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
-      const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp, d = q.w * inv_temp;
-      acc = add_group(acc, a, b, c, d);
-      am = better(am, ArgMax{a, 4 * i});
-      am = better(am, ArgMax{b, 4 * i + 1});
-      am = better(am, ArgMax{c, 4 * i + 2});
-      am = better(am, ArgMax{d, 4 * i + 3});
-    });
+  int token = -1;
+  const bool one_pass =
+      !greedy && vocab % 4 == 0 && (vocab + CHUNK_TOKENS - 1) / CHUNK_TOKENS <= MAX_CHUNKS;
+  if (one_pass) {
+    token = sample_in_one_pass(x, vocab, aligned, inv_temp, u, &acc, &am);
   } else {
-    for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
-      const float v = x[i] * inv_temp;
-      acc = merge_moments(acc, Moments{v, 1.f, v});
-      am = better(am, ArgMax{v, i});
-    }
-  }
-  acc = block_moments(acc);
-  am = block_argmax(am);
-  const float max = acc.max;
-  const float lse = acc.max + logf(acc.sum);
-  __shared__ int s_token;
-  if (tid == 0) s_token = greedy ? min(am.index, vocab - 1) : -1;
-  if (!greedy) {
-    // Pass 2: inverse CDF in vocabulary order. Warp w owns the w-th of 32 contiguous segments
-    // (reads coalesced across its lanes); a scan of the segments' sums finds the one holding
-    // u · total, and that warp walks it 32 tokens at a time.
-    const int segment = ((vocab + SAMPLE_WARPS - 1) / SAMPLE_WARPS + 31) / 32 * 32;
-    const int begin = min(warp * segment, vocab), end = min(begin + segment, vocab);
-    // Eight loads in flight per lane, summed in the same order as one at a time.
-    float part = 0.f;
-    int i = begin + lane;
-    for (; i + 7 * 32 < end; i += 8 * 32) {
-      float v[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = x[i + 32 * k];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) part += weight_of(v[k], inv_temp, max);
-    }
-    for (; i < end; i += 32) part += weight_of(x[i], inv_temp, max);
-    part = warp_sum(part);
-    __shared__ float s_upto[SAMPLE_WARPS];  // inclusive prefix of the segments' sums
-    if (lane == 0) s_upto[warp] = part;
-    __syncthreads();
-    if (warp == 0) {
-      float w = s_upto[lane];
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, w, offset);
-        if (lane >= offset) w += y;
+    // The log-sum-exp as the trainer's kernel computes it, and the first maximum.
+    if (vocab % 4 == 0) {
+      for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
+        const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp,
+                    d = q.w * inv_temp;
+        acc = add_group(acc, a, b, c, d);
+        am = better(am, ArgMax{a, 4 * i});
+        am = better(am, ArgMax{b, 4 * i + 1});
+        am = better(am, ArgMax{c, 4 * i + 2});
+        am = better(am, ArgMax{d, 4 * i + 3});
+      });
+    } else {
+      for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
+        const float v = x[i] * inv_temp;
+        acc = merge_moments(acc, Moments{v, 1.f, v});
+        am = better(am, ArgMax{v, i});
       }
-      s_upto[lane] = w;
     }
-    __syncthreads();
-    const float target = u * s_upto[SAMPLE_WARPS - 1];
-    int owner = SAMPLE_WARPS;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) {
-      if (s_upto[w] > target) {
-        owner = w;
+    acc = block_moments(acc);
+    am = block_argmax(am);
+    token = greedy ? min(am.index, vocab - 1) : sample_by_segments(x, vocab, inv_temp, acc.max, u);
+  }
+  const float lse = acc.max + logf(acc.sum);
+  if (token < 0 && tid == 0) {
+    // Rounding left nothing holding the target (u·total at the very end): the last token with
+    // any mass, as PyTorch's clamped searchsorted would give.
+    token = am.index;
+    for (int i = vocab - 1; i >= 0; --i) {
+      if (weight_of(x[i], inv_temp, acc.max) > 0.f) {
+        token = i;
         break;
       }
     }
-    if (warp == owner) {
-      float running = owner == 0 ? 0.f : s_upto[owner - 1];
-      int pick = -1;  // the crossing token, else the segment's last token with any mass
-      // The walk reads eight rounds of 32 tokens ahead (the rounds themselves stay serial).
-      constexpr int AHEAD = 8;
-      float ahead[AHEAD];
-      for (int base = begin; base < end; base += 32) {
-        const int round = ((base - begin) >> 5) % AHEAD;
-        if (round == 0) {
-#pragma unroll
-          for (int k = 0; k < AHEAD; ++k) {
-            const int j = base + 32 * k + lane;
-            ahead[k] = j < end ? x[j] : 0.f;
-          }
-        }
-        const int i = base + lane;
-        float logit = ahead[0];
-#pragma unroll
-        for (int k = 1; k < AHEAD; ++k) logit = round == k ? ahead[k] : logit;
-        const float p = i < end ? weight_of(logit, inv_temp, max) : 0.f;
-        float incl = p;
-        for (int offset = 1; offset < 32; offset <<= 1) {
-          const float y = __shfl_up_sync(0xffffffffu, incl, offset);
-          if (lane >= offset) incl += y;
-        }
-        const unsigned crossed = __ballot_sync(0xffffffffu, running + incl > target);
-        const unsigned mass = __ballot_sync(0xffffffffu, p > 0.f);
-        if (crossed != 0u) {
-          // The crossing token has mass unless the scan's rounding says otherwise: then the last
-          // token before it that has.
-          const unsigned upto = mass & ((2u << (__ffs(crossed) - 1)) - 1u);
-          if (upto != 0u) pick = base + 31 - __clz(upto);
-          break;
-        }
-        if (mass != 0u) pick = base + 31 - __clz(mass);
-        running += __shfl_sync(0xffffffffu, incl, 31);
-      }
-      if (lane == 0 && pick >= 0) s_token = pick;
-    }
-    __syncthreads();
-    // Rounding left no segment owning the target (u·total at the very end): the last token with
-    // any mass, as PyTorch's clamped searchsorted would give.
-    if (s_token < 0 && tid == 0) {
-      int pick = am.index;
-      for (int i = vocab - 1; i >= 0; --i) {
-        if (weight_of(x[i], inv_temp, max) > 0.f) {
-          pick = i;
-          break;
-        }
-      }
-      s_token = pick;
-    }
   }
-  __syncthreads();
   if (tid == 0) {
-    const int token = s_token;
     out[row] = static_cast<double>(token);
     out[rows + row] = static_cast<double>(log_prob_of(x[token], inv_temp, lse));
   }

@@ -5,8 +5,9 @@ use super::*;
 
 /// ooze's CUDA kernels against the libtorch operations they replace: a Qwen3 model (q/k norms in
 /// the rotary kernel) decoding in fp32 draws the same seeded tokens with the kernels on and off;
-/// the sampling kernel on random bf16-model-sized logits gives the same greedy tokens and the same
-/// sampled tokens (up to rare ties at a CDF boundary) with the same log-probs; silu·mul is exact.
+/// the sampling kernel on random logits of four vocabulary sizes gives the same greedy tokens and
+/// the same sampled tokens (up to rare ties at a CDF boundary) with the same log-probs; silu·mul is
+/// exact.
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_kernels_match_libtorch_ops() {
@@ -22,29 +23,36 @@ fn gpu_kernels_match_libtorch_ops() {
     let reference = gate_up.narrow(1, 0, 4864).silu() * gate_up.narrow(1, 4864, 4864);
     assert!(fused.equal(&reference), "silu_mul differs from silu * mul");
 
-    let logits = Tensor::randn([64, 151_936], (Kind::Float, Device::Cuda(0))) * 3.0;
-    let settings = temperature_settings(64);
-    let rows = seeded_rows(&settings, 17, 3);
-    let with = draw(&logits, &rows);
-    kernels::set_enabled(false);
-    let without = draw(&logits, &rows);
-    kernels::set_enabled(true);
-    let mut same = 0;
-    for (i, (a, b)) in with.iter().zip(&without).enumerate() {
-        if i % 4 == 0 {
-            assert_eq!(a.token, b.token, "greedy row {i}");
+    // Vocabularies the one-pass sampler takes (128-token chunks, the last one partial or whole,
+    // a handful of chunks) and one it does not (not a multiple of 4).
+    for vocab in [151_936i64, 128_256, 684, 32_001] {
+        let logits = Tensor::randn([64, vocab], (Kind::Float, Device::Cuda(0))) * 3.0;
+        let settings = temperature_settings(64);
+        let rows = seeded_rows(&settings, 17, 3);
+        let with = draw(&logits, &rows);
+        kernels::set_enabled(false);
+        let without = draw(&logits, &rows);
+        kernels::set_enabled(true);
+        let mut same = 0;
+        for (i, (a, b)) in with.iter().zip(&without).enumerate() {
+            if i % 4 == 0 {
+                assert_eq!(a.token, b.token, "vocab {vocab}, greedy row {i}");
+            }
+            if a.token == b.token {
+                same += 1;
+                assert!(
+                    (a.log_prob - b.log_prob).abs() < 1e-4,
+                    "vocab {vocab}, row {i}: {} vs {}",
+                    a.log_prob,
+                    b.log_prob
+                );
+            }
         }
-        if a.token == b.token {
-            same += 1;
-            assert!(
-                (a.log_prob - b.log_prob).abs() < 1e-4,
-                "row {i}: {} vs {}",
-                a.log_prob,
-                b.log_prob
-            );
-        }
+        assert!(
+            same >= 62,
+            "vocab {vocab}: only {same} of 64 rows drew the same token"
+        );
     }
-    assert!(same >= 62, "only {same} of 64 rows drew the same token");
 
     let dir = random_model(Family::Qwen3, Size::Small, 21);
     let params = SamplingParams {
