@@ -198,6 +198,15 @@ __device__ __forceinline__ float weight_of(float logit, float inv_temp, float ma
   return expf(__fsub_rn(__fmul_rn(logit, inv_temp), max));
 }
 
+// The inclusive prefix sum of one value per lane, in lane order (a Hillis-Steele scan).
+__device__ __forceinline__ float warp_inclusive_scan(float v, int lane) {
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += y;
+  }
+  return v;
+}
+
 // Walks tokens [begin, end) of a row in vocabulary order, one warp, 32 tokens a round, from the
 // mass `running` before `begin`: the first token whose inclusive mass passes `target`, or when
 // rounding lets none pass, the last token with any mass before that point; -1 when the span has
@@ -222,11 +231,7 @@ __device__ int walk_to_target(const float* x, int begin, int end, float inv_temp
 #pragma unroll
     for (int k = 1; k < AHEAD; ++k) logit = round == k ? ahead[k] : logit;
     const float p = i < end ? weight_of(logit, inv_temp, max) : 0.f;
-    float incl = p;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, offset);
-      if (lane >= offset) incl += y;
-    }
+    const float incl = warp_inclusive_scan(p, lane);
     const unsigned crossed = __ballot_sync(0xffffffffu, running + incl > target);
     const unsigned mass = __ballot_sync(0xffffffffu, p > 0.f);
     if (crossed != 0u) {
@@ -246,20 +251,12 @@ __device__ int walk_to_target(const float* x, int begin, int end, float inv_temp
 // gets its own prefix and (through `total`) the block's sum.
 __device__ float block_inclusive_scan(float v, float* total) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const float y = __shfl_up_sync(0xffffffffu, v, offset);
-    if (lane >= offset) v += y;
-  }
+  v = warp_inclusive_scan(v, lane);
   __shared__ float s_warp[SAMPLE_WARPS];
   if (lane == 31) s_warp[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float w = s_warp[lane];
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, w, offset);
-      if (lane >= offset) w += y;
-    }
-    s_warp[lane] = w;
+    s_warp[lane] = warp_inclusive_scan(s_warp[lane], lane);
   }
   __syncthreads();
   *total = s_warp[SAMPLE_WARPS - 1];
@@ -395,12 +392,7 @@ __device__ int sample_by_segments(const float* x, int vocab, float inv_temp, flo
   if (lane == 0) s_upto[warp] = part;
   __syncthreads();
   if (warp == 0) {
-    float w = s_upto[lane];
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, w, offset);
-      if (lane >= offset) w += y;
-    }
-    s_upto[lane] = w;
+    s_upto[lane] = warp_inclusive_scan(s_upto[lane], lane);
   }
   __syncthreads();
   const float target = u * s_upto[SAMPLE_WARPS - 1];
