@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each phase's wall time, printed at the end for readers of CI logs.
-phases=()
-phase() { phases+=("$1 $SECONDS"); echo "== $1"; }
+names=() starts=()
+phase() { names+=("$1"); starts+=("$SECONDS"); echo "== $1"; }
 phase "setup"
 scripts/setup.sh
 . scripts/torch-env.sh
@@ -24,11 +24,8 @@ phase "cargo test: run"
 cargo test --workspace 2>&1 | tee target/test.log
 # One summary line for readers of CI logs.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "ooze tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test.log
-phases+=("end $SECONDS")
-for ((i = 0; i + 1 < ${#phases[@]}; i++)); do
-  read -r -a this <<<"${phases[i]}"
-  read -r -a next <<<"${phases[i + 1]}"
-  name="${phases[i]% *}"
-  echo "time: ${name}: $((${next[-1]} - ${this[-1]})) s"
+starts+=("$SECONDS")
+for i in "${!names[@]}"; do
+  echo "time: ${names[i]}: $((starts[i + 1] - starts[i])) s"
 done
 echo "time: total: $SECONDS s"

@@ -201,8 +201,6 @@ mod ffi {
 /// in one process return different ports. Another program may still take the port before the
 /// store binds it, which then fails with the port named.
 pub fn free_port(host: &str) -> std::io::Result<u16> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static CALLS: AtomicU32 = AtomicU32::new(0);
     static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     const LOWEST: u32 = 10_000;
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -211,13 +209,12 @@ pub fn free_port(host: &str) -> std::io::Result<u16> {
         .filter(|&low| low > LOWEST + 1_000 && low <= 65_535);
     if let Some(low) = ephemeral_low {
         let span = low - LOWEST;
-        // A start that differs between processes (their ids) and between calls (the counter),
-        // so that ranks and tests picking at once rarely try the same ports.
-        let call = CALLS.fetch_add(1, Ordering::Relaxed);
-        let start = (std::process::id().wrapping_mul(2_654_435_761) >> 8).wrapping_add(call * 97);
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        // A start that differs between processes (their ids), so that ranks and tests picking
+        // at once rarely try the same ports; within a process the ports handed out are skipped.
+        let start = std::process::id().wrapping_mul(2_654_435_761) >> 8;
         for i in 0..span.min(2_000) {
             let port = (LOWEST + (start.wrapping_add(i) % span)) as u16;
-            let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
             if !handed_out.contains(&port) && std::net::TcpListener::bind((host, port)).is_ok() {
                 handed_out.push(port);
                 return Ok(port);
