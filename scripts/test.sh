@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: sets up (scripts/setup.sh), checks formatting and lints, regenerates the
-# PyTorch/transformers reference values, and runs every test. GPU tests are ignored here; run them with
-# `cargo test -p ooze --test gpu -- --ignored` on a CUDA machine. Usage: scripts/test.sh
+# PyTorch/transformers reference values, and runs every test with cargo-nextest (.config/nextest.toml).
+# GPU tests are ignored here; run them with `cargo test -p ooze --test gpu -- --ignored` on a CUDA
+# machine. Usage: scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each phase's wall time, printed at the end for readers of CI logs.
@@ -12,6 +13,11 @@ scripts/setup.sh
 . scripts/torch-env.sh
 # Environment images are built once per checkout (by the first test that needs one) and kept here.
 export OOZE_IMAGE_CACHE="$PWD/.cache/images"
+# Clippy's check and the test build each run the C++ build scripts (torch-sys, ooze-torch's shim:
+# minutes on two cores); through ccache the second one finds the objects of the first.
+if command -v ccache >/dev/null; then
+  export CC="ccache cc" CXX="ccache c++" CCACHE_DIR="$PWD/.cache/ccache"
+fi
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 phase "cargo clippy"
@@ -21,11 +27,14 @@ phase "reference values (PyTorch + transformers)"
 phase "cargo test: build"
 cargo test --workspace --no-run
 phase "cargo test: run"
-cargo test --workspace 2>&1 | tee target/test.log
-# One summary line for readers of CI logs.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "ooze tests: %d passed, %d failed, %d skipped\n", p, f, i }' target/test.log
+status=0
+cargo nextest run --workspace 2>&1 | tee target/test.log || status=$?
+# One summary line for readers of CI logs (nextest's: "N tests run: P passed, F failed, S skipped").
+awk '/Summary \[/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p = $(i - 1); if ($i ~ /^failed/) f = $(i - 1); if ($i ~ /^skipped/) s = $(i - 1) } }
+  END { printf "ooze tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log
 starts+=("$SECONDS")
 for i in "${!names[@]}"; do
   echo "time: ${names[i]}: $((starts[i + 1] - starts[i])) s"
 done
 echo "time: total: $SECONDS s"
+exit "$status"

@@ -70,6 +70,7 @@ fn compile_shim(lib: &Path) -> Result<(), String> {
         .include(&cuda_include)
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .debug(false)
         .warnings(false)
         .try_compile("ooze_shim")
         .map_err(|e| e.to_string())?;
@@ -107,8 +108,6 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/ops.cpp");
     println!("cargo:rerun-if-changed=shim/attention_ops.cpp");
-    // cc finds nvcc through NVCC (an explicit .compiler() would be treated as a C compiler).
-    std::env::set_var("NVCC", &nvcc);
     cc::Build::new()
         .cuda(true)
         .file("shim/kernels.cu")
@@ -136,6 +135,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .include(cuda.join("include"))
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .debug(false)
         .warnings(false)
         .try_compile("ooze_ops")
         .map_err(|e| e.to_string())?;
@@ -153,6 +153,7 @@ fn compile_optim(lib: &Path) -> Result<(), String> {
         .include(torch.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .debug(false)
         .warnings(false)
         .try_compile("ooze_optim")
         .map_err(|e| e.to_string())?;
@@ -182,6 +183,7 @@ fn compile_dist(lib: &Path, cuda: bool) -> Result<bool, String> {
         .include("shim")
         .flag("-std=c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .debug(false)
         .warnings(false);
     if with_nccl {
         build
@@ -218,39 +220,56 @@ fn main() {
     };
     println!("cargo:lib={}", lib.display());
     link_for_cargo_run(&lib);
-    match compile_optim(&lib) {
-        Ok(()) => println!("cargo:rustc-cfg=ooze_fused_adamw"),
-        Err(e) => println!("cargo:warning=ooze-torch: fused AdamW not built ({e})"),
-    }
     let cuda = lib.join("libtorch_cuda.so").exists();
     println!("cargo:cuda={cuda}");
-    match compile_dist(&lib, cuda) {
-        Ok(nccl) => {
-            println!("cargo:rustc-cfg=ooze_dist");
-            if nccl {
-                println!("cargo:rustc-cfg=ooze_nccl");
-            }
-        }
-        Err(e) => println!("cargo:warning=ooze-torch: collectives not built ({e})"),
-    }
     if cuda {
         // The CUDA runtime of the wheel: the shim links it, so the binary records it as a run path.
         if let Ok(cudart) = lib.join("../../nvidia/cu13/lib").canonicalize() {
             println!("cargo:cudart={}", cudart.display());
         }
-        match compile_shim(&lib) {
-            Ok(()) => {
-                println!("cargo:rustc-cfg=ooze_cuda_graphs");
-                match compile_kernels(&lib) {
-                    Ok(()) => println!("cargo:rustc-cfg=ooze_cuda_kernels"),
-                    Err(e) => println!(
-                        "cargo:warning=ooze-torch: CUDA kernels not built ({e}); libtorch operations instead"
-                    ),
+    }
+    // cc finds nvcc through NVCC (an explicit .compiler() would be treated as a C compiler); set
+    // before the compiles start, since cc reads it on their threads.
+    let nvcc = lib.join("../../nvidia/cu13/bin/nvcc");
+    if cuda && nvcc.exists() {
+        std::env::set_var("NVCC", &nvcc);
+    }
+    // Two threads, so that both cores compile (every C++ file includes ATen's headers, ~40 s
+    // each): the CPU libraries on one; on the other the CUDA ones, in order, since the kernels'
+    // entry points are only built, and linked, once the shim is.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            match compile_optim(&lib) {
+                Ok(()) => println!("cargo:rustc-cfg=ooze_fused_adamw"),
+                Err(e) => println!("cargo:warning=ooze-torch: fused AdamW not built ({e})"),
+            }
+            match compile_dist(&lib, cuda) {
+                Ok(nccl) => {
+                    println!("cargo:rustc-cfg=ooze_dist");
+                    if nccl {
+                        println!("cargo:rustc-cfg=ooze_nccl");
+                    }
                 }
+                Err(e) => println!("cargo:warning=ooze-torch: collectives not built ({e})"),
             }
-            Err(e) => {
-                println!("cargo:warning=ooze-torch: C++ shim not built ({e}); CUDA graphs disabled")
-            }
+        });
+        if cuda {
+            s.spawn(|| compile_cuda(&lib));
         }
+    });
+}
+
+/// The CUDA shim, then the kernels and their entry points; each step's cfg when it is built.
+fn compile_cuda(lib: &Path) {
+    if let Err(e) = compile_shim(lib) {
+        println!("cargo:warning=ooze-torch: C++ shim not built ({e}); CUDA graphs disabled");
+        return;
+    }
+    println!("cargo:rustc-cfg=ooze_cuda_graphs");
+    match compile_kernels(lib) {
+        Ok(()) => println!("cargo:rustc-cfg=ooze_cuda_kernels"),
+        Err(e) => println!(
+            "cargo:warning=ooze-torch: CUDA kernels not built ({e}); libtorch operations instead"
+        ),
     }
 }
