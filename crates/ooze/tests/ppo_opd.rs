@@ -10,7 +10,6 @@ mod common;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 fn ooze() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_ooze"));
@@ -25,21 +24,18 @@ fn check(out: std::process::Output, what: &str) -> String {
 }
 
 struct Models {
-    _dir: tempfile::TempDir,
     /// Random weights.
     init: PathBuf,
     /// `init` after `ooze sft` on addition demonstrations.
     sft: PathBuf,
 }
 
-/// The tiny random model and its SFT warm start, made once.
-fn models() -> &'static Models {
-    static MODELS: OnceLock<Models> = OnceLock::new();
-    MODELS.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let init = dir.path().join("model");
-        let data = dir.path().join("sft.jsonl");
-        let out = dir.path().join("sft");
+/// The tiny random model and its SFT warm start, made once for all the tests.
+fn models() -> Models {
+    let dir = common::shared_fixture("ppo_opd-models", |dir| {
+        let init = dir.join("model");
+        let data = dir.join("sft.jsonl");
+        let out = dir.join("sft");
         check(
             ooze()
                 .args(["init-model", "--family", "qwen2", "--size", "tiny"])
@@ -90,12 +86,11 @@ fn models() -> &'static Models {
                 .unwrap(),
             "sft",
         );
-        Models {
-            sft: out.join("final-model"),
-            init,
-            _dir: dir,
-        }
-    })
+    });
+    Models {
+        init: dir.join("model"),
+        sft: dir.join("sft/final-model"),
+    }
 }
 
 fn metrics(run: &Path) -> Vec<serde_json::Map<String, Value>> {

@@ -71,17 +71,18 @@ pub fn run_recipe_with(
     let path = |name: &str| tmp.path().join(name);
     let (data, sft, run) = (path("data"), path("sft"), path("grpo"));
     // tau_retail's conversations are several times longer (a policy document, JSON records):
-    // fewer, smaller steps warm it up enough to call tools and talk to the customer.
-    let (rows, steps) = match recipe {
-        "tau_retail" => (
-            100,
-            crate::common::SftSteps {
-                steps: 50,
-                batch: 16,
-            },
-        ),
+    // fewer, smaller steps warm it up enough to call tools and talk to the customer. The checks
+    // need an agent that acts in its demonstrations' format, not a good one: 120 steps of 16.
+    let steps = crate::common::SftSteps {
+        steps: if recipe == "tau_retail" { 50 } else { 120 },
+        batch: 16,
+    };
+    let rows = match recipe {
+        "tau_retail" => 100,
+        // Each demonstration is an episode in a container (its commands and tests): 160 tasks.
+        "swe_lite" | "echo" | "endless_terminals" => 160 / takes(data_args),
         // As many recorded episodes as 400 rows once, whatever `--takes`.
-        _ => (400 / takes(data_args), crate::common::SftSteps::DEFAULT),
+        _ => 400 / takes(data_args),
     };
     crate::common::agent_warm_start(recipe, tmp.path(), rows, steps, data_args, &|_| {});
     if ext == "jsonl" {

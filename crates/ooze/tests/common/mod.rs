@@ -30,6 +30,61 @@ pub fn reference_check(script: &str, args: &[&str]) {
     );
 }
 
+/// A directory that `build` fills once for all the test processes of one build: nextest runs each
+/// test in a process of its own, so a fixture several tests share (a warm-started model) lives
+/// under the target directory, keyed by `name` and the modification times of `ooze` and of the
+/// test binary, and the first test to need it builds it under an exclusive lock while the others
+/// wait. A build for older binaries is removed.
+#[allow(dead_code)] // not every test crate shares a fixture
+pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    };
+    let key = format!(
+        "{name}-{:x}-{:x}",
+        stamp(Path::new(env!("CARGO_BIN_EXE_ooze"))),
+        stamp(&std::env::current_exe().unwrap())
+    );
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
+    std::fs::create_dir_all(&root).unwrap();
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(format!("{name}.lock")))
+        .unwrap();
+    // SAFETY: flock on a descriptor this function owns; closing it (on return) releases it.
+    let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(
+        locked,
+        0,
+        "locking {name}: {}",
+        std::io::Error::last_os_error()
+    );
+    let dir = root.join(&key);
+    if !dir.is_dir() {
+        for entry in std::fs::read_dir(&root).unwrap().flatten() {
+            let file = entry.file_name();
+            let file = file.to_string_lossy();
+            if entry.path().is_dir() && file.strip_prefix(name).is_some_and(|r| r.starts_with('-'))
+            {
+                std::fs::remove_dir_all(entry.path()).unwrap();
+            }
+        }
+        let partial = root.join(format!("{key}.partial"));
+        std::fs::create_dir(&partial).unwrap();
+        build(&partial);
+        std::fs::rename(&partial, &dir).unwrap();
+    }
+    dir
+}
+
 /// A running `ooze serve`, stopped when dropped.
 #[allow(dead_code)] // not every test crate that shares this module serves
 pub struct Server(
