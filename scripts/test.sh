@@ -13,9 +13,8 @@ scripts/setup.sh
 . scripts/torch-env.sh
 # Environment images are built once per checkout (by the first test that needs one) and kept here.
 export OOZE_IMAGE_CACHE="$PWD/.cache/images"
-# Clippy's check and the test build each run the C++ build scripts (torch-sys, ooze-torch's shim:
-# minutes on two cores); through ccache the second one finds the objects of the first.
-if command -v ccache >/dev/null; then
+# CI (.ci/run) compiles the C++ of clippy's check and of the test build once, through ccache.
+if [ "${OOZE_CCACHE:-}" = 1 ] && command -v ccache >/dev/null; then
   export CC="ccache cc" CXX="ccache c++" CCACHE_DIR="$PWD/.cache/ccache"
 fi
 phase "cargo fmt --check"
@@ -30,7 +29,10 @@ phase "cargo test: run"
 status=0
 cargo nextest run --workspace 2>&1 | tee target/test.log || status=$?
 # One summary line for readers of CI logs (nextest's: "N tests run: P passed, F failed, S skipped").
-awk '/Summary \[/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p = $(i - 1); if ($i ~ /^failed/) f = $(i - 1); if ($i ~ /^skipped/) s = $(i - 1) } }
+# Tests that could not start or timed out count as failed.
+awk '/Summary \[/ { for (i = 2; i <= NF; i++) { if ($(i - 1) !~ /^[0-9]+$/) continue
+    if ($i ~ /^passed/) p = $(i - 1); else if ($i ~ /^skipped/) s = $(i - 1)
+    else if ($i ~ /^(failed|exec|timed)/) f += $(i - 1) } }
   END { printf "ooze tests: %d passed, %d failed, %d skipped\n", p, f, s }' target/test.log
 starts+=("$SECONDS")
 for i in "${!names[@]}"; do

@@ -234,9 +234,10 @@ fn main() {
     if cuda && nvcc.exists() {
         std::env::set_var("NVCC", &nvcc);
     }
-    // Two threads, so that both cores compile (every C++ file includes ATen's headers, ~40 s
-    // each): the CPU libraries on one; on the other the CUDA ones, in order, since the kernels'
-    // entry points are only built, and linked, once the shim is.
+    // Two threads (every C++ file includes ATen's headers, ~40 s each; cc compiles one library's
+    // files in parallel, but the libraries came one after another): the CPU libraries on one; on
+    // the other the CUDA ones, in order, since the kernels' entry points are only built, and
+    // linked, once the shim is.
     std::thread::scope(|s| {
         s.spawn(|| {
             match compile_optim(&lib) {

@@ -79,7 +79,7 @@ pub fn run_recipe_with(
     };
     let rows = match recipe {
         "tau_retail" => 100,
-        // Each demonstration is an episode in a container (its commands and tests): 160 tasks.
+        // Each demonstration is an episode in a container (its commands and tests): 160 of them.
         "swe_lite" | "echo" | "endless_terminals" => 160 / takes(data_args),
         // As many recorded episodes as 400 rows once, whatever `--takes`.
         _ => 400 / takes(data_args),

@@ -31,10 +31,12 @@ pub fn reference_check(script: &str, args: &[&str]) {
 }
 
 /// A directory that `build` fills once for all the test processes of one build: nextest runs each
-/// test in a process of its own, so a fixture several tests share (a warm-started model) lives
-/// under the target directory, keyed by `name` and the modification times of `ooze` and of the
-/// test binary, and the first test to need it builds it under an exclusive lock while the others
-/// wait. A build for older binaries is removed.
+/// test in a process of its own, so a fixture several tests of one test binary share (a
+/// warm-started model) lives under the target directory, in `fixtures/NAME/` keyed by the
+/// modification times of `ooze` and of that test binary, and the first test to need it builds it
+/// under an exclusive lock (`fixtures/NAME.lock`) while the others wait. Builds for older binaries
+/// (and a crashed build's partial directory) are removed when a new one starts. One test binary
+/// per name: another would replace the fixture under the first one's tests.
 #[allow(dead_code)] // not every test crate shares a fixture
 pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
     use std::os::fd::AsRawFd;
@@ -47,12 +49,13 @@ pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
             .as_nanos()
     };
     let key = format!(
-        "{name}-{:x}-{:x}",
+        "{:x}-{:x}",
         stamp(Path::new(env!("CARGO_BIN_EXE_ooze"))),
         stamp(&std::env::current_exe().unwrap())
     );
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
-    std::fs::create_dir_all(&root).unwrap();
+    let own = root.join(name);
+    std::fs::create_dir_all(&own).unwrap();
     let lock = std::fs::File::options()
         .create(true)
         .truncate(false)
@@ -67,17 +70,12 @@ pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
         "locking {name}: {}",
         std::io::Error::last_os_error()
     );
-    let dir = root.join(&key);
+    let dir = own.join(&key);
     if !dir.is_dir() {
-        for entry in std::fs::read_dir(&root).unwrap().flatten() {
-            let file = entry.file_name();
-            let file = file.to_string_lossy();
-            if entry.path().is_dir() && file.strip_prefix(name).is_some_and(|r| r.starts_with('-'))
-            {
-                std::fs::remove_dir_all(entry.path()).unwrap();
-            }
+        for entry in std::fs::read_dir(&own).unwrap().flatten() {
+            std::fs::remove_dir_all(entry.path()).unwrap();
         }
-        let partial = root.join(format!("{key}.partial"));
+        let partial = own.join(format!("{key}.partial"));
         std::fs::create_dir(&partial).unwrap();
         build(&partial);
         std::fs::rename(&partial, &dir).unwrap();
