@@ -360,11 +360,13 @@ pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// An exclusive `flock` on a file, released on drop.
-struct FileLock(std::fs::File);
+/// An exclusive `flock` on a file (created if missing), released on drop: held across processes,
+/// and by the kernel only while the holder lives.
+pub struct FileLock(std::fs::File);
 
 impl FileLock {
-    fn take(path: &Path) -> Result<FileLock, EnvError> {
+    /// Waits for the lock on `path`.
+    pub fn take(path: &Path) -> Result<FileLock, EnvError> {
         use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -21,7 +21,7 @@ pub mod task;
 
 pub use episode::{CommandOutput, Ending, Episode, EpisodeReport};
 pub use error::EnvError;
-pub use image::{Image, ImageCache, ImageSpec};
+pub use image::{FileLock, Image, ImageCache, ImageSpec};
 pub use launch::write_file;
 pub use sandbox::{EpisodeLimits, Isolation, IsolationMode, Rootfs, Sandbox};
 pub use task::{Task, TaskCheck, Verdict};

@@ -118,7 +118,7 @@ fn engine_config(a: &GenerateArgs) -> anyhow::Result<ooze_engine::EngineConfig> 
 }
 
 fn generate(a: GenerateArgs) -> anyhow::Result<()> {
-    use ooze_engine::{Event, Request, SamplingParams};
+    use ooze_engine::{Request, SamplingParams};
     let decoder = load_decoder(&a.model, &a.compute)?;
     let vocab = decoder.config.vocab_size as u64;
     let config = engine_config(&a)?;
@@ -144,36 +144,74 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;
+    warm_up(&engine, &runtime, &a, vocab)?;
+    let before = runtime.block_on(engine.stats())?;
+    let recording = super::trace::Recording::start(a.trace.as_deref(), device.is_cuda())?;
     let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut prompt = || random_prompt(&mut state, a.input_len, vocab);
-    // Warm-up: a few short requests, so kernels and the allocator are ready.
-    for _ in 0..2 {
-        let warm = SamplingParams {
-            max_new_tokens: Some(8),
-            ignore_eos: Some(true),
-            ..Default::default()
-        }
-        .validate()?;
-        runtime.block_on(engine.generate(Request {
-            input_ids: prompt(),
-            sampling: warm,
-            session: None,
-        }))?;
+    let prompts: Vec<Vec<u32>> = (0..a.batch)
+        .map(|_| random_prompt(&mut state, a.input_len, vocab))
+        .collect();
+    let started = Instant::now();
+    let requests = prompts.iter().map(|input_ids| Request {
+        input_ids: input_ids.clone(),
+        sampling: sampling.clone(),
+        session: None,
+    });
+    let streams = submit_as_one(&engine, requests)?;
+    let (mut first_tokens, outputs, total, peak_running) =
+        read_streams(&runtime, &engine, streams, started);
+    if let Some(recording) = recording {
+        recording.finish(a.output_len.max(1), "one output token of every sequence")?;
     }
-    // Then the timed run's own shapes once: as many prompts of the same length, arriving
-    // together, each drawing two tokens. Its prefill passes are the timed run's (same rows, same
-    // width), so the GEMM kernels for their row counts are loaded (CUDA loads modules lazily, at a
-    // kernel's first launch), cuBLASLt's heuristics for them are cached and the caching allocator
-    // has grown to their activations; its decode step replays the full batch's CUDA graph for the
-    // first time (the graph's upload). Otherwise all of that stalls the host inside the timed
-    // window: the trace's longest GPU gaps (layer_norm → GEMM, rms_norm → Memset, flash → GEMM,
-    // 3.5-6.3 ms each). Its prompts come from a generator of their own and its requests carry
-    // seeds, so the timed run's prompts and seeds stay what they were; its prefixes are flushed.
-    let mut warm_state = 0x9e37_79b9_7f4a_7c15u64;
-    engine.pause(ooze_engine::PauseMode::InPlace);
-    let mut warm_streams = Vec::with_capacity(a.batch);
+    let stats = runtime.block_on(engine.stats())?;
+    let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
+    first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+    let ttft = first_tokens[first_tokens.len() / 2];
+    println!(
+        "generate {} x ({} in + {} out) {}: {:.2} s, {:.0} output tokens/s, median time to first token {:.0} ms, time per output token {:.2} ms",
+        a.batch,
+        a.input_len,
+        a.output_len,
+        a.compute.dtype,
+        total,
+        generated as f64 / total,
+        ttft * 1e3,
+        (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
+    );
+    println!(
+        "concurrency: peak {peak_running} sequences running, {} preempted",
+        stats.preempted
+    );
+    let steady = SteadyDecode::between(&before, &stats);
+    println!("{}", steady.line());
+    println!("{}", roofline.line(&steady));
+    runtime.block_on(engine.shutdown());
+    let checked = &prompts[..a.check_logprobs.min(prompts.len())];
+    if !checked.is_empty() {
+        check_logprobs(&a, checked, &outputs)?;
+    }
+    Ok(())
+}
+
+/// Runs the timed run's own shapes once: as many prompts of the same length, arriving together,
+/// each drawing two tokens. Its prefill passes are the timed run's (same rows, same width), so the
+/// GEMM kernels for their row counts are loaded (CUDA loads modules lazily, at a kernel's first
+/// launch), cuBLASLt's heuristics for them are cached and the caching allocator has grown to their
+/// activations; its decode step replays the full batch's CUDA graph for the first time (the
+/// graph's upload). Otherwise all of that stalls the host inside the timed window: the trace's
+/// longest GPU gaps (layer_norm → GEMM, rms_norm → Memset, flash → GEMM, 3.5-6.3 ms each). Its
+/// prompts come from a generator of their own and its requests carry seeds, so the timed run's
+/// prompts and seeds stay what they would be without it; its prefixes are flushed after.
+fn warm_up(
+    engine: &ooze_engine::EngineHandle,
+    runtime: &tokio::runtime::Runtime,
+    a: &GenerateArgs,
+    vocab: u64,
+) -> anyhow::Result<()> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut requests = Vec::with_capacity(a.batch);
     for i in 0..a.batch {
-        let warm = SamplingParams {
+        let sampling = ooze_engine::SamplingParams {
             temperature: Some(a.temperature),
             max_new_tokens: Some(a.output_len.min(2)),
             ignore_eos: Some(true),
@@ -181,50 +219,54 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             ..Default::default()
         }
         .validate()?;
-        let request = Request {
-            input_ids: random_prompt(&mut warm_state, a.input_len, vocab),
-            sampling: warm,
+        requests.push(ooze_engine::Request {
+            input_ids: random_prompt(&mut state, a.input_len, vocab),
+            sampling,
             session: None,
-        };
-        warm_streams.push(engine.submit(request)?.1);
+        });
     }
-    engine.resume();
+    let streams = submit_as_one(engine, requests)?;
     runtime.block_on(async {
-        for mut rx in warm_streams {
+        for mut rx in streams {
             while rx.recv().await.is_some() {}
         }
     });
     runtime.block_on(engine.flush_cache())?;
-    let before = runtime.block_on(engine.stats())?;
-    let recording = super::trace::Recording::start(a.trace.as_deref(), device.is_cuda())?;
-    let started = Instant::now();
-    let mut streams = Vec::with_capacity(a.batch);
-    let mut prompts = Vec::new();
-    // The batch arrives as one (B concurrent requests): the engine takes none until the last is
-    // queued. Otherwise it wakes on the first submission and prefills the few that have arrived
-    // by then: an extra short pass (launch-bound, shapes of its own), a decode step for those few
-    // alone, and a ragged last pass, differently on every run.
+    Ok(())
+}
+
+/// Submits `requests` as one arrival (B concurrent requests): the engine takes none until the
+/// last is queued. Otherwise it wakes on the first submission and prefills the few that have
+/// arrived by then: an extra short pass (launch-bound, shapes of its own), a decode step for those
+/// few alone, and a ragged last pass, differently on every run.
+fn submit_as_one(
+    engine: &ooze_engine::EngineHandle,
+    requests: impl IntoIterator<Item = ooze_engine::Request>,
+) -> anyhow::Result<Vec<EventStream>> {
     engine.pause(ooze_engine::PauseMode::InPlace);
-    for _ in 0..a.batch {
-        let input_ids = prompt();
-        if prompts.len() < a.check_logprobs {
-            prompts.push(input_ids.clone());
-        }
-        streams.push(
-            engine
-                .submit(Request {
-                    input_ids,
-                    sampling: sampling.clone(),
-                    session: None,
-                })?
-                .1,
-        );
-    }
+    let streams: Result<Vec<_>, _> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).map(|(_, rx)| rx))
+        .collect();
     engine.resume();
-    // Every stream is read concurrently, so each first-token time is taken when it arrives; the
-    // engine's running count is sampled meanwhile.
+    Ok(streams?)
+}
+
+/// A request's events, as `EngineHandle::submit` returns them.
+type EventStream = tokio::sync::mpsc::UnboundedReceiver<ooze_engine::Event>;
+
+/// Reads every stream concurrently, so each first-token time is taken when it arrives, and samples
+/// the engine's running count meanwhile. Returns the first-token times (seconds after `started`),
+/// the outputs, the run's time (at its last output) and the peak number of running sequences.
+fn read_streams(
+    runtime: &tokio::runtime::Runtime,
+    engine: &ooze_engine::EngineHandle,
+    streams: Vec<EventStream>,
+    started: Instant,
+) -> (Vec<f64>, Vec<ooze_engine::Output>, f64, usize) {
+    use ooze_engine::Event;
     let readers_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (mut first_tokens, outputs, total, peak_running) = runtime.block_on(async {
+    runtime.block_on(async {
         let watcher = engine.clone();
         let done = readers_done.clone();
         let peak = tokio::spawn(async move {
@@ -269,37 +311,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         let total = started.elapsed().as_secs_f64();
         readers_done.store(true, std::sync::atomic::Ordering::Release);
         (firsts, outputs, total, peak.await.unwrap_or(0))
-    });
-    if let Some(recording) = recording {
-        recording.finish(a.output_len.max(1), "one output token of every sequence")?;
-    }
-    let stats = runtime.block_on(engine.stats())?;
-    let generated: usize = outputs.iter().map(|o| o.tokens.len()).sum();
-    first_tokens.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
-    let ttft = first_tokens[first_tokens.len() / 2];
-    println!(
-        "generate {} x ({} in + {} out) {}: {:.2} s, {:.0} output tokens/s, median time to first token {:.0} ms, time per output token {:.2} ms",
-        a.batch,
-        a.input_len,
-        a.output_len,
-        a.compute.dtype,
-        total,
-        generated as f64 / total,
-        ttft * 1e3,
-        (total - ttft) / (a.output_len.max(2) - 1) as f64 * 1e3
-    );
-    println!(
-        "concurrency: peak {peak_running} sequences running, {} preempted",
-        stats.preempted
-    );
-    let steady = SteadyDecode::between(&before, &stats);
-    println!("{}", steady.line());
-    println!("{}", roofline.line(&steady));
-    runtime.block_on(engine.shutdown());
-    if !prompts.is_empty() {
-        check_logprobs(&a, &prompts, &outputs)?;
-    }
-    Ok(())
+    })
 }
 
 /// `len` token ids below `vocab` from the xorshift generator at `state`.

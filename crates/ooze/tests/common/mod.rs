@@ -39,7 +39,6 @@ pub fn reference_check(script: &str, args: &[&str]) {
 /// per name: another would replace the fixture under the first one's tests.
 #[allow(dead_code)] // not every test crate shares a fixture
 pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
-    use std::os::fd::AsRawFd;
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .and_then(|m| m.modified())
@@ -56,20 +55,7 @@ pub fn shared_fixture(name: &str, build: impl FnOnce(&Path)) -> PathBuf {
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fixtures");
     let own = root.join(name);
     std::fs::create_dir_all(&own).unwrap();
-    let lock = std::fs::File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join(format!("{name}.lock")))
-        .unwrap();
-    // SAFETY: flock on a descriptor this function owns; closing it (on return) releases it.
-    let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(
-        locked,
-        0,
-        "locking {name}: {}",
-        std::io::Error::last_os_error()
-    );
+    let _lock = ooze_env::FileLock::take(&root.join(format!("{name}.lock"))).unwrap();
     let dir = own.join(&key);
     if !dir.is_dir() {
         for entry in std::fs::read_dir(&own).unwrap().flatten() {
