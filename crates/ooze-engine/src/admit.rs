@@ -6,6 +6,7 @@
 //! or a batch row are not to be had; a request that starts like one already planned waits for the
 //! next pass, where it shares that one's blocks.
 
+use crate::decode_step::QueuedDraws;
 use crate::engine::{kv_memory, EngineLoop, Running};
 use crate::prefix_tree::common_prefix;
 use crate::prompt_scores;
@@ -21,15 +22,29 @@ const PREFILL_TOKENS: i64 = 16_384;
 
 impl EngineLoop {
     /// Prefills waiting requests and draws their first tokens, several requests per forward pass.
+    ///
+    /// A pass's first tokens are taken once the next pass is queued: the host plans and launches
+    /// pass n + 1 while the device computes pass n, instead of waiting for pass n's tokens first
+    /// and leaving the device idle while it plans (draws depend only on each request's seed, step
+    /// and logits, so the tokens are the same). The last pass's are taken before returning, so
+    /// nothing drawn in a prefill is pending outside this function.
     pub(crate) fn admit(&mut self) {
+        let mut previous: Option<QueuedDraws> = None;
         loop {
             let batch = self.plan_prefill();
             if batch.is_empty() {
-                return;
+                break;
             }
-            self.prefill(batch);
+            let queued = self.prefill(batch);
             self.decode_clock.interrupt();
-            // First tokens go out at once: the next prefill pass may take a while.
+            if let Some(done) = std::mem::replace(&mut previous, queued) {
+                self.accept_queued(done);
+                // First tokens go out at once: the next prefill pass may take a while.
+                self.send_outbox();
+            }
+        }
+        if let Some(done) = previous {
+            self.accept_queued(done);
             self.send_outbox();
         }
     }
@@ -125,9 +140,9 @@ impl EngineLoop {
     }
 
     /// One forward pass over the planned sequences (right-padded to the longest), then each one's
-    /// first token. Their whole blocks go to the prefix tree at once, for the other samples of
-    /// their prompts.
-    fn prefill(&mut self, planned: Vec<Planned>) {
+    /// first token, queued on the device (`None` when none of them draws). Their whole blocks go to
+    /// the prefix tree at once, for the other samples of their prompts.
+    fn prefill(&mut self, planned: Vec<Planned>) -> Option<QueuedDraws> {
         let sequences: Vec<Cow<'_, [u32]>> = planned.iter().map(|p| p.waiting.sequence()).collect();
         let width = planned
             .iter()
@@ -217,7 +232,7 @@ impl EngineLoop {
             }
         }
         if drawing.is_empty() {
-            return;
+            return None;
         }
         let logits = if drawing.len() == rows {
             logits
@@ -225,7 +240,7 @@ impl EngineLoop {
             logits.index_select(0, &upload(&drawing, logits.device()))
         };
         let rows: Vec<usize> = (first..self.running.len()).collect();
-        self.draw_and_check(&logits, &rows);
+        Some(self.queue_draws(&logits, &rows))
     }
 
     /// fp32 logits `[B, vocab]` at each row's position `last[b]` of `hidden [B, width, hidden]`.

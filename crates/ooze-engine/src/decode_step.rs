@@ -16,7 +16,7 @@
 use crate::admit::paged_hidden;
 use crate::engine::{kv_memory, EngineLoop, Running};
 use crate::handle::{EngineConfig, Event, RequestId};
-use crate::sampler::{draw, draw_async, Draw, PendingDraws, RowSampling};
+use crate::sampler::{draw_async, Draw, PendingDraws, RowSampling};
 use ooze_core::{FinishReason, StopMatch};
 use ooze_model::Tokenizer;
 use ooze_torch::tch::{Device, Tensor};
@@ -36,6 +36,14 @@ pub(crate) struct InFlight {
     /// the key positions its rows attend.
     follows_decode: bool,
     positions: u64,
+}
+
+/// Draws queued on the device outside a decode step (a prefill pass's first tokens) whose tokens
+/// the host has not taken yet ([`EngineLoop::accept_queued`]).
+pub(crate) struct QueuedDraws {
+    /// The requests of the draws' rows, in row order.
+    ids: Vec<RequestId>,
+    draws: PendingDraws,
 }
 
 /// Steady decode: the time from one decode step's draws to the next's, counted for steps queued
@@ -347,17 +355,34 @@ impl EngineLoop {
         }
     }
 
-    /// Draws one token for each listed running request with no draw pending (row `i` of
-    /// `logits` belongs to `rows[i]`), streams it, and finishes the requests that stop.
-    pub(crate) fn draw_and_check(&mut self, logits: &Tensor, rows: &[usize]) {
+    /// Queues one draw for each listed running request with no draw pending (row `i` of
+    /// `logits` belongs to `rows[i]`) without waiting for the device; [`EngineLoop::accept_queued`]
+    /// hands the tokens out.
+    pub(crate) fn queue_draws(&mut self, logits: &Tensor, rows: &[usize]) -> QueuedDraws {
         let banned: Vec<Vec<u32>> = rows.iter().map(|&i| self.banned(i)).collect();
         let specs = self.row_sampling(rows, &banned);
-        let draws = draw(logits, &specs);
+        let draws = draw_async(logits, &specs);
         drop(specs);
         for &i in rows {
             self.running[i].pending += 1;
         }
-        self.accept(rows.iter().copied().zip(draws).collect());
+        QueuedDraws {
+            ids: rows.iter().map(|&i| self.running[i].id).collect(),
+            draws,
+        }
+    }
+
+    /// Waits for queued draws, streams each token to its request, and finishes the requests that
+    /// stop. Rows are matched by request id: `running` may have been reordered since.
+    pub(crate) fn accept_queued(&mut self, queued: QueuedDraws) {
+        let draws = queued.draws.wait();
+        let index: HashMap<RequestId, usize> = (self.running.iter().enumerate())
+            .map(|(i, r)| (r.id, i))
+            .collect();
+        let accepted: Vec<(usize, Draw)> = (queued.ids.iter().zip(draws))
+            .filter_map(|(id, d)| index.get(id).map(|&i| (i, d)))
+            .collect();
+        self.accept(accepted);
     }
 
     /// Gives each running request `i` its drawn token (the oldest of its pending draws), streams
