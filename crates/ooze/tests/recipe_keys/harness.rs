@@ -138,7 +138,12 @@ impl Env {
                         } else {
                             200
                         },
-                        crate::common::SftSteps::DEFAULT,
+                        // As the agent recipe tests warm up: the keys need an agent that acts in
+                        // its demonstrations' format, not a good one.
+                        crate::common::SftSteps {
+                            steps: 120,
+                            batch: 16,
+                        },
                         &[],
                         &|sft| match recipe {
                             "tool_orchestra" => vary_orchestration(sft),

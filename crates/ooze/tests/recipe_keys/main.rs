@@ -257,7 +257,13 @@ fn shows(env: &Env, case: &Case, base: &Out, out: &Out) -> Result<(), String> {
 
 #[test]
 fn every_key_changes_what_a_run_does() {
+    // Each stage's time goes to stderr, which nextest shows for a failing or slow run.
+    let clock = std::time::Instant::now();
     let env = Env::new();
+    eprintln!(
+        "set-up (models, warm starts, services): {:.0} s",
+        clock.elapsed().as_secs_f64()
+    );
     let only = std::env::var("RECIPE_KEYS_ONLY").unwrap_or_default();
     let mut cases = cases::cases();
     cases.retain(|c| {
@@ -279,6 +285,11 @@ fn every_key_changes_what_a_run_does() {
             .map(|(i, b)| (format!("base-{i}"), b.clone()))
             .collect(),
     );
+    eprintln!(
+        "{} base runs: done at {:.0} s",
+        bases.len(),
+        clock.elapsed().as_secs_f64()
+    );
     let base_of = |c: &Case| &base_runs[bases.iter().position(|b| *b == c.base).unwrap()];
     let jobs = cases
         .iter()
@@ -296,6 +307,11 @@ fn every_key_changes_what_a_run_does() {
         .collect::<Vec<_>>();
     let (indices, jobs): (Vec<usize>, Vec<_>) = jobs.into_iter().unzip();
     let outs = run_all(&env, jobs);
+    eprintln!(
+        "{} case runs: done at {:.0} s",
+        outs.len(),
+        clock.elapsed().as_secs_f64()
+    );
     let mut by_case: BTreeMap<usize, Out> = indices.into_iter().zip(outs).collect();
     let mut failures = Vec::new();
     for (i, c) in cases.iter().enumerate() {
