@@ -277,7 +277,7 @@ fn train_shipped_recipe(dir: &Path, name: &str, sets: &[String]) -> PathBuf {
     let made = std::process::Command::new(python())
         .arg(root().join(format!("recipes/{name}/make_data.py")))
         .arg(&data)
-        .args(["--n", "50", "--test", "10"])
+        .args(["--n", "50", "--test", "4"])
         .output()
         .unwrap();
     assert!(made.status.success(), "{made:?}");
