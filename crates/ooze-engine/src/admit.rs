@@ -23,11 +23,12 @@ const PREFILL_TOKENS: i64 = 16_384;
 impl EngineLoop {
     /// Prefills waiting requests and draws their first tokens, several requests per forward pass.
     ///
-    /// A pass's first tokens are taken once the next pass is queued: the host plans and launches
-    /// pass n + 1 while the device computes pass n, instead of waiting for pass n's tokens first
-    /// and leaving the device idle while it plans (draws depend only on each request's seed, step
-    /// and logits, so the tokens are the same). The last pass's are taken before returning, so
-    /// nothing drawn in a prefill is pending outside this function.
+    /// With overlap ([`EngineLoop::overlap`]), a pass's first tokens are taken once the next pass
+    /// is queued: the host plans and launches pass n + 1 while the device computes pass n, instead
+    /// of waiting for pass n's tokens and leaving the device idle while it plans (draws depend only
+    /// on each request's seed, step and logits, so the tokens are the same; a request that stops
+    /// at its first token frees its row a pass later). The last pass's are taken before returning,
+    /// so nothing drawn in a prefill is pending outside this function.
     pub(crate) fn admit(&mut self) {
         let mut previous: Option<QueuedDraws> = None;
         loop {
@@ -37,11 +38,17 @@ impl EngineLoop {
             }
             let queued = self.prefill(batch);
             self.decode_clock.interrupt();
-            if let Some(done) = std::mem::replace(&mut previous, queued) {
+            let ready = if self.overlap {
+                std::mem::replace(&mut previous, queued)
+            } else {
+                queued
+            };
+            if let Some(done) = ready {
                 self.accept_queued(done);
-                // First tokens go out at once: the next prefill pass may take a while.
-                self.send_outbox();
             }
+            // What is ready goes out at once (first tokens, finished scoring-only requests): the
+            // next prefill pass may take a while.
+            self.send_outbox();
         }
         if let Some(done) = previous {
             self.accept_queued(done);

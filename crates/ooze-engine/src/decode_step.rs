@@ -338,13 +338,7 @@ impl EngineLoop {
         let draws = step.draws.wait();
         self.decode_clock
             .ready(step.follows_decode, step.ids.len(), step.positions);
-        let index: HashMap<RequestId, usize> = (self.running.iter().enumerate())
-            .map(|(i, r)| (r.id, i))
-            .collect();
-        let accepted: Vec<(usize, Draw)> = (step.ids.iter().zip(draws))
-            .filter_map(|(id, d)| index.get(id).map(|&i| (i, d)))
-            .collect();
-        self.accept(accepted);
+        self.accept_by_id(&step.ids, draws);
         if let Some(forward_ms) = step.forward_ms {
             eprintln!(
                 "engine step: batch {} forward {forward_ms:.2} ms ({}), sample+host {:.2} ms",
@@ -373,13 +367,20 @@ impl EngineLoop {
     }
 
     /// Waits for queued draws, streams each token to its request, and finishes the requests that
-    /// stop. Rows are matched by request id: `running` may have been reordered since.
+    /// stop.
     pub(crate) fn accept_queued(&mut self, queued: QueuedDraws) {
         let draws = queued.draws.wait();
+        self.accept_by_id(&queued.ids, draws);
+    }
+
+    /// [`EngineLoop::accept`] for draws listed by request (`ids[k]` drew `draws[k]`): `running`
+    /// may have been reordered since they were queued, and a request that ended meanwhile is
+    /// skipped.
+    fn accept_by_id(&mut self, ids: &[RequestId], draws: Vec<Draw>) {
         let index: HashMap<RequestId, usize> = (self.running.iter().enumerate())
             .map(|(i, r)| (r.id, i))
             .collect();
-        let accepted: Vec<(usize, Draw)> = (queued.ids.iter().zip(draws))
+        let accepted: Vec<(usize, Draw)> = (ids.iter().zip(draws))
             .filter_map(|(id, d)| index.get(id).map(|&i| (i, d)))
             .collect();
         self.accept(accepted);

@@ -169,3 +169,64 @@ fn steady_decode_counts_only_steps_behind_decode_steps() {
         assert_eq!(seen[1], (16, 16, 184), "overlap {overlap}");
     }
 }
+
+/// With overlap, a prefill pass's first tokens are taken once the next pass is queued; without,
+/// at once. One admission of many passes (requests sharing a prompt prefix wait for the pass
+/// after the one that holds it, to reuse its blocks) gives the same tokens, finishes and
+/// log-probs either way, with scoring-only requests and requests that stop at their first token
+/// among them.
+#[test]
+fn first_tokens_taken_a_pass_later_are_the_same() {
+    let dir = common::tiny_model(41);
+    let rt = runtime();
+    let shared: Vec<u32> = (0..24u32).map(|j| (j * 13) % 390 + 1).collect();
+    let requests = || -> Vec<Request> {
+        (0..12u32)
+            .map(|i| {
+                let mut prompt = shared.clone();
+                prompt.extend((0..1 + i % 5).map(|j| (i * 31 + j * 7) % 390 + 1));
+                let mut p = SamplingParams {
+                    seed: Some(900 + u64::from(i)),
+                    max_new_tokens: Some(match i % 4 {
+                        0 => 0,
+                        1 => 1,
+                        _ => 6 + i as usize,
+                    }),
+                    ignore_eos: Some(true),
+                    ..Default::default()
+                };
+                if i % 4 == 3 {
+                    // Every token stops it: it ends at its first.
+                    p.stop_token_ids = Some((0..400).collect());
+                }
+                Request {
+                    input_ids: prompt,
+                    sampling: p.validate().unwrap(),
+                    session: None,
+                }
+            })
+            .collect()
+    };
+    let run = |overlap: bool| {
+        let handle = start_engine(dir.path(), config(32, None, overlap));
+        let outs = rt.block_on(all(&handle, requests()));
+        let stats = rt.block_on(handle.stats()).unwrap();
+        assert_eq!(stats.running, 0, "{stats:?}");
+        outs
+    };
+    let sequential = run(false);
+    for (i, out) in sequential.iter().enumerate() {
+        let want = match i % 4 {
+            0 => 0,
+            1 | 3 => 1,
+            _ => 6 + i,
+        };
+        assert_eq!(out.tokens.len(), want, "request {i}: {out:?}");
+    }
+    assert!(sequential
+        .iter()
+        .skip(3)
+        .step_by(4)
+        .all(|o| matches!(o.finish, FinishReason::Stop { .. })));
+    assert_same(&run(true), &sequential);
+}
