@@ -28,7 +28,7 @@ pub struct Run {
     pub data: PathBuf,
     pub metrics: Vec<Value>,
     pub tokenizer: ooze_model::Tokenizer,
-    /// Whether the run evaluated before its first rollout too (see [`EVAL_AT_START`]).
+    /// Whether the run evaluated before its first rollout too (see [`eval_at_start`]).
     pub eval_at_start: bool,
     pub _tmp: tempfile::TempDir,
 }
@@ -41,9 +41,10 @@ fn takes(data_args: &[&str]) -> usize {
         .map_or(1, |i| data_args[i + 1].parse().unwrap())
 }
 
-/// Held-out prompts evaluated at the start and the end of a run: the checks need eval to run
-/// through the agent, not a precise pass rate, and a tenth of 400 rows (40 prompts × 2 samples,
-/// twice) took most of a container recipe's training time on a CI machine.
+/// Held-out prompts evaluated at the end of a run (and at its start, see [`eval_at_start`]): the
+/// checks need eval to run through the agent, not a precise pass rate, and a tenth of 400 rows
+/// (40 prompts × 2 samples, twice) took most of a container recipe's training time on a CI
+/// machine.
 const EVAL_PROMPTS: usize = 8;
 
 /// Whether a recipe's run evaluates before its first rollout as well as after its last. Not the
@@ -84,11 +85,10 @@ pub fn run_recipe_with(
     let path = |name: &str| tmp.path().join(name);
     let (data, sft, run) = (path("data"), path("sft"), path("grpo"));
     // tau_retail's conversations are several times longer (a policy document, JSON records):
-    // fewer, smaller steps warm it up enough to call tools and talk to the customer. The checks
-    // need an agent that acts in its demonstrations' format, not a good one: 120 steps of 16.
+    // fewer steps warm it up enough to call tools and talk to the customer.
     let steps = crate::common::SftSteps {
         steps: if recipe == "tau_retail" { 50 } else { 120 },
-        batch: 16,
+        ..crate::common::SftSteps::DEFAULT
     };
     let rows = match recipe {
         "tau_retail" => 100,
@@ -126,6 +126,12 @@ pub fn run_recipe_with(
             .replace("{model}", s(&model_dir))
     }));
     settings.extend(before_train(&model_dir));
+    // The last setting wins, an override from `extra` included.
+    let at_start = settings
+        .iter()
+        .rev()
+        .find_map(|kv| kv.strip_prefix("eval.at_start="))
+        .is_none_or(|v| v == "true");
     for kv in settings {
         args.push("--set".into());
         args.push(kv);
@@ -142,7 +148,7 @@ pub fn run_recipe_with(
         data,
         metrics,
         tokenizer,
-        eval_at_start: eval_at_start(recipe),
+        eval_at_start: at_start,
         _tmp: tmp,
     }
 }

@@ -161,10 +161,11 @@ pub struct SftSteps {
 
 #[allow(dead_code)]
 impl SftSteps {
-    /// What the agents of short conversations need to act like their demonstrations.
+    /// What the agents of short conversations need to act in their demonstrations' format (the
+    /// tests need that, not a good agent).
     pub const DEFAULT: SftSteps = SftSteps {
         steps: 120,
-        batch: 32,
+        batch: 16,
     };
 }
 

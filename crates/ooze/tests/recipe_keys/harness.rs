@@ -138,12 +138,7 @@ impl Env {
                         } else {
                             200
                         },
-                        // As the agent recipe tests warm up: the keys need an agent that acts in
-                        // its demonstrations' format, not a good one.
-                        crate::common::SftSteps {
-                            steps: 120,
-                            batch: 16,
-                        },
+                        crate::common::SftSteps::DEFAULT,
                         &[],
                         &|sft| match recipe {
                             "tool_orchestra" => vary_orchestration(sft),

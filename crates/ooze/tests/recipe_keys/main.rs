@@ -257,7 +257,7 @@ fn shows(env: &Env, case: &Case, base: &Out, out: &Out) -> Result<(), String> {
 
 #[test]
 fn every_key_changes_what_a_run_does() {
-    // Each stage's time goes to stderr, which nextest shows for a failing or slow run.
+    // Each stage's time goes to stderr (shown when the test fails, or with --no-capture).
     let clock = std::time::Instant::now();
     let env = Env::new();
     eprintln!(
