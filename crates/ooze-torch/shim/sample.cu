@@ -1,8 +1,8 @@
 // The engine's sampler and the trainer's log-prob kernels over fp32 logits, one block of
 // SAMPLE_THREADS threads per row. Both compute the row's log-sum-exp with one arithmetic
-// (row_moments: groups of four logits, the same threads, the same merges), so the log-prob the
-// engine reports for a sampled token equals, bitwise, the one the trainer computes from the same
-// logits.
+// (add_group: groups of four logits, the same threads, the same order and merges), so the log-prob
+// the engine reports for a sampled token equals, bitwise, the one the trainer computes from the
+// same logits.
 //
 // - log_prob_forward / log_prob_backward: log_softmax(logits · inv_temp) at the targets, the
 //   log-sum-exp and the entropy, and the gradient (the LM head's fused log-prob in training).
@@ -29,16 +29,30 @@ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
           __fmaf_rn(a.weighted, ea, __fmul_rn(b.weighted, eb))};
 }
 
-// The moments of four scaled logits: their max, then the sums relative to it.
-__device__ __forceinline__ Moments group_moments(float a, float b, float c, float d) {
+// Four scaled logits added to a thread's running moments. The running max moves only when a
+// group exceeds it (the sums are rescaled then, rarely after the first groups); otherwise the four
+// exponentials are taken against it as it stands. Returns the group's Σ e^{x−m} against the
+// running max after the group (the sampler's chunk masses). Every kernel that needs a row's
+// log-sum-exp adds its groups through this, in the same order per thread, so they agree bitwise.
+// The exponentials are the hardware's (ex2.approx of x·log2 e: two instructions against about
+// ten for expf; relative error ~1e-6 at |x| ≤ 30, far inside what bf16 logits carry): the
+// sampler's time goes to issuing instructions, not to reading its row.
+__device__ __forceinline__ float add_group(Moments& acc, float a, float b, float c, float d) {
   const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
-  const float ea = expf(a - m), eb = expf(b - m), ec = expf(c - m), ed = expf(d - m);
-  return Moments{m, ea + eb + ec + ed, ea * a + eb * b + ec * c + ed * d};
-}
-
-// Four scaled logits merged into the running moments: one local max, then one merge.
-__device__ __forceinline__ Moments add_group(Moments acc, float a, float b, float c, float d) {
-  return merge_moments(acc, group_moments(a, b, c, d));
+  if (m > acc.max) {
+    const float r = __expf(acc.max - m);
+    acc.sum = __fmul_rn(acc.sum, r);
+    acc.weighted = __fmul_rn(acc.weighted, r);
+    acc.max = m;
+  }
+  if (acc.max == -INFINITY) return 0.f;
+  const float ea = __expf(a - acc.max), eb = __expf(b - acc.max), ec = __expf(c - acc.max),
+              ed = __expf(d - acc.max);
+  const float group = __fadd_rn(__fadd_rn(ea, eb), __fadd_rn(ec, ed));
+  acc.sum = __fadd_rn(acc.sum, group);
+  acc.weighted =
+      __fmaf_rn(ed, d, __fmaf_rn(ec, c, __fmaf_rn(eb, b, __fmaf_rn(ea, a, acc.weighted))));
+  return group;
 }
 
 __device__ __forceinline__ Moments shfl_moments(Moments m, int offset) {
@@ -111,7 +125,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         Pair<__nv_bfloat16>::store(keep + 4 * i, make_float2(q.x, q.y));
         Pair<__nv_bfloat16>::store(keep + 4 * i + 2, make_float2(q.z, q.w));
       }
-      acc = add_group(acc, q.x * inv_temp, q.y * inv_temp, q.z * inv_temp, q.w * inv_temp);
+      add_group(acc, q.x * inv_temp, q.y * inv_temp, q.z * inv_temp, q.w * inv_temp);
     });
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
@@ -270,20 +284,23 @@ __device__ float block_inclusive_scan(float v, float* total) {
 constexpr int CHUNK_TOKENS = 128;
 constexpr int MAX_CHUNKS = 2048;
 
-// Sampled rows, one pass over the logits: the row's moments exactly as row_moments computes them
-// (the same threads, groups and merges: the trainer's log-sum-exp), and beside them each chunk's
-// max and mass relative to it (a warp's max and sum, one per round). The chunks' masses then
-// locate u · total, and one warp walks that chunk's 128 tokens. Writes the moments and the first
-// maximum; returns the token, or -1 where rounding left no chunk holding the target.
-__device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float inv_temp,
-                                  float u, Moments* moments, ArgMax* argmax) {
+// Sampled rows, one pass over the logits: the row's moments exactly as the trainer's kernel
+// computes them (the same threads, groups and order through add_group: its log-sum-exp), and
+// beside them each chunk's mass (a warp's round, 128 consecutive tokens) against a reference the
+// warp keeps: the largest of its lanes' running maxes, refreshed (with each lane's factor
+// e^{max − reference}) only in rounds where some lane's max moved. The chunks' masses then locate
+// u · total, and one warp walks that chunk's 128 tokens. Writes the moments; returns the token,
+// or -1 where rounding left no chunk holding the target.
+__device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float inv_temp, float u,
+                                  Moments* moments) {
   __shared__ float s_chunk_max[MAX_CHUNKS], s_chunk_mass[MAX_CHUNKS];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int groups = vocab / 4;
   const int rounds = (groups + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
   const int chunks = (vocab + CHUNK_TOKENS - 1) / CHUNK_TOKENS;
   Moments acc{-INFINITY, 0.f, 0.f};
-  ArgMax am{-INFINITY, vocab};
+  // The warp's reference, and this lane's factor against it, as of the lane's max `factor_of`.
+  float reference = -INFINITY, factor = 0.f, factor_of = -INFINITY;
   // Four rounds' loads in flight, as for_each_group; every warp takes part in every round (the
   // chunk sums are warp-wide), lanes past the row with nothing.
   for (int r0 = 0; r0 < rounds; r0 += 4) {
@@ -297,33 +314,26 @@ __device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float
     for (int k = 0; k < 4; ++k) {
       if (r0 + k >= rounds) break;
       const int i = tid + (r0 + k) * SAMPLE_THREADS;
-      const bool in = i < groups;
-      const float a = q[k].x * inv_temp, b = q[k].y * inv_temp, c = q[k].z * inv_temp,
-                  d = q[k].w * inv_temp;
-      const Moments g = group_moments(a, b, c, d);
-      if (in) {
-        acc = merge_moments(acc, g);
-        am = better(am, ArgMax{a, 4 * i});
-        am = better(am, ArgMax{b, 4 * i + 1});
-        am = better(am, ArgMax{c, 4 * i + 2});
-        am = better(am, ArgMax{d, 4 * i + 3});
+      const float group = i < groups ? add_group(acc, q[k].x * inv_temp, q[k].y * inv_temp,
+                                                 q[k].z * inv_temp, q[k].w * inv_temp)
+                                     : 0.f;
+      if (__any_sync(0xffffffffu, acc.max != factor_of)) {
+        reference = acc.max;
+        for (int offset = 16; offset > 0; offset >>= 1)
+          reference = fmaxf(reference, __shfl_xor_sync(0xffffffffu, reference, offset));
+        factor = acc.max == -INFINITY ? 0.f : expf(acc.max - reference);
+        factor_of = acc.max;
       }
-      float chunk_max = in ? g.max : -INFINITY;
-      for (int offset = 16; offset > 0; offset >>= 1)
-        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
-      float mass = in && chunk_max > -INFINITY ? g.sum * expf(g.max - chunk_max) : 0.f;
-      mass = warp_sum(mass);
+      const float mass = warp_sum(group * factor);
       const int chunk = (i - lane) >> 5;
       if (lane == 0 && chunk < chunks) {
-        s_chunk_max[chunk] = chunk_max;
+        s_chunk_max[chunk] = reference;
         s_chunk_mass[chunk] = mass;
       }
     }
   }
   acc = block_moments(acc);
-  am = block_argmax(am);
   *moments = acc;
-  *argmax = am;
   // Each thread takes two consecutive chunks (chunks ≤ 2 · SAMPLE_THREADS); their masses at the
   // row's max, scanned in chunk order.
   const float max = acc.max;
@@ -368,8 +378,8 @@ __device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float
   return s_pick;
 }
 
-// Sampled rows of other vocabularies, after row_moments: a second pass over the logits. Warp w owns
-// the w-th of 32 contiguous segments; a scan of the segments' masses finds the one holding
+// Sampled rows of other vocabularies, after the row's moments: a second pass over the logits. Warp
+// w owns the w-th of 32 contiguous segments; a scan of the segments' masses finds the one holding
 // u · total, and that warp walks it. Returns the token, or -1 where rounding left no segment
 // holding the target.
 __device__ int sample_by_segments(const float* x, int vocab, float inv_temp, float max, float u) {
@@ -436,14 +446,14 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   const bool one_pass =
       !greedy && vocab % 4 == 0 && (vocab + CHUNK_TOKENS - 1) / CHUNK_TOKENS <= MAX_CHUNKS;
   if (one_pass) {
-    token = sample_in_one_pass(x, vocab, aligned, inv_temp, u, &acc, &am);
+    token = sample_in_one_pass(x, vocab, aligned, inv_temp, u, &acc);
   } else {
     // The log-sum-exp as the trainer's kernel computes it, and the first maximum.
     if (vocab % 4 == 0) {
       for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
         const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp,
                     d = q.w * inv_temp;
-        acc = add_group(acc, a, b, c, d);
+        add_group(acc, a, b, c, d);
         am = better(am, ArgMax{a, 4 * i});
         am = better(am, ArgMax{b, 4 * i + 1});
         am = better(am, ArgMax{c, 4 * i + 2});
@@ -463,8 +473,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   const float lse = acc.max + logf(acc.sum);
   if (token < 0 && tid == 0) {
     // Rounding left nothing holding the target (u·total at the very end): the last token with
-    // any mass, as PyTorch's clamped searchsorted would give.
-    token = am.index;
+    // any mass, as PyTorch's clamped searchsorted would give (a row with none at all, only
+    // -inf or NaN logits: its first maximum where it was taken, else the last token).
+    token = min(am.index, vocab - 1);
     for (int i = vocab - 1; i >= 0; --i) {
       if (weight_of(x[i], inv_temp, acc.max) > 0.f) {
         token = i;
