@@ -349,6 +349,75 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
   });
 }
 
+// ooze_decode_attention in FlashAttention-2's arithmetic with ooze_rope_store folded in (no q/k
+// norms): q, k and v of each row come from the fused projection qkv [rows, (heads + 2 kv_heads) ·
+// dim] (bf16, unit last stride), rotated by cos / sin [rows, dim] (as ooze_rope_store takes
+// them); the new key and value are written into cell cells[r] of k_cache / v_cache, which the
+// attention then reads. Returns [rows, heads, dim] bf16; the caches hold what ooze_rope_store
+// would have written.
+at::Tensor* ooze_decode_attention_rope(const at::Tensor* qkv, const at::Tensor* cells,
+                                       const at::Tensor* cos, const at::Tensor* sin,
+                                       at::Tensor* k_cache, at::Tensor* v_cache,
+                                       const at::Tensor* tables, const at::Tensor* positions,
+                                       int64_t heads, int64_t read_len, double scale) {
+  return guarded([&] {
+    check_cuda(*qkv, "qkv");
+    c10::cuda::CUDAGuard guard(qkv->device());
+    for (const at::Tensor* t : {k_cache, v_cache}) {
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 4 &&
+                      t->sizes() == k_cache->sizes(),
+                  "KV memory must be contiguous bfloat16 [blocks, block_size, kv_heads, head_dim]");
+    }
+    const int64_t rows = qkv->size(0), block_size = k_cache->size(1);
+    const int64_t kv_heads = k_cache->size(2), dim = k_cache->size(3);
+    TORCH_CHECK(qkv->scalar_type() == at::kBFloat16 && qkv->dim() == 2 && qkv->stride(1) == 1 &&
+                    qkv->size(1) == (heads + 2 * kv_heads) * dim && qkv->stride(0) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(qkv->data_ptr()) % 16 == 0,
+                "qkv must be bfloat16 [rows, (heads + 2 kv_heads) * head_dim] with unit last "
+                "stride and 16-byte aligned rows");
+    TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
+    TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
+                "decode attention takes at most 16 query heads per key head");
+    TORCH_CHECK(block_size % 16 == 0,
+                "decode attention takes block sizes that are multiples of 16, got ", block_size);
+    for (const at::Tensor* t : {cos, sin}) {
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
+                      t->numel() == rows * dim && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+                  "cos and sin must be contiguous bfloat16 [rows, head_dim]");
+    }
+    for (const at::Tensor* t : {cells, positions}) {
+      TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
+                  "cells and positions must be contiguous int64 [rows]");
+    }
+    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() && tables->dim() == 2 &&
+                    tables->size(0) == rows,
+                "block tables must be contiguous int64 [rows, width]");
+    const int64_t width = tables->size(1);
+    TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
+                "read_len must be in 1..=table width × block size");
+    const int chunks = ooze_fa_order_chunks(static_cast<int>(read_len));
+    auto f32 = qkv->options().dtype(at::kFloat);
+    at::Tensor part_o, part_ml;
+    if (chunks > 1) {
+      part_o = at::empty({rows, kv_heads, chunks, 16, dim}, f32);
+      part_ml = at::empty({rows, kv_heads, chunks, 16, 2}, f32);
+    }
+    at::Tensor out = at::empty({rows, heads, dim}, qkv->options());
+    if (rows > 0) {
+      check_launch(ooze_launch_fa_order_decode_rope(
+          qkv->data_ptr(), qkv->stride(0), cos->data_ptr(), sin->data_ptr(),
+          cells->data_ptr<int64_t>(), k_cache->data_ptr(), kv_heads * dim, v_cache->data_ptr(),
+          kv_heads * dim, tables->data_ptr<int64_t>(), static_cast<int>(width), block_size,
+          static_cast<int>(rows), positions->data_ptr<int64_t>(), static_cast<int>(heads),
+          static_cast<int>(kv_heads), static_cast<int>(dim), static_cast<float>(scale), chunks,
+          chunks > 1 ? part_o.data_ptr<float>() : nullptr,
+          chunks > 1 ? part_ml.data_ptr<float>() : nullptr, out.data_ptr(), heads * dim,
+          stream()));
+    }
+    return out;
+  });
+}
+
 // Causal attention over packed variable-length sequences (FlashAttention-2 through ATen, with its
 // autograd backward): q [total, heads, dim], k and v [total, kv_heads, dim] (bf16/fp16),
 // cu_seqlens [sequences + 1] int32 offsets. Returns [total, heads, dim].

@@ -83,6 +83,22 @@ struct FaoShared {
   int64_t run_v[fao_ring<D, SLOTS>()][N / 16];
 };
 
+// Decode with the rotary step folded in (qkv non-null): each row's q, k and v are taken from the
+// fused projection row instead of q, rotated with rope_store's arithmetic (cos and the sine with
+// its first half negated, [rows, D]); the block that reads the row's last key writes the rotated
+// key and the value into the row's cell of the paged memory before it reads any key, and every
+// block rotates its own query heads. The same bits as rope_store and then this kernel, one launch
+// fewer a layer.
+struct FaoRope {
+  const __nv_bfloat16* qkv;
+  int64_t qkv_stride;
+  const __nv_bfloat16* cos;
+  const __nv_bfloat16* signed_sin;
+  const int64_t* cells;
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+};
+
 struct FaoArgs {
   const __nv_bfloat16* q;
   const __nv_bfloat16* k;
@@ -98,6 +114,7 @@ struct FaoArgs {
   float* part_ml;  // [tiles, kv_heads, chunks, 16, 2]: its max (raw score) and sum per chunk
   __nv_bfloat16* out;
   int64_t out_stride;
+  FaoRope rope;
 };
 
 __device__ __forceinline__ unsigned smem_address(const void* p) {
@@ -128,6 +145,33 @@ template <int LD>
 __device__ __forceinline__ void load_a(unsigned (&a)[4], const __nv_bfloat16 (*tile)[LD], int col,
                                        int lane) {
   ldmatrix_x4(a, &tile[(lane / 8 % 2) * 8 + lane % 8][col + lane / 16 * 8]);
+}
+
+// Elements d … d + 7 (d a multiple of 8) of head `head` of projection row `row`, rotated as
+// rope_store rotates them: pair i = (i, i + D/2) by cos[row][i] and signed_sin[row][i + D/2].
+template <int D>
+__device__ __forceinline__ uint4 fao_rotated(const FaoRope& r, int64_t row, int head, int d) {
+  constexpr int HALF = D / 2;
+  const int i = d < HALF ? d : d - HALF;
+  const __nv_bfloat16* src = r.qkv + row * r.qkv_stride + static_cast<int64_t>(head) * D;
+  const uint4 lo = *reinterpret_cast<const uint4*>(src + i);
+  const uint4 hi = *reinterpret_cast<const uint4*>(src + i + HALF);
+  const uint4 c = *reinterpret_cast<const uint4*>(r.cos + row * D + i);
+  const uint4 sn = *reinterpret_cast<const uint4*>(r.signed_sin + row * D + i + HALF);
+  const __nv_bfloat16* x1 = reinterpret_cast<const __nv_bfloat16*>(&lo);
+  const __nv_bfloat16* x2 = reinterpret_cast<const __nv_bfloat16*>(&hi);
+  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&c);
+  const __nv_bfloat16* ss = reinterpret_cast<const __nv_bfloat16*>(&sn);
+  uint4 out;
+  __nv_bfloat16* y = reinterpret_cast<__nv_bfloat16*>(&out);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float y1, y2;
+    rotate(__bfloat162float(x1[e]), __bfloat162float(x2[e]), __bfloat162float(cs[e]),
+           __bfloat162float(ss[e]), y1, y2);
+    y[e] = __float2bfloat16(d < HALF ? y1 : y2);
+  }
+  return out;
 }
 
 #ifndef FAO_UNFUSED_EXP
@@ -258,14 +302,32 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
   int64_t found = find(last - AHEAD);  // block last − AHEAD's runs, kept at block last
   constexpr int Q_PIECES = 16 * D / 8 / (FAO_WARPS * 32);
   uint4 q_piece[Q_PIECES];
+  const bool rope = a.rope.qkv != nullptr;
 #pragma unroll
   for (int j = 0; j < Q_PIECES; ++j) {
     const int p = tid + j * FAO_WARPS * 32;
     const int r = p / (D / 8), d = p % (D / 8) * 8;
-    q_piece[j] = r < rows ? *reinterpret_cast<const uint4*>(
-                                a.q + static_cast<int64_t>(tile.first + r / group) * a.q_stride +
-                                (kv * group + r % group) * D + d)
-                          : make_uint4(0, 0, 0, 0);
+    const int64_t token = tile.first + r / group;
+    const int head = kv * group + r % group;
+    q_piece[j] = r >= rows ? make_uint4(0, 0, 0, 0)
+                 : rope    ? fao_rotated<D>(a.rope, token, head, d)
+                           : *reinterpret_cast<const uint4*>(a.q + token * a.q_stride +
+                                                             static_cast<int64_t>(head) * D + d);
+  }
+  // The row's new key and value into its cell, by the one block that reads the row's last key
+  // (or, when the launch reads fewer chunks than the row has, by its last chunk's block): written
+  // before the barrier below, so that every copy staged after it sees them.
+  if (rope && chunk == min(tile_last / CHUNK_BLOCKS, a.chunks - 1) && tid < 2 * (D / 8)) {
+    const int d = tid % (D / 8) * 8;
+    const int64_t cell = a.rope.cells[tile.first], at = static_cast<int64_t>(kv) * D + d;
+    if (tid < D / 8) {
+      *reinterpret_cast<uint4*>(a.rope.k_cache + cell * a.k_stride + at) =
+          fao_rotated<D>(a.rope, tile.first, a.heads + kv, d);
+    } else {
+      *reinterpret_cast<uint4*>(a.rope.v_cache + cell * a.v_stride + at) = *reinterpret_cast<const uint4*>(
+          a.rope.qkv + tile.first * a.rope.qkv_stride +
+          static_cast<int64_t>(a.heads + a.kv_heads + kv) * D + d);
+    }
   }
 #pragma unroll
   for (int ahead = 0; ahead < AHEAD; ++ahead) keep(last - ahead, early[ahead]);
@@ -545,6 +607,45 @@ int launch_fa_order_by_depth(const FaoArgs& args, int tiles, cudaStream_t stream
 #endif
 }
 
+FaoArgs fao_args(const void* q, int64_t q_stride, const void* k, int64_t k_stride, const void* v,
+                 int64_t v_stride, const int64_t* table, int width, int64_t block_size,
+                 const int* tiles, const int64_t* positions, int heads, int kv_heads, float scale,
+                 int chunks, float* part_o, float* part_ml, void* out, int64_t out_stride,
+                 const FaoRope& rope) {
+  // FlashAttention-2's host code: params.scale_softmax_log2 = softmax_scale * M_LOG2E, a float
+  // times a double, stored as float.
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  return FaoArgs{static_cast<const __nv_bfloat16*>(q),
+                 static_cast<const __nv_bfloat16*>(k),
+                 static_cast<const __nv_bfloat16*>(v),
+                 q_stride,
+                 k_stride,
+                 v_stride,
+                 KeyMap{table, width, block_size},
+                 tiles,
+                 positions,
+                 heads,
+                 kv_heads,
+                 scale_log2,
+                 chunks,
+                 part_o,
+                 part_ml,
+                 static_cast<__nv_bfloat16*>(out),
+                 out_stride,
+                 rope};
+}
+
+int fao_launch(const FaoArgs& args, int n_tiles, int dim, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(args.k) % 16 != 0 || args.k_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(args.v) % 16 != 0 || args.v_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(args.out) % 4 != 0 || args.out_stride % 2 != 0) {
+    return static_cast<int>(cudaErrorMisalignedAddress);
+  }
+  if (dim == 64) return launch_fa_order_by_depth<64>(args, n_tiles, stream);
+  if (dim == 128) return launch_fa_order_by_depth<128>(args, n_tiles, stream);
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
 }  // namespace
 
 extern "C" {
@@ -566,35 +667,40 @@ int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* 
                                    int heads, int kv_heads, int dim, float scale, int chunks,
                                    float* part_o, float* part_ml, void* out, int64_t out_stride,
                                    cudaStream_t stream) {
-  // FlashAttention-2's host code: params.scale_softmax_log2 = softmax_scale * M_LOG2E, a float
-  // times a double, stored as float.
-  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  FaoArgs args{static_cast<const __nv_bfloat16*>(q),
-               static_cast<const __nv_bfloat16*>(k),
-               static_cast<const __nv_bfloat16*>(v),
-               q_stride,
-               k_stride,
-               v_stride,
-               KeyMap{table, width, block_size},
-               tiles,
-               positions,
-               heads,
-               kv_heads,
-               scale_log2,
-               chunks,
-               part_o,
-               part_ml,
-               static_cast<__nv_bfloat16*>(out),
-               out_stride};
-  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(k) % 16 != 0 || k_stride % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(v) % 16 != 0 || v_stride % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(out) % 4 != 0 || out_stride % 2 != 0) {
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride % 8 != 0) {
     return static_cast<int>(cudaErrorMisalignedAddress);
   }
-  if (dim == 64) return launch_fa_order_by_depth<64>(args, n_tiles, stream);
-  if (dim == 128) return launch_fa_order_by_depth<128>(args, n_tiles, stream);
-  return static_cast<int>(cudaErrorInvalidValue);
+  return fao_launch(fao_args(q, q_stride, k, k_stride, v, v_stride, table, width, block_size, tiles,
+                             positions, heads, kv_heads, scale, chunks, part_o, part_ml, out,
+                             out_stride, FaoRope{}),
+                    n_tiles, dim, stream);
+}
+
+// Decode (row r: one new token at positions[r], keys through table row r) with rope_store folded
+// in (FaoRope): q, k and v come from qkv [rows, ≥ (heads + 2 kv_heads) · dim] (bf16, rows
+// qkv_stride elements apart, 16-byte aligned), rotated by cos / signed_sin [rows, dim]; the new
+// key and value go into cell cells[r] of k / v (rows k_stride / v_stride apart) before any key is
+// read. Otherwise as ooze_launch_fa_order_attention with null tiles.
+int ooze_launch_fa_order_decode_rope(const void* qkv, int64_t qkv_stride, const void* cos,
+                                     const void* signed_sin, const int64_t* cells, void* k,
+                                     int64_t k_stride, void* v, int64_t v_stride,
+                                     const int64_t* table, int width, int64_t block_size, int rows,
+                                     const int64_t* positions, int heads, int kv_heads, int dim,
+                                     float scale, int chunks, float* part_o, float* part_ml,
+                                     void* out, int64_t out_stride, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || qkv_stride % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(cos) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(signed_sin) % 16 != 0) {
+    return static_cast<int>(cudaErrorMisalignedAddress);
+  }
+  using B = __nv_bfloat16;
+  const FaoRope rope{static_cast<const B*>(qkv), qkv_stride,  static_cast<const B*>(cos),
+                     static_cast<const B*>(signed_sin), cells, static_cast<B*>(k),
+                     static_cast<B*>(v)};
+  return fao_launch(fao_args(nullptr, 0, k, k_stride, v, v_stride, table, width, block_size,
+                             /*tiles=*/nullptr, positions, heads, kv_heads, scale, chunks, part_o,
+                             part_ml, out, out_stride, rope),
+                    rows, dim, stream);
 }
 
 }  // extern "C"

@@ -61,6 +61,13 @@ int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* 
                                    int heads, int kv_heads, int dim, float scale, int chunks,
                                    float* part_o, float* part_ml, void* out, int64_t out_stride,
                                    cudaStream_t stream);
+int ooze_launch_fa_order_decode_rope(const void* qkv, int64_t qkv_stride, const void* cos,
+                                     const void* signed_sin, const int64_t* cells, void* k,
+                                     int64_t k_stride, void* v, int64_t v_stride,
+                                     const int64_t* table, int width, int64_t block_size, int rows,
+                                     const int64_t* positions, int heads, int kv_heads, int dim,
+                                     float scale, int chunks, float* part_o, float* part_ml,
+                                     void* out, int64_t out_stride, cudaStream_t stream);
 }
 
 namespace ooze_ops {

@@ -115,6 +115,27 @@ impl Decoder {
                     head_dim: c.head_dim,
                     qk_norm,
                 };
+                let arithmetic = plan.paged_arithmetic();
+                if plan.fused_attention
+                    && arithmetic == kernels::PagedArithmetic::FlashOrder
+                    && args.qk_norm.is_none()
+                    && [&rows, &cos, &sin].iter().all(|x| rows_aligned_16(x))
+                {
+                    // The rotation and the KV write inside the attention kernel: one launch fewer.
+                    return kernels::decode_attention_rope(
+                        &rows,
+                        &write_cells.view([b]),
+                        &mut cache.k[i],
+                        &mut cache.v[i],
+                        &args,
+                        tables,
+                        past,
+                        *read_len,
+                        plan.scale,
+                    )
+                    .expect("invariant: bf16 decode rows are valid for decode_attention_rope")
+                    .view([b, c.num_heads, t, c.head_dim]);
+                }
                 let q = kernels::rope_store(
                     &rows,
                     &write_cells.view([b]),
@@ -132,7 +153,7 @@ impl Decoder {
                         past,
                         *read_len,
                         plan.scale,
-                        plan.paged_arithmetic(),
+                        arithmetic,
                     )
                     .expect("invariant: bf16 decode rows are valid for decode_attention")
                     .view([b, c.num_heads, t, c.head_dim])
@@ -409,4 +430,13 @@ impl Decoder {
             1,
         )
     }
+}
+
+/// Whether every row of the 2-D `x` starts 16-byte aligned (the fused decode kernel reads rows
+/// eight bf16 elements at a time).
+fn rows_aligned_16(x: &Tensor) -> bool {
+    let bytes = x.kind().elt_size_in_bytes() as i64;
+    (x.data_ptr() as usize).is_multiple_of(16)
+        && (x.stride()[0] * bytes) % 16 == 0
+        && x.stride()[1] == 1
 }

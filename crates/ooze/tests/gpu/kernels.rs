@@ -281,6 +281,87 @@ fn gpu_decode_attention_matches_reference() {
     }
 }
 
+/// Decode attention with the rotary step folded in (`decode_attention_rope`) gives the bits of
+/// `rope_store` then `decode_attention` in FlashAttention-2's order: the same outputs and the same
+/// keys and values written into the paged memory. Paged rows of 16-key blocks in a shuffled
+/// table; rows past one chunk (4,096 keys), a launch that reads fewer keys than its longest row,
+/// and projection rows with padding between them.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_decode_attention_with_rope_equals_separate_kernels() {
+    require_gpu();
+    use ooze_torch::kernels::{self, PagedArithmetic, RopeStore};
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    let lengths: [i64; 9] = [1, 2, 17, 128, 129, 700, 4096, 4097, 5000];
+    let rows = lengths.len() as i64;
+    let width = (lengths.iter().max().unwrap() + 15) / 16;
+    let blocks = rows * width + 5;
+    // Row r's blocks: a shuffled slice of all of them.
+    let order = Tensor::randperm(blocks, (Kind::Int64, Device::Cpu));
+    let order: Vec<i64> = Vec::try_from(order).unwrap();
+    let table: Vec<i64> = (0..rows * width).map(|i| order[i as usize]).collect();
+    let tables = Tensor::from_slice(&table)
+        .view([rows, width])
+        .to_device(dev);
+    let positions: Vec<i64> = lengths.iter().map(|n| n - 1).collect();
+    let cells: Vec<i64> = positions
+        .iter()
+        .enumerate()
+        .map(|(r, &p)| table[r * width as usize + (p / 16) as usize] * 16 + p % 16)
+        .collect();
+    let (positions, cells) = (
+        Tensor::from_slice(&positions).to_device(dev),
+        Tensor::from_slice(&cells).to_device(dev),
+    );
+    for (heads, kv_heads, dim) in [(14, 2, 64), (28, 4, 128), (4, 4, 64)] {
+        let cache = || Tensor::randn([blocks, 16, kv_heads, dim], (Kind::BFloat16, dev));
+        let (k0, v0) = (cache(), cache());
+        let used = (heads + 2 * kv_heads) * dim;
+        let qkv = (Tensor::randn([rows, used + 8], (Kind::BFloat16, dev)) * 2.0)
+            .to_kind(Kind::BFloat16)
+            .narrow(1, 0, used);
+        let cos = Tensor::randn([rows, dim], (Kind::BFloat16, dev));
+        let sin = Tensor::randn([rows, dim], (Kind::BFloat16, dev));
+        let args = RopeStore {
+            cos: &cos,
+            signed_sin: &sin,
+            heads,
+            kv_heads,
+            head_dim: dim,
+            qk_norm: None,
+        };
+        let scale = 1.0 / (dim as f64).sqrt();
+        for read_len in [5000, 4096] {
+            let (mut k1, mut v1) = (k0.copy(), v0.copy());
+            let q = kernels::rope_store(&qkv, &cells, &mut k1, &mut v1, &args).unwrap();
+            let want = kernels::decode_attention(
+                &q,
+                &k1,
+                &v1,
+                &tables,
+                &positions,
+                read_len,
+                scale,
+                PagedArithmetic::FlashOrder,
+            )
+            .unwrap();
+            let (mut k2, mut v2) = (k0.copy(), v0.copy());
+            let got = kernels::decode_attention_rope(
+                &qkv, &cells, &mut k2, &mut v2, &args, &tables, &positions, read_len, scale,
+            )
+            .unwrap();
+            let what = format!("heads {heads}/{kv_heads} x {dim}, read_len {read_len}");
+            let differing =
+                |a: &Tensor, b: &Tensor| i64::try_from(a.ne_tensor(b).sum(Kind::Int64)).unwrap();
+            assert_eq!(differing(&k1, &k2), 0, "{what}: keys written");
+            assert_eq!(differing(&v1, &v2), 0, "{what}: values written");
+            assert!(differing(&k1, &k0) > 0, "{what}: no key was written");
+            assert_eq!(differing(&got, &want), 0, "{what}: attention outputs");
+        }
+    }
+}
+
 /// Decode attention in FlashAttention-2's order gives, for the last token of each sequence, the
 /// bits FlashAttention-2's forward (what training runs) gives it over the whole sequence — up to
 /// 4,096 keys — and the paged prefill kernel gives every token's; past that, rows are merged from
