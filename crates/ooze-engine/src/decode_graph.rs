@@ -2,22 +2,22 @@
 //! one by one from the host, the GPU waits on the launches. Captured once per (batch bucket, key
 //! length bucket), a step is one launch.
 //!
-//! Inputs live in one static tensor refilled before each replay: token and position per row, and
-//! each row's block table. Batches are padded up to the bucket size with rows whose tables name
+//! Inputs live in one static tensor refilled before each replay: token, position and the cell its
+//! key and value go to per row, and each row's block table. Batches are padded up to the bucket size with rows whose tables name
 //! only the scratch block; key lengths are rounded up to a multiple of 256 (at most the context
 //! length), tables to the blocks that many keys take, and the mask hides the padding. All graphs
 //! share one memory pool (they never run concurrently).
 
 use crate::decode_step::Feed;
-use ooze_model::{Attention, Decoder, PagedKv};
+use ooze_model::{Attention, Decoder, PagedKv, RopeTables};
 use ooze_torch::cuda_graph::{CudaGraph, GraphError};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use ooze_torch::transfer::upload;
 use std::collections::HashMap;
 
 struct Captured {
-    /// `[rows · (2 + width)]`: each row's token, then each row's position, then the block tables
-    /// `[rows, width]`, refilled with one copy per step.
+    /// `[rows · (3 + width)]`: each row's token, then each row's position, then the cell of its
+    /// new token, then the block tables `[rows, width]`, refilled with one copy per step.
     inputs: Tensor,
     width: i64,
     logits: Tensor,
@@ -31,6 +31,8 @@ pub struct DecodeGraphs {
     max_len: i64,
     /// Keyed by (rows, key length).
     graphs: HashMap<(i64, i64), Captured>,
+    /// The rotary tables of positions `0..max_len`, made with the first graph.
+    rope: Option<RopeTables>,
 }
 
 /// Key lengths are rounded up to a multiple of this: fewer wasted keys than powers of two, few
@@ -60,6 +62,7 @@ impl DecodeGraphs {
                 max_batch: bucket(max_batch, 1),
                 max_len,
                 graphs: HashMap::new(),
+                rope: None,
             }),
             _ => None,
         }
@@ -110,17 +113,30 @@ impl DecodeGraphs {
         self.ensure(decoder, cache, key)?;
         let g = &self.graphs[&key];
         let (rows, width) = (rows as usize, g.width as usize);
-        let mut host = Vec::with_capacity(rows * (2 + width));
+        let mut host = Vec::with_capacity(rows * (3 + width));
         for values in [tokens, past] {
             host.extend_from_slice(values);
             host.resize(host.len() + rows - values.len(), 0);
+        }
+        // Where each row's new key and value go (padding rows: the scratch block).
+        let bs = cache.block_size();
+        for r in 0..rows {
+            let (table, p) = (
+                tables.get(r).copied().unwrap_or(&[]),
+                past.get(r).copied().unwrap_or(0),
+            );
+            let block = table
+                .get((p / bs) as usize)
+                .copied()
+                .unwrap_or(cache.scratch());
+            host.push(block * bs + p % bs);
         }
         for table in tables {
             let start = host.len();
             host.extend_from_slice(&table[..table.len().min(width)]);
             host.resize(start + width, cache.scratch());
         }
-        host.resize(rows * (2 + width), cache.scratch());
+        host.resize(rows * (3 + width), cache.scratch());
         let device = g.inputs.device();
         g.inputs.shallow_clone().copy_(&upload(&host, device));
         if let Some(feed) = feed {
@@ -138,6 +154,9 @@ impl DecodeGraphs {
         key: (i64, i64),
     ) -> Result<(), GraphError> {
         if !self.graphs.contains_key(&key) {
+            if self.rope.is_none() {
+                self.rope = Some(decoder.rope_tables(self.max_len));
+            }
             let captured = self.capture(decoder, cache, key)?;
             self.graphs.insert(key, captured);
         }
@@ -152,13 +171,21 @@ impl DecodeGraphs {
     ) -> Result<Captured, GraphError> {
         let device = Device::Cuda(self.device);
         let width = (len + cache.block_size() - 1) / cache.block_size();
-        let inputs = Tensor::zeros([rows * (2 + width)], (Kind::Int64, device));
+        let inputs = Tensor::zeros([rows * (3 + width)], (Kind::Int64, device));
         let _ = inputs
-            .narrow(0, 2 * rows, rows * width)
+            .narrow(0, 3 * rows, rows * width)
             .fill_(cache.scratch());
+        let _ = inputs
+            .narrow(0, 2 * rows, rows)
+            .fill_(cache.scratch() * cache.block_size());
         let tokens = inputs.narrow(0, 0, rows).unsqueeze(1);
         let past = inputs.narrow(0, rows, rows);
-        let tables = inputs.narrow(0, 2 * rows, rows * width).view([rows, width]);
+        let write_cells = inputs.narrow(0, 2 * rows, rows);
+        let tables = inputs.narrow(0, 3 * rows, rows * width).view([rows, width]);
+        let rope = self
+            .rope
+            .as_ref()
+            .expect("invariant: ensure makes the rotary tables before the first capture");
         let run = |cache: &mut PagedKv| {
             let positions = past.unsqueeze(1);
             let hidden = decoder.hidden_states(
@@ -169,6 +196,8 @@ impl DecodeGraphs {
                     tables: &tables,
                     past: &past,
                     read_len: len,
+                    write_cells: &write_cells,
+                    rope,
                 },
             );
             decoder.logits_f32(&hidden.select(1, 0))

@@ -3,6 +3,7 @@
 //! forward pass can use ([`Attention`]), and the masks and one-token decode attention they need.
 
 use crate::config::ModelConfig;
+use crate::rope::RopeTables;
 use ooze_torch::tch::{Device, Kind, Tensor};
 use ooze_torch::transfer::upload;
 
@@ -135,11 +136,16 @@ pub enum Attention<'a> {
     /// `past[b]` tokens to the sequence whose blocks are `tables[b]` (`[B, W]`, padded with the
     /// scratch block) and attends over its first `read_len` positions (`read_len ≤ W · block
     /// size`). Nothing here synchronises with the host, so a step can be captured in a CUDA graph.
+    /// `write_cells [B]`: the flat cell (block · block size + offset) of each row's new token
+    /// (position `past[b]` through `tables[b]`); `rope`: the rotary tables the rows' are gathered
+    /// from ([`Decoder::rope_tables`](crate::Decoder::rope_tables), longer than every position).
     PagedDecode {
         cache: &'a mut PagedKv,
         tables: &'a Tensor,
         past: &'a Tensor,
         read_len: i64,
+        write_cells: &'a Tensor,
+        rope: &'a RopeTables,
     },
 }
 

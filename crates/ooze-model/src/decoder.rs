@@ -569,7 +569,10 @@ impl Decoder {
         let c = &self.config;
         let size = x.size();
         let (b, t) = (size[0], size[1]);
-        let (cos, sin) = rope::cos_sin(&self.inv_freq, positions, self.kind);
+        let (cos, sin) = match &attention {
+            Attention::PagedDecode { rope, past, .. } => rope.rows(past),
+            _ => rope::cos_sin(&self.inv_freq, positions, self.kind),
+        };
         let (plan, mut target) = self.plan_attention(attention, &x, t);
         // Each block's last residual add waits for the next block's first norm (or the caller's
         // final norm), so the two run as one kernel where they can (add_rms_norm).
@@ -619,6 +622,11 @@ impl Decoder {
     fn decode_attention_kernel_fits(&self) -> bool {
         let c = &self.config;
         kernels::decode_attention_supports(self.kind, c.head_dim, c.num_heads / c.num_kv_heads)
+    }
+
+    /// The rotary tables of positions `0..len` ([`Attention::PagedDecode`]'s `rope`).
+    pub fn rope_tables(&self, len: i64) -> rope::RopeTables {
+        rope::RopeTables::new(&self.inv_freq, len, self.kind)
     }
 
     /// Whether one-token decode steps run ooze's decode attention kernel: its cost follows each

@@ -26,5 +26,6 @@ pub use chat_template::{AssistantSpan, ChatTemplate, RenderOptions};
 pub use config::{Family, ModelConfig};
 pub use decoder::{enable_deterministic, Attention, Decoder, KvCache, PagedKv};
 pub use error::{ModelError, Result};
+pub use rope::RopeTables;
 pub use scoring::{score_sequences, Layout, ScoreOptions, SequenceScores};
 pub use tokenizer::Tokenizer;

@@ -55,6 +55,31 @@ pub fn cos_sin(inv_freq: &Tensor, positions: &Tensor, kind: Kind) -> (Tensor, Te
     (emb.cos().to_kind(kind), signed_sin.to_kind(kind))
 }
 
+/// The rotary tables of positions `0..len`, `[len, head_dim]` each: what [`cos_sin`] gives every
+/// one of them. A decode step gathers its rows' (one kernel each) instead of computing them (about
+/// ten); the bits are the same, as every operation of [`cos_sin`] is elementwise.
+pub struct RopeTables {
+    cos: Tensor,
+    signed_sin: Tensor,
+}
+
+impl RopeTables {
+    pub fn new(inv_freq: &Tensor, len: i64, kind: Kind) -> RopeTables {
+        let positions = Tensor::arange(len.max(1), (Kind::Int64, inv_freq.device()));
+        let (cos, signed_sin) = cos_sin(inv_freq, &positions, kind);
+        RopeTables { cos, signed_sin }
+    }
+
+    /// [`cos_sin`] of `positions [B, 1]` (each below the tables' length), `[B, 1, head_dim]`.
+    pub fn rows(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let at = positions.view([-1]);
+        (
+            self.cos.index_select(0, &at).unsqueeze(1),
+            self.signed_sin.index_select(0, &at).unsqueeze(1),
+        )
+    }
+}
+
 /// Applies the rotation to `x` of shape `[B, heads, T, head_dim]`; `cos` and the signed sine from
 /// [`cos_sin`] are `[B, T, head_dim]`. Four kernels: roll, two products, a sum — and q and k can go
 /// through together as one `[B, heads_q + heads_kv, T, head_dim]` tensor.

@@ -91,16 +91,20 @@ impl Decoder {
                 tables,
                 past,
                 read_len,
+                write_cells,
+                ..
             } => {
-                let mask = paged_mask(past, 1, read_len);
-                let target = KvTarget::paged(
+                // ooze's decode kernels read each row's own keys: no mask to build.
+                let fused = self.decode_attention_fused() && kernels_apply(x);
+                let mask = (!fused).then(|| paged_mask(past, 1, read_len));
+                let target = KvTarget::Paged {
                     cache,
-                    tables.shallow_clone(),
-                    past.shallow_clone(),
-                    1,
+                    write_cells: write_cells.view([-1, 1]),
+                    tables: tables.shallow_clone(),
+                    past: past.shallow_clone(),
                     read_len,
-                );
-                (Some(mask), target, false)
+                };
+                (mask, target, false)
             }
             Attention::Paged {
                 cache,
