@@ -32,6 +32,10 @@ __global__ void __launch_bounds__(THREADS)
                         const int64_t* __restrict__ first_chunk, int n,
                         const float* __restrict__ divisor, float lr, float beta1, float beta2,
                         float eps) {
+  const float scale = *divisor;
+  // A non-finite gradient norm makes the divisor non-finite: the step is skipped, nothing written
+  // (the caller reads the norm afterwards and reports it), so it needs no wait before the launch.
+  if (!isfinite(scale)) return;
   const int64_t chunk = blockIdx.x;
   int lo = 0, hi = n - 1;  // the last tensor whose first chunk is ≤ this one
   while (lo < hi) {
@@ -45,7 +49,7 @@ __global__ void __launch_bounds__(THREADS)
   const OozeAdamWTensor t = tensors[lo];
   const int64_t begin = (chunk - first_chunk[lo]) * CHUNK;
   const int64_t end = begin + CHUNK < t.numel ? begin + CHUNK : t.numel;
-  const float step = *t.step, scale = *divisor;
+  const float step = *t.step;
   const float bias_correction1 = 1.f - powf(beta1, step);
   const float bias_correction2_sqrt = sqrtf(1.f - powf(beta2, step));
   const float step_size = lr / bias_correction1;

@@ -16,7 +16,8 @@ using namespace ooze_ops;
 // One AdamW step for n parameters, in place: grads and models bf16, masters, exp_avgs and
 // exp_avg_sqs fp32 of the same sizes, steps fp32 scalars (incremented here, then read for the bias
 // corrections), weight_decays[i] for parameter i, divisor a fp32 scalar every gradient is divided
-// by (clipping), all on one GPU. Returns 0, or 1 with the error recorded.
+// by (clipping), all on one GPU. A non-finite divisor skips the step on the device: nothing is
+// updated and the step counters stay. Returns 0, or 1 with the error recorded.
 int ooze_master_adamw(at::Tensor** grads, at::Tensor** masters, at::Tensor** exp_avgs,
                       at::Tensor** exp_avg_sqs, at::Tensor** models, at::Tensor** steps,
                       const double* weight_decays, int64_t n, double lr, double beta1,
@@ -68,7 +69,8 @@ int ooze_master_adamw(at::Tensor** grads, at::Tensor** masters, at::Tensor** exp
     std::memcpy(static_cast<char*>(host.data_ptr()) + table_bytes, first_chunk.data(),
                 (n + 1) * sizeof(int64_t));
     const at::Tensor table = host.to(device, /*non_blocking=*/true);
-    at::_foreach_add_(step_list, at::Scalar(1.0));
+    // +1 where the divisor is finite, +0 where the kernel will skip the step.
+    at::_foreach_add_(step_list, divisor->isfinite().to(at::kFloat));
     const auto* base = static_cast<const char*>(table.data_ptr());
     check_launch(ooze_launch_master_adamw(
         reinterpret_cast<const OozeAdamWTensor*>(base),

@@ -224,7 +224,9 @@ mod master_ffi {
 /// weights, in one pass over each parameter on a GPU (ooze's kernel; the arithmetic of
 /// [`fused_adamw`]): no fp32 copy of the gradients and no separate copy of the masters down to
 /// the model. Increments the step counters first. `divisor` (an fp32 scalar on the GPU) divides
-/// every gradient (clipping). `hyper.weight_decay` is unused: each slot has its own.
+/// every gradient (clipping); where it is not finite (a non-finite gradient norm), the step is
+/// skipped on the device: nothing changes, the step counters included, and nothing waits for the
+/// norm before the launch. `hyper.weight_decay` is unused: each slot has its own.
 #[allow(unused_variables)]
 pub fn master_adamw(
     slots: &[MasterSlot<'_>],

@@ -176,7 +176,9 @@ impl Optimizer {
         }
         let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
         let total = norms.square().sum(Kind::Float).sqrt();
-        let (divisor, norm) = self.clip_divisor(&total)?;
+        // The kernel skips the step when the divisor is not finite, so the norm is read (and a
+        // non-finite one reported) after the step is queued: no wait in between.
+        let divisor = self.divisor_of(&total);
         let slots: Vec<MasterSlot<'_>> = self
             .slots
             .iter()
@@ -205,26 +207,25 @@ impl Optimizer {
             eps: self.config.eps,
         };
         master_adamw(&slots, hyper, &divisor).map_err(|e| TrainError::Optimizer(e.to_string()))?;
-        Ok(Some(norm))
+        finite_norm(&total).map(Some)
     }
 
     /// The divisor that clips the gradients by their global norm `total` (an fp32 scalar on their
-    /// device: max(norm / clip, 1), or 1 without clipping) and the norm itself; an error, and no
-    /// step, when the norm is not finite.
-    fn clip_divisor(&self, total: &Tensor) -> Result<(Tensor, f64), TrainError> {
+    /// device): max(norm / clip, 1), or 1 without clipping; not finite where the norm is not.
+    fn divisor_of(&self, total: &Tensor) -> Tensor {
         let clip = self.config.clip_grad;
-        let divisor = if clip > 0.0 {
+        if clip > 0.0 {
             (total / clip).clamp_min(1.0)
         } else {
-            total.ones_like()
-        };
-        let norm = total.double_value(&[]);
-        if !norm.is_finite() {
-            return Err(TrainError::NonFinite(format!(
-                "gradient norm is {norm}; the step was skipped"
-            )));
+            total * 0.0 + 1.0
         }
-        Ok((divisor, norm))
+    }
+
+    /// [`Optimizer::divisor_of`] and the norm itself; an error, and no step, when the norm is not
+    /// finite.
+    fn clip_divisor(&self, total: &Tensor) -> Result<(Tensor, f64), TrainError> {
+        let norm = finite_norm(total)?;
+        Ok((self.divisor_of(total), norm))
     }
 
     /// The slots' gradients in fp32 (`None` where a tensor has none). Gradients of a lower
@@ -463,4 +464,16 @@ fn adamw_unfused(
         let denom = (&*v / (1.0 - h.beta2.powi(t))).sqrt() + h.eps;
         let _ = p.g_sub_(&(&*m / denom * step_size));
     }
+}
+
+/// The gradient norm `total` (an fp32 scalar) read back; an error when it is not finite (the step
+/// was, or will be, skipped).
+fn finite_norm(total: &Tensor) -> Result<f64, TrainError> {
+    let norm = total.double_value(&[]);
+    if !norm.is_finite() {
+        return Err(TrainError::NonFinite(format!(
+            "gradient norm is {norm}; the step was skipped"
+        )));
+    }
+    Ok(norm)
 }

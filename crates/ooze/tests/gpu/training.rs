@@ -657,4 +657,46 @@ fn gpu_master_adamw_matches_fused_adamw() {
             "parameter {i}: the model weight is not its master in bf16"
         );
     }
+    // A non-finite divisor (a non-finite gradient norm) skips the step on the device: masters,
+    // moments, step counters and model weights stay as they were, bit for bit.
+    for bad in [f32::NAN, f32::INFINITY] {
+        let before: Vec<Vec<Tensor>> = (0..sizes.len())
+            .map(|i| {
+                let (p, (m, v, s)) = &mine[i];
+                vec![p.copy(), m.copy(), v.copy(), s.copy(), models[i].copy()]
+            })
+            .collect();
+        let grads: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| Tensor::randn([n], (Kind::BFloat16, dev)))
+            .collect();
+        let slots: Vec<MasterSlot<'_>> = (0..sizes.len())
+            .map(|i| MasterSlot {
+                grad: &grads[i],
+                model: &models[i],
+                master: &mine[i].0,
+                exp_avg: &mine[i].1 .0,
+                exp_avg_sq: &mine[i].1 .1,
+                step: &mine[i].1 .2,
+                weight_decay: decays[i],
+            })
+            .collect();
+        let divisor = Tensor::from_slice(&[bad]).to_device(dev).view([]);
+        master_adamw(&slots, hyper, &divisor).unwrap();
+        for (i, was) in before.iter().enumerate() {
+            let (p, (m, v, s)) = &mine[i];
+            for (what, now, then) in [
+                ("master", p, &was[0]),
+                ("exp_avg", m, &was[1]),
+                ("exp_avg_sq", v, &was[2]),
+                ("step", s, &was[3]),
+                ("model", &models[i], &was[4]),
+            ] {
+                assert!(
+                    now.equal(then),
+                    "divisor {bad}, parameter {i}: {what} changed"
+                );
+            }
+        }
+    }
 }
