@@ -3,10 +3,12 @@
 //! length bucket), a step is one launch.
 //!
 //! Inputs live in one static tensor refilled before each replay: token, position and the cell its
-//! key and value go to per row, and each row's block table. Batches are padded up to the bucket size with rows whose tables name
-//! only the scratch block; key lengths are rounded up to a multiple of 256 (at most the context
-//! length), tables to the blocks that many keys take, and the mask hides the padding. All graphs
-//! share one memory pool (they never run concurrently).
+//! key and value go to per row, and each row's block table. Batches are padded up to the bucket
+//! size with rows whose tables name only the scratch block; key lengths are rounded up to a
+//! multiple of 256 (at most the context length), tables to the blocks that many keys take; ooze's
+//! decode kernels read each row's own keys, and otherwise a mask hides the padding. A step's
+//! rotary rows are gathered from tables of every position, made once. All graphs share one
+//! memory pool (they never run concurrently).
 
 use crate::decode_step::Feed;
 use ooze_model::{Attention, Decoder, PagedKv, RopeTables};

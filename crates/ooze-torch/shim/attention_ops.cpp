@@ -79,6 +79,25 @@ std::pair<at::Tensor, at::Tensor> split_attention(const at::Tensor& q, const at:
   return {out, lse};
 }
 
+// The output [tokens, heads, dim] of an attention kernel in FlashAttention-2's order and, for rows
+// split into more than one chunk of keys, the chunks' partials (undefined otherwise).
+struct FaoBuffers {
+  int chunks;
+  at::Tensor part_o, part_ml, out;
+  FaoBuffers(const at::TensorOptions& options, int64_t tokens, int64_t n_tiles, int64_t heads,
+             int64_t kv_heads, int64_t dim, int64_t max_keys)
+      : chunks(ooze_fa_order_chunks(static_cast<int>(std::max<int64_t>(max_keys, 1)))) {
+    if (chunks > 1) {
+      auto f32 = options.dtype(at::kFloat);
+      part_o = at::empty({n_tiles, kv_heads, chunks, 16, dim}, f32);
+      part_ml = at::empty({n_tiles, kv_heads, chunks, 16, 2}, f32);
+    }
+    out = at::empty({tokens, heads, dim}, options);
+  }
+  float* o() { return chunks > 1 ? part_o.data_ptr<float>() : nullptr; }
+  float* ml() { return chunks > 1 ? part_ml.data_ptr<float>() : nullptr; }
+};
+
 // Runs attention in FlashAttention-2's order over rows that see at most max_keys keys; tiles as
 // split_attention's, or undefined for decode (one token per row). Returns out [tokens, heads, dim].
 at::Tensor fa_order_attention(const at::Tensor& q, const at::Tensor& k, int64_t k_stride,
@@ -88,25 +107,32 @@ at::Tensor fa_order_attention(const at::Tensor& q, const at::Tensor& k, int64_t 
                               double scale) {
   const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t n_tiles = tiles.defined() ? tiles.size(0) : tokens;
-  const int chunks = ooze_fa_order_chunks(static_cast<int>(std::max<int64_t>(max_keys, 1)));
-  auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor part_o, part_ml;
-  if (chunks > 1) {
-    part_o = at::empty({n_tiles, kv_heads, chunks, 16, dim}, f32);
-    part_ml = at::empty({n_tiles, kv_heads, chunks, 16, 2}, f32);
-  }
-  at::Tensor out = at::empty({tokens, heads, dim}, q.options());
+  FaoBuffers b(q.options(), tokens, n_tiles, heads, kv_heads, dim, max_keys);
   if (tokens > 0) {
     check_launch(ooze_launch_fa_order_attention(
         q.data_ptr(), q.stride(0), k.data_ptr(), k_stride, v.data_ptr(), v_stride,
         table.data_ptr<int64_t>(), static_cast<int>(width), block_size,
         tiles.defined() ? tiles.data_ptr<int>() : nullptr, static_cast<int>(n_tiles),
         positions.data_ptr<int64_t>(), static_cast<int>(heads), static_cast<int>(kv_heads),
-        static_cast<int>(dim), static_cast<float>(scale), chunks,
-        chunks > 1 ? part_o.data_ptr<float>() : nullptr,
-        chunks > 1 ? part_ml.data_ptr<float>() : nullptr, out.data_ptr(), heads * dim, stream()));
+        static_cast<int>(dim), static_cast<float>(scale), b.chunks, b.o(), b.ml(),
+        b.out.data_ptr(), heads * dim, stream()));
   }
-  return out;
+  return b.out;
+}
+
+// Checks a decode launch's block tables [rows, width] (int64) against its read_len and block
+// size; returns the width.
+int64_t checked_table_width(const at::Tensor& tables, int64_t rows, int64_t block_size,
+                            int64_t read_len) {
+  TORCH_CHECK(block_size % 16 == 0,
+              "decode attention takes block sizes that are multiples of 16, got ", block_size);
+  TORCH_CHECK(tables.scalar_type() == at::kLong && tables.is_contiguous() && tables.dim() == 2 &&
+                  tables.size(0) == rows,
+              "block tables must be contiguous int64 [rows, width]");
+  const int64_t width = tables.size(1);
+  TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
+              "read_len must be in 1..=table width × block size");
+  return width;
 }
 
 // Causal attention over packed sequences with split attention's arithmetic (the engine's, so a
@@ -315,14 +341,7 @@ at::Tensor* ooze_decode_attention(const at::Tensor* q, const at::Tensor* k_cache
     TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
     TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
                 "decode attention takes at most 16 query heads per key head");
-    TORCH_CHECK(block_size % 16 == 0, "decode attention takes block sizes that are multiples of 16, got ",
-                block_size);
-    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() && tables->dim() == 2 &&
-                    tables->size(0) == rows,
-                "block tables must be contiguous int64 [rows, width]");
-    const int64_t width = tables->size(1);
-    TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
-                "read_len must be in 1..=table width × block size");
+    const int64_t width = checked_table_width(*tables, rows, block_size, read_len);
     TORCH_CHECK(positions->scalar_type() == at::kLong && positions->is_contiguous() &&
                     positions->numel() == rows,
                 "positions must be contiguous int64 [rows]");
@@ -363,6 +382,11 @@ at::Tensor* ooze_decode_attention_rope(const at::Tensor* qkv, const at::Tensor* 
   return guarded([&] {
     check_cuda(*qkv, "qkv");
     c10::cuda::CUDAGuard guard(qkv->device());
+    for (const at::Tensor* t : {cells, cos, sin, static_cast<const at::Tensor*>(k_cache),
+                                static_cast<const at::Tensor*>(v_cache), tables, positions}) {
+      TORCH_CHECK(t->device() == qkv->device(),
+                  "every argument of decode attention must be on qkv's device, ", qkv->device());
+    }
     for (const at::Tensor* t : {k_cache, v_cache}) {
       TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 4 &&
                       t->sizes() == k_cache->sizes(),
@@ -378,8 +402,6 @@ at::Tensor* ooze_decode_attention_rope(const at::Tensor* qkv, const at::Tensor* 
     TORCH_CHECK(dim == 64 || dim == 128, "decode attention takes head_dim 64 or 128, got ", dim);
     TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= 16,
                 "decode attention takes at most 16 query heads per key head");
-    TORCH_CHECK(block_size % 16 == 0,
-                "decode attention takes block sizes that are multiples of 16, got ", block_size);
     for (const at::Tensor* t : {cos, sin}) {
       TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
                       t->numel() == rows * dim && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
@@ -389,32 +411,18 @@ at::Tensor* ooze_decode_attention_rope(const at::Tensor* qkv, const at::Tensor* 
       TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == rows,
                   "cells and positions must be contiguous int64 [rows]");
     }
-    TORCH_CHECK(tables->scalar_type() == at::kLong && tables->is_contiguous() && tables->dim() == 2 &&
-                    tables->size(0) == rows,
-                "block tables must be contiguous int64 [rows, width]");
-    const int64_t width = tables->size(1);
-    TORCH_CHECK(read_len > 0 && read_len <= width * block_size,
-                "read_len must be in 1..=table width × block size");
-    const int chunks = ooze_fa_order_chunks(static_cast<int>(read_len));
-    auto f32 = qkv->options().dtype(at::kFloat);
-    at::Tensor part_o, part_ml;
-    if (chunks > 1) {
-      part_o = at::empty({rows, kv_heads, chunks, 16, dim}, f32);
-      part_ml = at::empty({rows, kv_heads, chunks, 16, 2}, f32);
-    }
-    at::Tensor out = at::empty({rows, heads, dim}, qkv->options());
+    const int64_t width = checked_table_width(*tables, rows, block_size, read_len);
+    FaoBuffers b(qkv->options(), rows, rows, heads, kv_heads, dim, read_len);
     if (rows > 0) {
       check_launch(ooze_launch_fa_order_decode_rope(
           qkv->data_ptr(), qkv->stride(0), cos->data_ptr(), sin->data_ptr(),
           cells->data_ptr<int64_t>(), k_cache->data_ptr(), kv_heads * dim, v_cache->data_ptr(),
           kv_heads * dim, tables->data_ptr<int64_t>(), static_cast<int>(width), block_size,
           static_cast<int>(rows), positions->data_ptr<int64_t>(), static_cast<int>(heads),
-          static_cast<int>(kv_heads), static_cast<int>(dim), static_cast<float>(scale), chunks,
-          chunks > 1 ? part_o.data_ptr<float>() : nullptr,
-          chunks > 1 ? part_ml.data_ptr<float>() : nullptr, out.data_ptr(), heads * dim,
-          stream()));
+          static_cast<int>(kv_heads), static_cast<int>(dim), static_cast<float>(scale), b.chunks,
+          b.o(), b.ml(), b.out.data_ptr(), heads * dim, stream()));
     }
-    return out;
+    return b.out;
   });
 }
 

@@ -324,9 +324,9 @@ __global__ void __launch_bounds__(FAO_WARPS * 32, fao_blocks_per_sm<D, SLOTS>())
       *reinterpret_cast<uint4*>(a.rope.k_cache + cell * a.k_stride + at) =
           fao_rotated<D>(a.rope, tile.first, a.heads + kv, d);
     } else {
-      *reinterpret_cast<uint4*>(a.rope.v_cache + cell * a.v_stride + at) = *reinterpret_cast<const uint4*>(
-          a.rope.qkv + tile.first * a.rope.qkv_stride +
-          static_cast<int64_t>(a.heads + a.kv_heads + kv) * D + d);
+      *reinterpret_cast<uint4*>(a.rope.v_cache + cell * a.v_stride + at) =
+          *reinterpret_cast<const uint4*>(a.rope.qkv + tile.first * a.rope.qkv_stride +
+                                          static_cast<int64_t>(a.heads + a.kv_heads + kv) * D + d);
     }
   }
 #pragma unroll
@@ -670,10 +670,10 @@ int ooze_launch_fa_order_attention(const void* q, int64_t q_stride, const void* 
   if (reinterpret_cast<uintptr_t>(q) % 16 != 0 || q_stride % 8 != 0) {
     return static_cast<int>(cudaErrorMisalignedAddress);
   }
-  return fao_launch(fao_args(q, q_stride, k, k_stride, v, v_stride, table, width, block_size, tiles,
-                             positions, heads, kv_heads, scale, chunks, part_o, part_ml, out,
-                             out_stride, FaoRope{}),
-                    n_tiles, dim, stream);
+  return fao_launch(
+      fao_args(q, q_stride, k, k_stride, v, v_stride, table, width, block_size, tiles, positions,
+               heads, kv_heads, scale, chunks, part_o, part_ml, out, out_stride, FaoRope{}),
+      n_tiles, dim, stream);
 }
 
 // Decode (row r: one new token at positions[r], keys through table row r) with rope_store folded
@@ -694,8 +694,12 @@ int ooze_launch_fa_order_decode_rope(const void* qkv, int64_t qkv_stride, const 
     return static_cast<int>(cudaErrorMisalignedAddress);
   }
   using B = __nv_bfloat16;
-  const FaoRope rope{static_cast<const B*>(qkv), qkv_stride,  static_cast<const B*>(cos),
-                     static_cast<const B*>(signed_sin), cells, static_cast<B*>(k),
+  const FaoRope rope{static_cast<const B*>(qkv),
+                     qkv_stride,
+                     static_cast<const B*>(cos),
+                     static_cast<const B*>(signed_sin),
+                     cells,
+                     static_cast<B*>(k),
                      static_cast<B*>(v)};
   return fao_launch(fao_args(nullptr, 0, k, k_stride, v, v_stride, table, width, block_size,
                              /*tiles=*/nullptr, positions, heads, kv_heads, scale, chunks, part_o,

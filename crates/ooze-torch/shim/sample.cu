@@ -29,7 +29,8 @@ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
           __fmaf_rn(a.weighted, ea, __fmul_rn(b.weighted, eb))};
 }
 
-// Four scaled logits added to a thread's running moments. The running max moves only when a
+// Four scaled logits (scaled with __fmul_rn, so that no caller's compilation fuses the scaling into
+// what follows) added to a thread's running moments. The running max moves only when a
 // group exceeds it (the sums are rescaled then, rarely after the first groups); otherwise the four
 // exponentials are taken against it as it stands. Returns the group's Σ e^{x−m} against the
 // running max after the group (the sampler's chunk masses). Every kernel that needs a row's
@@ -40,14 +41,14 @@ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
 __device__ __forceinline__ float add_group(Moments& acc, float a, float b, float c, float d) {
   const float m = fmaxf(fmaxf(a, b), fmaxf(c, d));
   if (m > acc.max) {
-    const float r = __expf(acc.max - m);
+    const float r = __expf(__fsub_rn(acc.max, m));
     acc.sum = __fmul_rn(acc.sum, r);
     acc.weighted = __fmul_rn(acc.weighted, r);
     acc.max = m;
   }
   if (acc.max == -INFINITY) return 0.f;
-  const float ea = __expf(a - acc.max), eb = __expf(b - acc.max), ec = __expf(c - acc.max),
-              ed = __expf(d - acc.max);
+  const float ea = __expf(__fsub_rn(a, acc.max)), eb = __expf(__fsub_rn(b, acc.max)),
+              ec = __expf(__fsub_rn(c, acc.max)), ed = __expf(__fsub_rn(d, acc.max));
   const float group = __fadd_rn(__fadd_rn(ea, eb), __fadd_rn(ec, ed));
   acc.sum = __fadd_rn(acc.sum, group);
   acc.weighted =
@@ -125,12 +126,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         Pair<__nv_bfloat16>::store(keep + 4 * i, make_float2(q.x, q.y));
         Pair<__nv_bfloat16>::store(keep + 4 * i + 2, make_float2(q.z, q.w));
       }
-      add_group(acc, q.x * inv_temp, q.y * inv_temp, q.z * inv_temp, q.w * inv_temp);
+      add_group(acc, __fmul_rn(q.x, inv_temp), __fmul_rn(q.y, inv_temp), __fmul_rn(q.z, inv_temp),
+                __fmul_rn(q.w, inv_temp));
     });
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
       if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(x[i]);
-      const float v = x[i] * inv_temp;
+      const float v = __fmul_rn(x[i], inv_temp);
       acc = merge_moments(acc, Moments{v, 1.f, v});
     }
   }
@@ -314,9 +316,10 @@ __device__ int sample_in_one_pass(const float* x, int vocab, bool aligned, float
     for (int k = 0; k < 4; ++k) {
       if (r0 + k >= rounds) break;
       const int i = tid + (r0 + k) * SAMPLE_THREADS;
-      const float group = i < groups ? add_group(acc, q[k].x * inv_temp, q[k].y * inv_temp,
-                                                 q[k].z * inv_temp, q[k].w * inv_temp)
-                                     : 0.f;
+      const float group =
+          i < groups ? add_group(acc, __fmul_rn(q[k].x, inv_temp), __fmul_rn(q[k].y, inv_temp),
+                                 __fmul_rn(q[k].z, inv_temp), __fmul_rn(q[k].w, inv_temp))
+                     : 0.f;
       if (__any_sync(0xffffffffu, acc.max != factor_of)) {
         reference = acc.max;
         for (int offset = 16; offset > 0; offset >>= 1)
@@ -451,8 +454,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     // The log-sum-exp as the trainer's kernel computes it, and the first maximum.
     if (vocab % 4 == 0) {
       for_each_group(x, vocab / 4, aligned, [&](float4 q, int i) {
-        const float a = q.x * inv_temp, b = q.y * inv_temp, c = q.z * inv_temp,
-                    d = q.w * inv_temp;
+        const float a = __fmul_rn(q.x, inv_temp), b = __fmul_rn(q.y, inv_temp),
+                    c = __fmul_rn(q.z, inv_temp), d = __fmul_rn(q.w, inv_temp);
         add_group(acc, a, b, c, d);
         am = better(am, ArgMax{a, 4 * i});
         am = better(am, ArgMax{b, 4 * i + 1});
@@ -461,7 +464,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
       });
     } else {
       for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
-        const float v = x[i] * inv_temp;
+        const float v = __fmul_rn(x[i], inv_temp);
         acc = merge_moments(acc, Moments{v, 1.f, v});
         am = better(am, ArgMax{v, i});
       }
@@ -474,8 +477,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   if (token < 0 && tid == 0) {
     // Rounding left nothing holding the target (u·total at the very end): the last token with
     // any mass, as PyTorch's clamped searchsorted would give (a row with none at all, only
-    // -inf or NaN logits: its first maximum where it was taken, else the last token).
-    token = min(am.index, vocab - 1);
+    // -inf or NaN logits: the last token, whichever path sampled it).
+    token = vocab - 1;
     for (int i = vocab - 1; i >= 0; --i) {
       if (weight_of(x[i], inv_temp, acc.max) > 0.f) {
         token = i;

@@ -120,6 +120,8 @@ impl Decoder {
                     && arithmetic == kernels::PagedArithmetic::FlashOrder
                     && args.qk_norm.is_none()
                     && [&rows, &cos, &sin].iter().all(|x| rows_aligned_16(x))
+                    && cos.is_contiguous()
+                    && sin.is_contiguous()
                 {
                     // The rotation and the KV write inside the attention kernel: one launch fewer.
                     return kernels::decode_attention_rope(

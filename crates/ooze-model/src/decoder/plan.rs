@@ -20,6 +20,15 @@ impl Decoder {
         t: i64,
     ) -> (AttentionPlan, KvTarget<'a>) {
         let c = &self.config;
+        // One new token per row into paged memory, on a GPU: rotary embedding and the KV write in
+        // one kernel, and (bf16) ooze's decode attention kernel.
+        let paged_one_token = matches!(
+            attention,
+            Attention::Paged { .. } | Attention::PagedDecode { .. }
+        ) && t == 1
+            && self.device.is_cuda();
+        let fused_rope = paged_one_token && kernels_apply(x) && self.rope_kernel_fits();
+        let fused_attention = fused_rope && self.decode_attention_kernel_fits();
         // Packed sequences on a GPU in 16 bits: FlashAttention over variable lengths instead of a
         // dense [N, N] block-diagonal mask (no work across sequence boundaries).
         let varlen = match &attention {
@@ -95,8 +104,7 @@ impl Decoder {
                 ..
             } => {
                 // ooze's decode kernels read each row's own keys: no mask to build.
-                let fused = self.decode_attention_fused() && kernels_apply(x);
-                let mask = (!fused).then(|| paged_mask(past, 1, read_len));
+                let mask = (!fused_attention).then(|| paged_mask(past, 1, read_len));
                 let target = KvTarget::Paged {
                     cache,
                     write_cells: write_cells.view([-1, 1]),
@@ -117,16 +125,10 @@ impl Decoder {
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let group = c.num_heads / c.num_kv_heads;
-        let one_token_paged =
-            matches!(target, KvTarget::Paged { .. }) && t == 1 && self.device.is_cuda();
-        // One new token per row on a GPU: rotary embedding and the KV write in one kernel, and
-        // (bf16) ooze's decode attention kernel.
-        let fused_rope = one_token_paged && kernels_apply(x) && self.rope_kernel_fits();
-        let fused_attention = fused_rope && self.decode_attention_kernel_fits();
         // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
         // additive bias, built once for all layers.
         let decode_bias = match &mask {
-            Some(mask) if one_token_paged && !fused_attention => {
+            Some(mask) if paged_one_token && !fused_attention => {
                 Some(decode_bias(mask, c.num_kv_heads, group, self.kind))
             }
             _ => None,

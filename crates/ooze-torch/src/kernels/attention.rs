@@ -87,10 +87,12 @@ pub fn decode_attention_rope(
     read_len: i64,
     scale: f64,
 ) -> Result<Tensor, KernelError> {
-    assert!(
-        args.qk_norm.is_none(),
-        "decode_attention_rope takes no q/k norms"
-    );
+    if args.qk_norm.is_some() {
+        return Err(KernelError::Failed {
+            kernel: "decode_attention_rope",
+            message: "takes no q/k norms (rope_store then decode_attention does)".into(),
+        });
+    }
     #[cfg(ooze_cuda_kernels)]
     {
         // SAFETY: live tensors for the duration of the call; the shim checks them.

@@ -607,13 +607,21 @@ fn gpu_master_adamw_matches_fused_adamw() {
         .map(|m| (m.copy(), state(m.numel() as i64)))
         .collect();
     let models: Vec<Tensor> = masters.iter().map(|m| m.to_kind(Kind::BFloat16)).collect();
-    let divisor = Tensor::from_slice(&[1.7f32]).to_device(dev).view([]);
-    for _ in 0..3 {
-        let grads: Vec<Tensor> = sizes
+    let random_grads = || -> Vec<Tensor> {
+        sizes
             .iter()
             .map(|&n| Tensor::randn([n], (Kind::BFloat16, dev)))
-            .collect();
-        let slots: Vec<MasterSlot<'_>> = (0..sizes.len())
+            .collect()
+    };
+    // Each parameter's slot for the kernel, over its state in `mine`.
+    type State = (Tensor, (Tensor, Tensor, Tensor));
+    fn slots_over<'a>(
+        grads: &'a [Tensor],
+        models: &'a [Tensor],
+        mine: &'a [State],
+        decays: &[f64],
+    ) -> Vec<MasterSlot<'a>> {
+        (0..grads.len())
             .map(|i| MasterSlot {
                 grad: &grads[i],
                 model: &models[i],
@@ -623,7 +631,12 @@ fn gpu_master_adamw_matches_fused_adamw() {
                 step: &mine[i].1 .2,
                 weight_decay: decays[i],
             })
-            .collect();
+            .collect()
+    }
+    let divisor = Tensor::from_slice(&[1.7f32]).to_device(dev).view([]);
+    for _ in 0..3 {
+        let grads = random_grads();
+        let slots = slots_over(&grads, &models, &mine, &decays);
         master_adamw(&slots, hyper, &divisor).unwrap();
         for (i, (p, (m, v, s))) in theirs.iter().enumerate() {
             fused_adamw(
@@ -666,21 +679,8 @@ fn gpu_master_adamw_matches_fused_adamw() {
                 vec![p.copy(), m.copy(), v.copy(), s.copy(), models[i].copy()]
             })
             .collect();
-        let grads: Vec<Tensor> = sizes
-            .iter()
-            .map(|&n| Tensor::randn([n], (Kind::BFloat16, dev)))
-            .collect();
-        let slots: Vec<MasterSlot<'_>> = (0..sizes.len())
-            .map(|i| MasterSlot {
-                grad: &grads[i],
-                model: &models[i],
-                master: &mine[i].0,
-                exp_avg: &mine[i].1 .0,
-                exp_avg_sq: &mine[i].1 .1,
-                step: &mine[i].1 .2,
-                weight_decay: decays[i],
-            })
-            .collect();
+        let grads = random_grads();
+        let slots = slots_over(&grads, &models, &mine, &decays);
         let divisor = Tensor::from_slice(&[bad]).to_device(dev).view([]);
         master_adamw(&slots, hyper, &divisor).unwrap();
         for (i, was) in before.iter().enumerate() {
@@ -697,6 +697,81 @@ fn gpu_master_adamw_matches_fused_adamw() {
                     "divisor {bad}, parameter {i}: {what} changed"
                 );
             }
+        }
+    }
+}
+
+/// The optimizer's GPU step (bf16 weights with fp32 masters: ooze's AdamW kernel) on a non-finite
+/// gradient, with and without clipping: an error naming the norm, and nothing moves — the weights
+/// stay, and the next finite step gives, bitwise, a fresh optimizer's first step (no moment and no
+/// step counter advanced).
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_optimizer_skips_a_non_finite_step() {
+    require_gpu();
+    use ooze_torch::tch::Tensor;
+    use ooze_train::optimizer::Optimizer;
+    use ooze_train::{OptimizerConfig, TrainError};
+    let dev = Device::Cuda(0);
+    ooze_torch::tch::manual_seed(5);
+    let init = [
+        Tensor::randn([64, 32], (Kind::Float, dev)).to_kind(Kind::BFloat16),
+        Tensor::randn([4099], (Kind::Float, dev)).to_kind(Kind::BFloat16),
+    ];
+    // The gradient of Σ w·c is c: (i + 0.5) everywhere, one NaN in the second tensor if poisoned.
+    let backward = |params: &[Tensor], poisoned: bool| {
+        let mut terms = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            let c = Tensor::ones(p.size(), (Kind::Float, dev)) * (i as f64 + 0.5);
+            if poisoned && i == 1 {
+                let _ = c.get(7).fill_(f64::NAN);
+            }
+            terms.push((p.to_kind(Kind::Float) * c).sum(Kind::Float));
+        }
+        Tensor::stack(&terms, 0).sum(Kind::Float).backward();
+    };
+    for clip_grad in [1.0, 0.0] {
+        let config = OptimizerConfig {
+            clip_grad,
+            weight_decay: 0.1,
+            ..Default::default()
+        };
+        let fresh = || {
+            let params: Vec<Tensor> = init.iter().map(|t| t.copy()).collect();
+            let named = (params.iter().enumerate())
+                .map(|(i, p)| (format!("p{i}"), p.shallow_clone()))
+                .collect();
+            (params, Optimizer::new(named, config.clone()))
+        };
+        let (params, mut skipped) = fresh();
+        backward(&params, true);
+        match skipped.step(1e-2, None) {
+            Err(TrainError::NonFinite(message)) => {
+                assert!(message.contains("gradient norm"), "{message}")
+            }
+            other => panic!("clip {clip_grad}: a NaN gradient gave {other:?}"),
+        }
+        for (p, was) in params.iter().zip(&init) {
+            assert!(
+                p.equal(was),
+                "clip {clip_grad}: a skipped step moved a weight"
+            );
+        }
+        skipped.zero_grad();
+        backward(&params, false);
+        skipped.step(1e-2, None).unwrap();
+        let (first, mut clean) = fresh();
+        backward(&first, false);
+        clean.step(1e-2, None).unwrap();
+        for ((a, b), was) in params.iter().zip(&first).zip(&init) {
+            assert!(
+                !a.equal(was),
+                "clip {clip_grad}: the finite step moved nothing"
+            );
+            assert!(
+                a.equal(b),
+                "clip {clip_grad}: the step after a skipped one differs from a first step"
+            );
         }
     }
 }
