@@ -120,7 +120,8 @@ impl DecodeGraphs {
             host.extend_from_slice(values);
             host.resize(host.len() + rows - values.len(), 0);
         }
-        // Where each row's new key and value go (padding rows: the scratch block).
+        // Where each row's new key and value go, as `ooze_model::attention`'s `cells` computes
+        // them on the device for eager steps (padding rows: the scratch block).
         let bs = cache.block_size();
         for r in 0..rows {
             let (table, p) = (

@@ -81,48 +81,9 @@ impl Decoder {
                 && matches!(self.kind, Kind::BFloat16 | Kind::Half)
                 && kernels::available()
                 && self.flash_attention_fits());
-        let (mask, target, causal) = match attention {
-            Attention::Causal => (None, KvTarget::None, true),
-            Attention::Packed { lengths } => (
-                (varlen.is_none() && padded.is_none()).then(|| packed_mask(lengths, self.device)),
-                KvTarget::None,
-                false,
-            ),
-            Attention::Cached(cache) => {
-                let past = cache.len;
-                // One new token attends to everything; several need the causal part written out,
-                // because the kernel's is_causal aligns the triangle to the top-left corner.
-                let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
-                (mask, KvTarget::Contiguous(cache), false)
-            }
-            Attention::PagedDecode {
-                cache,
-                tables,
-                past,
-                read_len,
-                write_cells,
-                ..
-            } => {
-                // ooze's decode kernels read each row's own keys: no mask to build.
-                let mask = (!fused_attention).then(|| paged_mask(past, 1, read_len));
-                let target = KvTarget::Paged {
-                    cache,
-                    write_cells: write_cells.view([-1, 1]),
-                    tables: tables.shallow_clone(),
-                    past: past.shallow_clone(),
-                    read_len,
-                };
-                (mask, target, false)
-            }
-            Attention::Paged {
-                cache,
-                tables,
-                past,
-            } => {
-                let (target, mask) = KvTarget::paged_from_host(cache, tables, past, t, self.device);
-                (Some(mask), target, false)
-            }
-        };
+        let dense_packed_mask = varlen.is_none() && padded.is_none();
+        let (mask, target, causal) =
+            self.mask_and_target(attention, t, dense_packed_mask, fused_attention);
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let group = c.num_heads / c.num_kv_heads;
         // Otherwise one-token paged decode on a GPU calls the memory-efficient kernel with an
@@ -165,5 +126,59 @@ impl Decoder {
             decode_bias,
         };
         (plan, target)
+    }
+
+    /// The mask a pass under `attention` needs (none for plain causal rows, for packed rows that
+    /// run a kernel of their own — `dense_packed_mask` false — and for ooze's decode kernels), where
+    /// it keeps its keys and values, and whether attention is plain causal.
+    fn mask_and_target<'a>(
+        &self,
+        attention: Attention<'a>,
+        t: i64,
+        dense_packed_mask: bool,
+        fused_attention: bool,
+    ) -> (Option<Tensor>, KvTarget<'a>, bool) {
+        match attention {
+            Attention::Causal => (None, KvTarget::None, true),
+            Attention::Packed { lengths } => (
+                dense_packed_mask.then(|| packed_mask(lengths, self.device)),
+                KvTarget::None,
+                false,
+            ),
+            Attention::Cached(cache) => {
+                let past = cache.len;
+                // One new token attends to everything; several need the causal part written out,
+                // because the kernel's is_causal aligns the triangle to the top-left corner.
+                let mask = (t > 1).then(|| offset_causal_mask(past, t, self.device));
+                (mask, KvTarget::Contiguous(cache), false)
+            }
+            Attention::PagedDecode {
+                cache,
+                tables,
+                past,
+                read_len,
+                write_cells,
+                ..
+            } => {
+                // ooze's decode kernels read each row's own keys: no mask to build.
+                let mask = (!fused_attention).then(|| paged_mask(past, 1, read_len));
+                let target = KvTarget::Paged {
+                    cache,
+                    write_cells: write_cells.view([-1, 1]),
+                    tables: tables.shallow_clone(),
+                    past: past.shallow_clone(),
+                    read_len,
+                };
+                (mask, target, false)
+            }
+            Attention::Paged {
+                cache,
+                tables,
+                past,
+            } => {
+                let (target, mask) = KvTarget::paged_from_host(cache, tables, past, t, self.device);
+                (Some(mask), target, false)
+            }
+        }
     }
 }
