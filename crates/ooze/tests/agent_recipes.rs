@@ -306,7 +306,7 @@ fn endless_terminals_trains_ppo_on_exact_trajectories() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(shown.len(), 160, "80 tasks, two takes each");
+    assert_eq!(shown.len(), 80, "40 tasks, two takes each");
     for pair in shown.chunks(2) {
         let first_turn = |d: &Value| {
             let messages = d["messages"].as_array().unwrap();
