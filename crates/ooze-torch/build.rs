@@ -10,8 +10,8 @@
 //! from the nvidia wheels, and sets
 //! `cfg(ooze_cuda_graphs)`; and, when the nvidia-cuda-nvcc wheel's compiler is there, ooze's CUDA
 //! kernels (`shim/*.cu`: elementwise, norms, attention, sampling, the master-weight AdamW; their
-//! checked entry points in `shim/ops.cpp`, `shim/attention_ops.cpp` and
-//! `shim/master_adamw_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
+//! checked entry points in `shim/ops.cpp`, `shim/attention_ops.cpp` (with cuDNN's fused attention
+//! over slots in `shim/slot_attention.cpp`) and `shim/master_adamw_ops.cpp`) for A100 (sm_80), H100/H200 (sm_90) and PTX for
 //! newer GPUs, setting `cfg(ooze_cuda_kernels)`. Without them the same steps run as libtorch
 //! operations.
 
@@ -108,6 +108,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
     println!("cargo:rerun-if-changed=shim/ops.h");
     println!("cargo:rerun-if-changed=shim/ops.cpp");
     println!("cargo:rerun-if-changed=shim/attention_ops.cpp");
+    println!("cargo:rerun-if-changed=shim/slot_attention.cpp");
     cc::Build::new()
         .cuda(true)
         .file("shim/kernels.cu")
@@ -129,6 +130,7 @@ fn compile_kernels(lib: &Path) -> Result<(), String> {
         .cpp(true)
         .file("shim/ops.cpp")
         .file("shim/attention_ops.cpp")
+        .file("shim/slot_attention.cpp")
         .file("shim/master_adamw_ops.cpp")
         .include(torch.join("include"))
         .include(torch.join("include/torch/csrc/api/include"))

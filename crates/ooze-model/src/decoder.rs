@@ -14,8 +14,8 @@
 //! engine's block tables) runs ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
-use crate::attention::KvTarget;
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
+use crate::attention::{KvTarget, PackedAttention};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -216,6 +216,7 @@ pub struct Decoder {
     inv_freq: Tensor,
     device: Device,
     kind: Kind,
+    packed_attention: PackedAttention,
 }
 
 impl Decoder {
@@ -330,12 +331,14 @@ impl Decoder {
             inv_freq,
             device,
             kind,
+            packed_attention: PackedAttention::default(),
         })
     }
 
     /// A second decoder over the same parameter storage (no copy): a colocated rollout engine and
     /// trainer each hold one, so an optimizer step that writes the parameters in place is the
-    /// weight update of the engine too.
+    /// weight update of the engine too. Its packed attention is the default (the engine's
+    /// arithmetic), whatever this one's.
     pub fn share(&self) -> Decoder {
         let p = |(w, b): &Projection| (w.shallow_clone(), b.as_ref().map(Tensor::shallow_clone));
         let o = |t: &Option<Tensor>| t.as_ref().map(Tensor::shallow_clone);
@@ -361,7 +364,17 @@ impl Decoder {
             inv_freq: self.inv_freq.shallow_clone(),
             device: self.device,
             kind: self.kind,
+            packed_attention: PackedAttention::default(),
         }
+    }
+
+    /// Which kernel attends over packed sequences from now on ([`PackedAttention`]).
+    pub fn set_packed_attention(&mut self, packed: PackedAttention) {
+        self.packed_attention = packed;
+    }
+
+    pub fn packed_attention(&self) -> PackedAttention {
+        self.packed_attention
     }
 
     pub fn device(&self) -> Device {

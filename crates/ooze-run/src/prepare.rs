@@ -690,6 +690,9 @@ pub(crate) fn build_trainer(
         loss,
         aggregation: a.aggregation,
         recompute_activations: t.recompute_activations,
+        // Not a recipe key: supervised steps (warm starts, `ooze sft`) take the fastest attention,
+        // RL steps the engine's arithmetic.
+        sft_attention: ooze_model::PackedAttention::Fastest,
     };
     let mut trainer = match shard_over {
         Some(group) => Trainer::sharded(policy, reference, config, group),

@@ -1,7 +1,8 @@
-// Tensor-level entry points of ooze's attention: FlashAttention-2 (ATen) for training and
-// fresh prefills; over paged keys, attention in FlashAttention-2's order (fa_order_attention.cu,
-// the default numerics) or split attention (attention.cu, deterministic numerics, where training
-// runs it too). Checks and error reporting as in ops.cpp.
+// Tensor-level entry points of ooze's attention: FlashAttention-2 (ATen) for training and fresh
+// prefills (cuDNN's fused attention over slots for supervised training: slot_attention.cpp); over
+// paged keys, attention in FlashAttention-2's order (fa_order_attention.cu, the default numerics)
+// or split attention (attention.cu, deterministic numerics, where training runs it too). Checks
+// and error reporting as in ops.cpp.
 
 #include "ops.h"
 
@@ -9,6 +10,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -207,7 +210,8 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
                             const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& cu_seqlens, const at::Tensor& q_norm,
                             const at::Tensor& k_norm, double eps, int64_t heads, int64_t kv_heads,
-                            int64_t dim, int64_t longest, double scale) {
+                            int64_t dim, int64_t longest, double scale, const at::Tensor& slot_rows,
+                            std::vector<int64_t> slot_groups, int64_t slot_total) {
     const int64_t tokens = qkv.size(0);
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
@@ -217,6 +221,7 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
     ctx->saved_data["eps"] = eps;
     const bool normed = q_norm.numel() > 0;
     ctx->saved_data["normed"] = normed;
+    ctx->saved_data["slot_groups"] = std::vector<int64_t>{};
     if (tokens == 0) {
       ctx->save_for_backward({qkv, q_norm, k_norm});
       return at::empty({0, heads, dim}, qkv.options());
@@ -237,6 +242,27 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
       q = qk.narrow(1, 0, heads);
       k = qk.narrow(1, heads, kv_heads);
       v = qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
+    }
+    if (!slot_groups.empty()) {
+      try {
+        SlotForward f =
+            slot_attention_forward(q, k, v, slot_layout(slot_rows, slot_groups, slot_total), scale);
+        std::vector<at::Tensor> saved = {qkv, q_norm, k_norm, f.q, f.k, f.v, cos, sin, slot_rows};
+        saved.insert(saved.end(), f.per_group.begin(), f.per_group.end());
+        ctx->save_for_backward(saved);
+        ctx->saved_data["slot_groups"] = slot_groups;
+        ctx->saved_data["slot_total"] = slot_total;
+        return f.out;
+      } catch (const c10::Error& e) {
+        // A cuDNN that refuses the shape (or has no engine for it): FlashAttention-2 instead.
+        static std::once_flag warned;
+        std::call_once(warned, [&] {
+          std::fprintf(stderr,
+                       "ooze: cuDNN attention failed, training attention falls back to "
+                       "FlashAttention-2: %s\n",
+                       e.what_without_backtrace());
+        });
+      }
     }
     auto fwd = at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
                                             0.0, /*is_causal=*/true,
@@ -259,7 +285,7 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
     const at::Tensor &qkv = s[0], &q_norm = s[1], &k_norm = s[2];
     // The gradients of qkv and of the norm weights (when given); the other inputs take none.
     const auto with = [](at::Tensor g, at::Tensor dq_norm, at::Tensor dk_norm) {
-      torch::autograd::variable_list out(12);
+      torch::autograd::variable_list out(15);
       out[0] = std::move(g);
       out[4] = std::move(dq_norm);
       out[5] = std::move(dk_norm);
@@ -270,10 +296,20 @@ struct QkvFlashAttentionFunction : public torch::autograd::Function<QkvFlashAtte
       return normed ? with(at::zeros_like(qkv), at::zeros_like(q_norm), at::zeros_like(k_norm))
                     : with(at::zeros_like(qkv), at::Tensor(), at::Tensor());
     }
-    const at::Tensor &q = s[3], &k = s[4], &v = s[5], &cos = s[6], &sin = s[7], &cu = s[8];
-    auto [dq, dk, dv] = at::_flash_attention_backward(
-        grads[0].contiguous(), q, k, v, s[9], s[10], cu, cu, longest, longest, 0.0,
-        /*is_causal=*/true, s[11], s[12], scale);
+    const at::Tensor &q = s[3], &k = s[4], &v = s[5], &cos = s[6], &sin = s[7];
+    const std::vector<int64_t> slot_groups = ctx->saved_data["slot_groups"].toIntVector();
+    at::Tensor dq, dk, dv;
+    if (!slot_groups.empty()) {
+      const SlotLayout layout =
+          slot_layout(s[8], slot_groups, ctx->saved_data["slot_total"].toInt());
+      std::tie(dq, dk, dv) =
+          slot_attention_backward(grads[0].contiguous(), q, k, v,
+                                  std::vector<at::Tensor>(s.begin() + 9, s.end()), layout, scale);
+    } else {
+      std::tie(dq, dk, dv) = at::_flash_attention_backward(grads[0].contiguous(), q, k, v, s[9],
+                                                           s[10], s[8], s[8], longest, longest, 0.0,
+                                                           /*is_causal=*/true, s[11], s[12], scale);
+    }
     at::Tensor grad = at::empty({tokens, columns}, qkv.options());
     const int64_t used = (heads + 2 * kv_heads) * dim;
     if (columns > used) grad.narrow(1, used, columns - used).zero_();
@@ -451,12 +487,17 @@ at::Tensor* ooze_flash_attention_varlen(const at::Tensor* q, const at::Tensor* k
 // rotary embedding of q and k (cos / sin [total, dim] as ooze_rope takes them), after Qwen3's
 // per-head RMSNorm with q_norm / k_norm [dim] and eps (both null: none), then FlashAttention-2;
 // differentiable in qkv and the norm weights, qkv's gradient one tensor. cu_seqlens
-// [sequences + 1] int32 offsets. Returns [total, heads, dim].
+// [sequences + 1] int32 offsets. With `group_count` > 0 groups (first_row, sequences, length) in
+// slot_groups, the attention itself runs in cuDNN's fused kernels over those slots
+// (slot_attention.cpp) where cuDNN can: slot_rows (int64 [total] on qkv's device) gives each
+// token's row, null when every token sits in its own. Returns [total, heads, dim].
 at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Tensor* cos,
                                             const at::Tensor* sin, const at::Tensor* cu_seqlens,
                                             const at::Tensor* q_norm, const at::Tensor* k_norm,
                                             double eps, int64_t heads, int64_t kv_heads,
-                                            int64_t dim, int64_t max_seqlen, double scale) {
+                                            int64_t dim, int64_t max_seqlen, double scale,
+                                            const at::Tensor* slot_rows, const int64_t* slot_groups,
+                                            int64_t group_count) {
   return guarded([&] {
     check_cuda(*qkv, "qkv");
     c10::cuda::CUDAGuard guard(qkv->device());
@@ -487,9 +528,27 @@ at::Tensor* ooze_qkv_flash_attention_varlen(const at::Tensor* qkv, const at::Ten
     // Without norms, empty stand-ins: autograd records every tensor argument's metadata, which an
     // undefined tensor does not have.
     const at::Tensor none = at::empty({0}, qkv->options());
+    std::vector<int64_t> groups;
+    int64_t slot_total = 0;
+    if (group_count > 0 && slot_attention_usable(qkv->device())) {
+      TORCH_CHECK(slot_rows == nullptr ||
+                      (slot_rows->scalar_type() == at::kLong && slot_rows->dim() == 1 &&
+                       slot_rows->size(0) == qkv->size(0) && slot_rows->device() == qkv->device()),
+                  "slot_rows must be int64 [total] on qkv's device");
+      for (int64_t g = 0; g < group_count; ++g) {
+        const int64_t* t = slot_groups + 3 * g;
+        TORCH_CHECK(t[0] == slot_total && t[1] > 0 && t[2] > 0,
+                    "slot groups must follow one another, each with sequences and rows");
+        slot_total += t[1] * t[2];
+        groups.insert(groups.end(), t, t + 3);
+      }
+      TORCH_CHECK(slot_rows != nullptr || slot_total == qkv->size(0),
+                  "without slot_rows, the slots must hold exactly the packed tokens");
+    }
     return QkvFlashAttentionFunction::apply(
         *qkv, *cos, *sin, *cu_seqlens, q_norm != nullptr ? *q_norm : none,
-        k_norm != nullptr ? *k_norm : none, eps, heads, kv_heads, dim, max_seqlen, scale);
+        k_norm != nullptr ? *k_norm : none, eps, heads, kv_heads, dim, max_seqlen, scale,
+        slot_rows != nullptr ? *slot_rows : none, groups, slot_total);
   });
 }
 
@@ -558,6 +617,17 @@ at::Tensor* ooze_split_attention_varlen(const at::Tensor* q, const at::Tensor* k
     return SplitAttentionFunction::apply(*q, *k, *v, *cu_seqlens,
                                          std::vector<int64_t>(lengths, lengths + sequences), scale);
   });
+}
+
+// Whether ooze_qkv_flash_attention_varlen can run cuDNN's fused attention on CUDA device
+// `device` (1) or not (0).
+int ooze_slot_attention_usable(int64_t device) {
+  try {
+    return slot_attention_usable(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))) ? 1
+                                                                                               : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 }  // extern "C"

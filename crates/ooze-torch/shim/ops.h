@@ -8,6 +8,8 @@
 
 #include <exception>
 #include <string>
+#include <tuple>
+#include <vector>
 
 extern "C" {
 int ooze_launch_rope_store(int bf16, const void* qkv, int64_t qkv_stride, const int64_t* cells,
@@ -106,5 +108,49 @@ inline cudaStream_t stream() { return at::cuda::getCurrentCUDAStream().stream();
 // x [tokens, ≥ heads · dim]; returns [tokens, heads, dim].
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       int64_t heads, int64_t dim, float sign);
+
+// Packed sequences copied into dense slots for cuDNN's fused attention (slot_attention.cpp): group
+// g's `sequences` slots of `length` rows start at row `first_row` of a [slot_rows, heads, dim]
+// buffer; `rows` (int64 [tokens], on the device) is each packed token's row in it, or empty when
+// every token sits in its own row (the packed tensors are the slot buffers).
+struct SlotGroup {
+  int64_t first_row, sequences, length;
+};
+struct SlotLayout {
+  at::Tensor rows;
+  int64_t slot_rows = 0;
+  std::vector<SlotGroup> groups;
+};
+
+// The layout from its flattened groups (first_row, sequences, length, one triple a group).
+inline SlotLayout slot_layout(const at::Tensor& rows, const std::vector<int64_t>& groups,
+                              int64_t slot_rows) {
+  SlotLayout layout{rows, slot_rows, {}};
+  for (size_t i = 0; i + 2 < groups.size(); i += 3) {
+    layout.groups.push_back({groups[i], groups[i + 1], groups[i + 2]});
+  }
+  return layout;
+}
+
+// What the backward needs of a slot forward: q, k, v in slots, and per group its output,
+// log-sum-exp and (unused without dropout) random-number state, four tensors a group.
+struct SlotForward {
+  at::Tensor out, q, k, v;
+  std::vector<at::Tensor> per_group;
+};
+
+// Whether cuDNN's fused attention runs here: CUDA, cuDNN ≥ 9 enabled, Hopper or newer.
+bool slot_attention_usable(const at::Device& device);
+
+// Causal attention of packed q [tokens, heads, dim], k and v [tokens, kv_heads, dim] through the
+// slots of `layout`; `out` [tokens, heads, dim] in packed order.
+SlotForward slot_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const SlotLayout& layout, double scale);
+
+// dq, dk, dv in packed order, from the packed output gradient and a slot forward's state.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> slot_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q_slots, const at::Tensor& k_slots,
+    const at::Tensor& v_slots, const std::vector<at::Tensor>& per_group, const SlotLayout& layout,
+    double scale);
 
 }  // namespace ooze_ops

@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 mod attention;
+mod slots;
 pub use attention::*;
+pub use slots::*;
 
 /// A kernel refused its arguments or failed to launch.
 #[derive(Debug, thiserror::Error)]
@@ -202,7 +204,11 @@ pub(crate) mod ffi {
             dim: i64,
             max_seqlen: i64,
             scale: f64,
+            slot_rows: *const CTensor,
+            slot_groups: *const i64,
+            group_count: i64,
         ) -> *mut CTensor;
+        pub fn ooze_slot_attention_usable(device: i64) -> i32;
         pub fn ooze_paged_prefill_attention(
             q: *const CTensor,
             k_cache: *const CTensor,

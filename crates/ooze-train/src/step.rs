@@ -89,8 +89,9 @@ impl DeviceSums {
         });
     }
 
-    /// The sums (None: no micro-batch had that number) and the maximum, in one copy to the host.
-    fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
+    /// Starts the copy of the sums to the host (one copy, queued behind the work that computes
+    /// them, without waiting): [`CopyingSums::read`] takes the values.
+    fn start_read(self) -> CopyingSums {
         let present: Vec<Tensor> = self
             .sums
             .iter()
@@ -98,27 +99,56 @@ impl DeviceSums {
             .flatten()
             .map(|t| t.shallow_clone())
             .collect();
-        let mut values = if present.is_empty() {
-            Vec::new()
-        } else {
-            Vec::<f64>::try_from(Tensor::cat(&present, 0).to_device(Device::Cpu))
-                .map_err(ooze_model::ModelError::from)?
+        // A non-blocking copy to the host lands in pinned memory (ATen pins it).
+        let host = (!present.is_empty())
+            .then(|| Tensor::cat(&present, 0).to_device_(Device::Cpu, Kind::Double, true, false));
+        CopyingSums { sums: self, host }
+    }
+
+    /// The sums (None: no micro-batch had that number) and the maximum, in one copy to the host.
+    fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
+        self.start_read().read()
+    }
+}
+
+/// [`DeviceSums`] on their way to the host.
+struct CopyingSums {
+    sums: DeviceSums,
+    host: Option<Tensor>,
+}
+
+impl CopyingSums {
+    /// The sums (None: no micro-batch had that number) and the maximum, once the copy is done.
+    fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
+        let mut values = match &self.host {
+            Some(host) => {
+                if let Some(Device::Cuda(i)) =
+                    self.sums.sums.iter().flatten().next().map(Tensor::device)
+                {
+                    ooze_torch::cuda_graph::synchronize(i);
+                }
+                Vec::<f64>::try_from(host).map_err(ooze_model::ModelError::from)?
+            }
+            None => Vec::new(),
         }
         .into_iter();
         let sums = self
             .sums
+            .sums
             .map(|t| t.map(|_| values.next().expect("one value per sum")));
         let max = self
+            .sums
             .rollout_diff_max
             .map(|_| values.next().expect("one value for the maximum"));
         Ok((sums, max))
     }
 }
 
-/// A step's sums once its micro-batches have run: still on the device, or read (and combined
-/// over the ranks).
+/// A step's sums once its micro-batches have run: still on the device (or on their way to the
+/// host), or read (and combined over the ranks).
 enum StepSums {
     OnDevice(DeviceSums),
+    Copying(CopyingSums),
     Read(OptionalSums),
 }
 
@@ -128,7 +158,14 @@ impl OptionalSums {
         sums: DeviceSums,
         metrics: &mut StepMetrics,
     ) -> Result<OptionalSums, TrainError> {
-        let (sums, max) = sums.read()?;
+        Self::from_values(sums.read()?, metrics)
+    }
+
+    /// The step's numbers from the sums' values.
+    fn from_values(
+        (sums, max): ([Option<f64>; SUMS], Option<f64>),
+        metrics: &mut StepMetrics,
+    ) -> Result<OptionalSums, TrainError> {
         let get = |which: Sum| sums[which as usize];
         metrics.loss = get(Sum::Loss).unwrap_or(0.0);
         metrics.policy_loss = get(Sum::PolicyLoss).unwrap_or(0.0);
@@ -500,6 +537,12 @@ impl Trainer {
         started: Instant,
     ) -> Result<StepMetrics, TrainError> {
         let device = self.policy.device();
+        // The sums go to the host ahead of the optimizer's kernels: its gradient-norm read then
+        // finds them there, with no second wait after it.
+        let sums = match sums {
+            StepSums::OnDevice(s) => StepSums::Copying(s.start_read()),
+            other => other,
+        };
         let phase = Phases::start(device);
         // A critic warm-up step leaves the policy as it is (its gradients are dropped).
         metrics.policy_frozen = inputs.critic_targets.is_some()
@@ -530,6 +573,7 @@ impl Trainer {
         let sums = match sums {
             StepSums::Read(sums) => sums,
             StepSums::OnDevice(sums) => OptionalSums::from_device(sums, &mut metrics)?,
+            StepSums::Copying(sums) => OptionalSums::from_values(sums.read()?, &mut metrics)?,
         };
         let trained: f64 = samples
             .iter()

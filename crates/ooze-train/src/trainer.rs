@@ -25,7 +25,7 @@ use ooze_algo::{
     SampleInput,
 };
 use ooze_core::Sample;
-use ooze_model::Decoder;
+use ooze_model::{Decoder, PackedAttention};
 use ooze_torch::dist::ProcessGroup;
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
@@ -47,6 +47,12 @@ pub struct TrainerConfig {
     /// Keep only each block's input during the forward pass and recompute the blocks in the
     /// backward pass (less memory, one more forward).
     pub recompute_activations: bool,
+    /// The packed attention of supervised steps ([`Trainer::sft_step`]), which have no engine's
+    /// log-probs to agree with: the fastest by default (cuDNN's fused attention on Hopper where it
+    /// pays). RL steps always take the engine's arithmetic (FlashAttention-2, bitwise the
+    /// engine's log-probs): with cuDNN's in the trainer, the mean |trainer − engine| log-prob was
+    /// 9.5e-3 and the max 0.064 (0.5B, ~2,000-token samples, H200; docs/benchmarks.md).
+    pub sft_attention: PackedAttention,
 }
 
 impl Default for TrainerConfig {
@@ -60,6 +66,7 @@ impl Default for TrainerConfig {
             loss: LossConfig::default(),
             aggregation: Aggregation::default(),
             recompute_activations: false,
+            sft_attention: PackedAttention::Fastest,
         }
     }
 }
@@ -577,7 +584,8 @@ impl Trainer {
             observation_coef: 0.0,
             ..self.config.loss.clone()
         };
-        self.run_step(
+        self.policy.set_packed_attention(self.config.sft_attention);
+        let metrics = self.run_step(
             samples,
             StepInputs {
                 advantages: &zeros,
@@ -587,7 +595,10 @@ impl Trainer {
                 loss_config: &loss_config,
                 aggregation: Aggregation::GlobalTokenMean,
             },
-        )
+        );
+        self.policy
+            .set_packed_attention(PackedAttention::EngineArithmetic);
+        metrics
     }
 
     /// One RL step over all of `samples` (see the module docs).

@@ -17,6 +17,9 @@ pub(super) struct AttentionPlan {
     pub causal: bool,
     /// Packed sequences through FlashAttention: offsets, the longest, the lengths.
     pub varlen: Option<(Tensor, i64, Vec<i64>)>,
+    /// …or, for `fused_qkv_varlen` under [`crate::PackedAttention::Fastest`], through cuDNN's
+    /// fused attention over these slots.
+    pub slots: Option<kernels::SlotLayout>,
     /// Packed sequences as a right-padded batch.
     pub padded: Option<PaddedPacking>,
     /// One token per paged row: rotary embedding and KV write in ooze's kernel…
@@ -198,6 +201,7 @@ impl Decoder {
                     c.head_dim,
                     *longest,
                     plan.scale,
+                    plan.slots.as_ref(),
                 )
                 .expect("invariant: a packed bf16 projection on a GPU is valid for flash attention")
                 // [T, heads, D] → [1, heads, T, D].

@@ -5,7 +5,8 @@
 use super::attend::AttentionPlan;
 use super::{kernels_apply, Decoder};
 use crate::attention::{
-    decode_bias, offset_causal_mask, packed_mask, paged_mask, Attention, KvTarget, PaddedPacking,
+    decode_bias, offset_causal_mask, packed_mask, paged_mask, Attention, KvTarget, PackedAttention,
+    PaddedPacking,
 };
 use ooze_torch::kernels;
 use ooze_torch::tch::{Kind, Tensor};
@@ -103,6 +104,17 @@ impl Decoder {
             && !split
             && self.kind == Kind::BFloat16
             && (!c.qk_norm || kernels::QK_NORM_TRAINING_HEAD_DIMS.contains(&c.head_dim));
+        // The trainer's passes there: cuDNN's fused attention over slots where it pays.
+        let slots = match &varlen {
+            Some((_, _, lengths))
+                if fused_qkv_varlen
+                    && self.packed_attention == PackedAttention::Fastest
+                    && matches!(c.head_dim, 64 | 128) =>
+            {
+                kernels::SlotLayout::plan(lengths, c.num_heads, c.head_dim, self.device)
+            }
+            _ => None,
+        };
         // The rows as packed sequences of `t` tokens, for the kernels that take packed sequences
         // over plain causal rows: uploaded once for every block, without waiting for the device.
         let row_offsets = (flash_causal || (split && causal && varlen.is_none())).then(|| {
@@ -118,6 +130,7 @@ impl Decoder {
             flash_causal,
             row_offsets,
             varlen,
+            slots,
             padded,
             fused_rope,
             fused_attention,

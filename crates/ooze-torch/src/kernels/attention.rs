@@ -5,7 +5,7 @@
 
 #[cfg(ooze_cuda_kernels)]
 use super::ffi;
-use super::{available, KernelError, QkNorm, RopeStore};
+use super::{available, KernelError, QkNorm, RopeStore, SlotLayout};
 use crate::tch::Tensor;
 
 /// Whose arithmetic the paged attention kernels ([`decode_attention`],
@@ -225,9 +225,10 @@ pub fn flash_attention_varlen(
 /// `qk_norm`, Qwen3's per-head RMSNorm of q and k (head sizes in [`QK_NORM_TRAINING_HEAD_DIMS`];
 /// the arithmetic of [`rope_store`], so the engine's bits), then the rotary embedding of q and k
 /// (`cos`, `signed_sin [total, head_dim]` as [`rope`] takes them), then FlashAttention-2 over the
-/// sequences at `cu_seqlens`. Returns `[total, heads, head_dim]`; differentiable in `qkv` (its
-/// gradient comes back as one tensor, no zero-padded per-slice gradients for autograd to add up)
-/// and in the norm weights.
+/// sequences at `cu_seqlens` — or, given `slots` (of the same sequences), cuDNN's fused attention
+/// over them (a cuDNN that refuses falls back to FlashAttention-2, with one warning). Returns
+/// `[total, heads, head_dim]`; differentiable in `qkv` (its gradient comes back as one tensor, no
+/// zero-padded per-slice gradients for autograd to add up) and in the norm weights.
 #[allow(unused_variables, clippy::too_many_arguments)]
 pub fn qkv_flash_attention_varlen(
     qkv: &Tensor,
@@ -240,10 +241,14 @@ pub fn qkv_flash_attention_varlen(
     head_dim: i64,
     max_seqlen: i64,
     scale: f64,
+    slots: Option<&SlotLayout>,
 ) -> Result<Tensor, KernelError> {
     #[cfg(ooze_cuda_kernels)]
     {
-        // SAFETY: live tensors (or null norms); the shim checks them.
+        let groups = slots.map_or(&[][..], |s| &s.groups[..]);
+        let rows = slots.and_then(|s| s.rows.as_ref());
+        // SAFETY: live tensors (or null norms and rows), groups as the shim reads them; the shim
+        // checks them.
         let raw = unsafe {
             ffi::ooze_qkv_flash_attention_varlen(
                 qkv.as_ptr().cast(),
@@ -258,6 +263,9 @@ pub fn qkv_flash_attention_varlen(
                 head_dim,
                 max_seqlen,
                 scale,
+                rows.map_or(std::ptr::null(), |r| r.as_ptr().cast()),
+                groups.as_ptr(),
+                (groups.len() / 3) as i64,
             )
         };
         ffi::result("qkv_flash_attention_varlen", raw)

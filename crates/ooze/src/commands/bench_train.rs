@@ -39,6 +39,15 @@ pub struct Args {
     /// Also time the weight update of a colocated engine's own copy after each step.
     #[arg(long)]
     sync: bool,
+    /// Sequence lengths drawn between half of --seq-len and all of it (a fixed seed), as an RL
+    /// batch's are, instead of all equal.
+    #[arg(long)]
+    ragged: bool,
+    /// Packed attention of the (supervised) steps: `fastest` (the default of supervised steps:
+    /// cuDNN's fused attention where it runs and pays, else FlashAttention-2) or `flash`
+    /// (FlashAttention-2, the engine's arithmetic, which RL steps always take).
+    #[arg(long, default_value = "fastest", value_parser = ["fastest", "flash"])]
+    attention: String,
     /// Record the timed steps with PyTorch's profiler: a Chrome trace (Perfetto) written here,
     /// and a summary printed of GPU busy time, the kernels that took it and the longest gaps.
     #[arg(long)]
@@ -96,13 +105,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let samples: Vec<Sample> = (0..a.batch)
         .map(|_| {
-            let tokens: Vec<u32> = (0..a.seq_len).map(|_| token()).collect();
-            Sample::demonstration(tokens, vec![1; a.seq_len - 1])
+            let len = if a.ragged {
+                a.seq_len / 2 + token() as usize % (a.seq_len - a.seq_len / 2 + 1)
+            } else {
+                a.seq_len
+            }
+            .max(2);
+            let tokens: Vec<u32> = (0..len).map(|_| token()).collect();
+            Sample::demonstration(tokens, vec![1; len - 1])
         })
         .collect();
     let config = TrainerConfig {
         max_tokens_per_micro_batch: micro,
         recompute_activations: a.recompute,
+        sft_attention: match a.attention.as_str() {
+            "flash" => ooze_model::PackedAttention::EngineArithmetic,
+            _ => ooze_model::PackedAttention::Fastest,
+        },
         ..Default::default()
     };
     let engine = if a.sync && sharded {
@@ -180,12 +199,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         String::new()
     };
     println!(
-        "train step {}x{} {}{how} ({} micro-batches{}): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}{peak}; loss {:.4}, grad norm {:.3}",
+        "train step {}x{}{} {}{how} ({} micro-batches{}, {} attention): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}{peak}; loss {:.4}, grad norm {:.3}",
         a.batch,
         a.seq_len,
+        if a.ragged { " (ragged)" } else { "" },
         a.compute.dtype,
         m.micro_batches,
         if a.recompute || sharded { ", recomputed" } else { "" },
+        a.attention,
         m.seconds * 1e3,
         m.tokens_per_second,
         achieved / 1e12,

@@ -426,7 +426,7 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
                     eps,
                 });
                 kernels::qkv_flash_attention_varlen(
-                    &x, &cos, &sin, &offsets, norms, heads, kv, d, 64, scale,
+                    &x, &cos, &sin, &offsets, norms, heads, kv, d, 64, scale, None,
                 )
                 .unwrap()
             } else {
@@ -478,6 +478,106 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
                 let e = relative(&f, &s);
                 eprintln!("{shape}: {what}'s gradient differs by {e:.2e} (relative)");
                 assert!(e < 2e-2, "{shape}: {what}'s gradient differs by {e:.3e}");
+            }
+        }
+    }
+}
+
+/// cuDNN's fused attention over slots (the trainer's default on Hopper) trains like
+/// FlashAttention-2: outputs and gradients within bf16 rounding of FlashAttention-2's (and not its
+/// bits: cuDNN ran), for slots that are views of the packed tensors and for slots filled by copies
+/// (several groups, padding, sequences reordered), with and without Qwen3's q/k norms.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
+fn gpu_slot_attention_trains_like_flash_attention() {
+    require_gpu();
+    use ooze_model::config::Rope;
+    use ooze_torch::kernels::{self, SlotLayout, SlotPlan};
+    use ooze_torch::tch::Tensor;
+    let dev = Device::Cuda(0);
+    if !kernels::slot_attention_usable(dev) {
+        eprintln!("cuDNN's fused attention does not run on this GPU: nothing to compare");
+        return;
+    }
+    let relative = |a: &Tensor, b: &Tensor| -> f64 {
+        let d = (a.to_kind(Kind::Float) - b.to_kind(Kind::Float)).norm();
+        d.double_value(&[]) / b.to_kind(Kind::Float).norm().double_value(&[])
+    };
+    let cases: [(&[i64], bool); 2] = [
+        (&[512, 512, 256], true),
+        (&[300, 1000, 64, 1, 129, 517, 1024], false),
+    ];
+    for (lengths, identity) in cases {
+        let total: i64 = lengths.iter().sum();
+        let positions: Vec<i64> = lengths.iter().flat_map(|&l| 0..l).collect();
+        let mut offsets = vec![0i32];
+        for &l in lengths {
+            offsets.push(offsets[offsets.len() - 1] + l as i32);
+        }
+        let offsets = Tensor::from_slice(&offsets).to_device(dev);
+        let longest = *lengths.iter().max().unwrap();
+        let plan = SlotPlan::build(lengths).unwrap();
+        assert_eq!(plan.identity, identity, "{lengths:?}");
+        let slots = SlotLayout::from_plan(&plan, dev);
+        for (heads, kv, d, normed) in [(14i64, 2i64, 64i64, false), (32, 8, 128, true)] {
+            ooze_torch::tch::manual_seed(7);
+            let qkv = Tensor::randn([total, (heads + 2 * kv) * d], (Kind::BFloat16, dev));
+            let inv_freq = ooze_model::rope::inverse_frequencies(
+                &Rope {
+                    theta: 1e6,
+                    llama3: None,
+                },
+                d,
+                dev,
+            );
+            let (cos, sin) = ooze_model::rope::cos_sin(
+                &inv_freq,
+                &Tensor::from_slice(&positions).to_device(dev),
+                Kind::BFloat16,
+            );
+            let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
+            let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
+            let q_norm = (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
+            let k_norm = (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
+            let run = |slots: Option<&SlotLayout>| {
+                let x = qkv.copy().set_requires_grad(true);
+                let qn = q_norm.copy().set_requires_grad(normed);
+                let kn = k_norm.copy().set_requires_grad(normed);
+                let norms = normed.then_some(kernels::QkNorm {
+                    q: &qn,
+                    k: &kn,
+                    eps: 1e-6,
+                });
+                let scale = 1.0 / (d as f64).sqrt();
+                let out = kernels::qkv_flash_attention_varlen(
+                    &x, &cos, &sin, &offsets, norms, heads, kv, d, longest, scale, slots,
+                )
+                .unwrap();
+                (&out * &upstream).sum(Kind::Float).backward();
+                let norm_grad = normed.then(|| qn.grad());
+                (out.detach(), x.grad(), norm_grad)
+            };
+            let (out_c, grad_c, norm_c) = run(Some(&slots));
+            let (out_f, grad_f, norm_f) = run(None);
+            let shape = format!("{lengths:?} {heads}/{kv}x{d}");
+            assert!(!out_c.equal(&out_f), "{shape}: cuDNN did not run");
+            let e_out = relative(&out_c, &out_f);
+            let e_grad = relative(&grad_c, &grad_f);
+            eprintln!("{shape}: output {e_out:.2e}, qkv gradient {e_grad:.2e} (relative)");
+            assert!(e_out < 1e-2, "{shape}: outputs differ by {e_out:.3e}");
+            assert!(e_grad < 2e-2, "{shape}: gradients differ by {e_grad:.3e}");
+            // Every column of the gradient is finite (padding added nothing but zeros).
+            assert_eq!(
+                grad_c
+                    .isfinite()
+                    .logical_not()
+                    .sum(Kind::Int64)
+                    .int64_value(&[]),
+                0
+            );
+            if let (Some(c), Some(f)) = (norm_c, norm_f) {
+                let e = relative(&c, &f);
+                assert!(e < 2e-2, "{shape}: q_norm's gradient differs by {e:.3e}");
             }
         }
     }
