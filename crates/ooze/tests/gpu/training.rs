@@ -377,11 +377,31 @@ fn gpu_linear_log_prob_matches_log_softmax() {
 /// 2 key heads of 64 (Qwen2.5-0.5B) and 32 and 8 of 128 with norms (Qwen3-4B): the same output
 /// bitwise (the engine's bits), the same gradients of the projection and the norm weights (up to
 /// FlashAttention's atomic dq sums and the order of the weights' sums; zero past the heads).
+/// The bf16 rotary rows (cos, signed sin) `[positions, head_dim]` of `positions`, θ = 1e6.
+fn rotary_rows(
+    positions: &[i64],
+    head_dim: i64,
+    dev: Device,
+) -> (ooze_torch::tch::Tensor, ooze_torch::tch::Tensor) {
+    use ooze_torch::tch::Tensor;
+    let rope = ooze_model::config::Rope {
+        theta: 1e6,
+        llama3: None,
+    };
+    let inv_freq = ooze_model::rope::inverse_frequencies(&rope, head_dim, dev);
+    let (cos, sin) = ooze_model::rope::cos_sin(
+        &inv_freq,
+        &Tensor::from_slice(positions).to_device(dev),
+        Kind::BFloat16,
+    );
+    let rows = positions.len() as i64;
+    (cos.view([rows, head_dim]), sin.view([rows, head_dim]))
+}
+
 #[test]
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_fused_qkv_attention_matches_separate_ops() {
     require_gpu();
-    use ooze_model::config::Rope;
     use ooze_torch::kernels;
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
@@ -396,20 +416,7 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
     for (heads, kv, d, normed) in [(14i64, 2i64, 64i64, false), (32, 8, 128, true)] {
         ooze_torch::tch::manual_seed(5);
         let qkv = Tensor::randn([total, (heads + 2 * kv) * d + 16], (Kind::BFloat16, dev));
-        let inv_freq = ooze_model::rope::inverse_frequencies(
-            &Rope {
-                theta: 1e6,
-                llama3: None,
-            },
-            d,
-            dev,
-        );
-        let (cos, sin) = ooze_model::rope::cos_sin(
-            &inv_freq,
-            &Tensor::from_slice(&positions).to_device(dev),
-            Kind::BFloat16,
-        );
-        let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
+        let (cos, sin) = rotary_rows(&positions, d, dev);
         let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
         let norm_weight = || (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
         let (q_norm, k_norm) = (norm_weight(), norm_weight());
@@ -491,7 +498,6 @@ fn gpu_fused_qkv_attention_matches_separate_ops() {
 #[ignore = "needs a GPU: run with --ignored on a CUDA machine"]
 fn gpu_slot_attention_trains_like_flash_attention() {
     require_gpu();
-    use ooze_model::config::Rope;
     use ooze_torch::kernels::{self, SlotLayout, SlotPlan};
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
@@ -522,20 +528,7 @@ fn gpu_slot_attention_trains_like_flash_attention() {
         for (heads, kv, d, normed) in [(14i64, 2i64, 64i64, false), (32, 8, 128, true)] {
             ooze_torch::tch::manual_seed(7);
             let qkv = Tensor::randn([total, (heads + 2 * kv) * d], (Kind::BFloat16, dev));
-            let inv_freq = ooze_model::rope::inverse_frequencies(
-                &Rope {
-                    theta: 1e6,
-                    llama3: None,
-                },
-                d,
-                dev,
-            );
-            let (cos, sin) = ooze_model::rope::cos_sin(
-                &inv_freq,
-                &Tensor::from_slice(&positions).to_device(dev),
-                Kind::BFloat16,
-            );
-            let (cos, sin) = (cos.view([total, d]), sin.view([total, d]));
+            let (cos, sin) = rotary_rows(&positions, d, dev);
             let upstream = Tensor::randn([total, heads, d], (Kind::BFloat16, dev));
             let q_norm = (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
             let k_norm = (Tensor::rand([d], (Kind::Float, dev)) + 0.5).to_kind(Kind::BFloat16);
