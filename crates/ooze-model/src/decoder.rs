@@ -373,10 +373,6 @@ impl Decoder {
         self.packed_attention = packed;
     }
 
-    pub fn packed_attention(&self) -> PackedAttention {
-        self.packed_attention
-    }
-
     pub fn device(&self) -> Device {
         self.device
     }

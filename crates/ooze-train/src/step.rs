@@ -100,8 +100,13 @@ impl DeviceSums {
             .map(|t| t.shallow_clone())
             .collect();
         // A non-blocking copy to the host lands in pinned memory (ATen pins it).
-        let host = (!present.is_empty())
-            .then(|| Tensor::cat(&present, 0).to_device_(Device::Cpu, Kind::Double, true, false));
+        let host = (!present.is_empty()).then(|| {
+            let all = Tensor::cat(&present, 0);
+            (
+                all.to_device_(Device::Cpu, Kind::Double, true, false),
+                all.device(),
+            )
+        });
         CopyingSums { sums: self, host }
     }
 
@@ -111,21 +116,19 @@ impl DeviceSums {
     }
 }
 
-/// [`DeviceSums`] on their way to the host.
+/// [`DeviceSums`] on their way to the host: the host tensor, and the device it comes from.
 struct CopyingSums {
     sums: DeviceSums,
-    host: Option<Tensor>,
+    host: Option<(Tensor, Device)>,
 }
 
 impl CopyingSums {
     /// The sums (None: no micro-batch had that number) and the maximum, once the copy is done.
     fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
         let mut values = match &self.host {
-            Some(host) => {
-                if let Some(Device::Cuda(i)) =
-                    self.sums.sums.iter().flatten().next().map(Tensor::device)
-                {
-                    ooze_torch::cuda_graph::synchronize(i);
+            Some((host, device)) => {
+                if let Device::Cuda(i) = device {
+                    ooze_torch::cuda_graph::synchronize(*i);
                 }
                 Vec::<f64>::try_from(host).map_err(ooze_model::ModelError::from)?
             }

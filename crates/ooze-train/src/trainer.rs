@@ -596,6 +596,7 @@ impl Trainer {
                 aggregation: Aggregation::GlobalTokenMean,
             },
         );
+        // Every other pass of the policy (RL steps, scoring) keeps the engine's arithmetic.
         self.policy
             .set_packed_attention(PackedAttention::EngineArithmetic);
         metrics

@@ -58,6 +58,30 @@ pub struct Args {
     ranks: RankArgs,
 }
 
+/// `batch` demonstrations of random tokens below `vocab` (a fixed seed), every token trained: all
+/// `seq_len` long, or `ragged`, between half of it and all of it.
+fn random_samples(batch: usize, seq_len: usize, ragged: bool, vocab: u64) -> Vec<Sample> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut token = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab) as u32
+    };
+    (0..batch)
+        .map(|_| {
+            let len = if ragged {
+                seq_len / 2 + token() as usize % (seq_len - seq_len / 2 + 1)
+            } else {
+                seq_len
+            }
+            .max(2);
+            let tokens: Vec<u32> = (0..len).map(|_| token()).collect();
+            Sample::demonstration(tokens, vec![1; len - 1])
+        })
+        .collect()
+}
+
 /// The middle value (the upper one of an even count).
 pub(super) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
@@ -96,25 +120,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     )? && ranks.group.is_some();
     let decoder = load_decoder_on(&a.model, device, &a.compute)?;
     let vocab = decoder.config.vocab_size as u64;
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut token = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % vocab) as u32
-    };
-    let samples: Vec<Sample> = (0..a.batch)
-        .map(|_| {
-            let len = if a.ragged {
-                a.seq_len / 2 + token() as usize % (a.seq_len - a.seq_len / 2 + 1)
-            } else {
-                a.seq_len
-            }
-            .max(2);
-            let tokens: Vec<u32> = (0..len).map(|_| token()).collect();
-            Sample::demonstration(tokens, vec![1; len - 1])
-        })
-        .collect();
+    let samples = random_samples(a.batch, a.seq_len, a.ragged, vocab);
     let config = TrainerConfig {
         max_tokens_per_micro_batch: micro,
         recompute_activations: a.recompute,
