@@ -114,19 +114,23 @@ pub(crate) fn round_up(n: i64, to: i64) -> i64 {
     (n + to - 1) / to * to
 }
 
-/// Which kernel attends over packed sequences ([`Attention::Packed`]) in bf16 on a GPU, outside
-/// deterministic numerics (which run split attention everywhere).
+/// The arithmetic of a bf16 model's passes over packed sequences on a GPU, outside deterministic
+/// numerics (which run split attention and fp32 logits everywhere): which kernel attends
+/// ([`Attention::Packed`]) and how the LM head makes the logits of a pass with gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum PackedAttention {
-    /// FlashAttention-2 (varlen): the arithmetic the engine's kernels reproduce, so the engine's
-    /// log-probs equal these passes' bitwise (rows of up to 4,096 keys). Scoring, RL steps.
+pub enum Arithmetic {
+    /// What the engine's kernels reproduce, so the engine's log-probs equal these passes'
+    /// bitwise: FlashAttention-2 (varlen, rows of up to 4,096 keys) and fp32 logits from the
+    /// head's matmul. Scoring, RL steps.
     #[default]
-    EngineArithmetic,
+    Engine,
     /// cuDNN's fused attention over dense slots where it runs (Hopper) and is estimated faster
     /// (`ooze_torch::kernels::SlotLayout`), else FlashAttention-2: 1.5–1.8× faster attention,
     /// ~1e-3 (relative) from FlashAttention-2's outputs, which grows to ~1e-2 in log-probs over
-    /// 24 layers and 2,000 tokens. Supervised steps, by default.
+    /// 24 layers and 2,000 tokens. And bf16 logits from the head's matmul, as autocast makes
+    /// them (`ooze_torch::kernels::HeadLogits::Bf16`): a third of the bytes fp32 logits and
+    /// their rounded copy cost. Supervised steps, by default.
     Fastest,
 }
 

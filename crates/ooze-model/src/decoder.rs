@@ -14,8 +14,8 @@
 //! engine's block tables) runs ooze's fused kernels on a GPU. A forward pass can also run a range of blocks
 //! ([`Decoder::run_layers`]), which activation recomputation replays one block at a time.
 
+use crate::attention::{Arithmetic, KvTarget};
 pub use crate::attention::{Attention, KvCache, PagedKv, KEY_ALIGN};
-use crate::attention::{KvTarget, PackedAttention};
 use crate::checkpoint::{export_model, save_weights, SaveOptions, WeightSet};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -216,7 +216,7 @@ pub struct Decoder {
     inv_freq: Tensor,
     device: Device,
     kind: Kind,
-    packed_attention: PackedAttention,
+    arithmetic: Arithmetic,
 }
 
 impl Decoder {
@@ -331,7 +331,7 @@ impl Decoder {
             inv_freq,
             device,
             kind,
-            packed_attention: PackedAttention::default(),
+            arithmetic: Arithmetic::default(),
         })
     }
 
@@ -364,13 +364,18 @@ impl Decoder {
             inv_freq: self.inv_freq.shallow_clone(),
             device: self.device,
             kind: self.kind,
-            packed_attention: PackedAttention::default(),
+            arithmetic: Arithmetic::default(),
         }
     }
 
-    /// Which kernel attends over packed sequences from now on ([`PackedAttention`]).
-    pub fn set_packed_attention(&mut self, packed: PackedAttention) {
-        self.packed_attention = packed;
+    /// The arithmetic of packed passes from now on ([`Arithmetic`]).
+    pub fn set_arithmetic(&mut self, arithmetic: Arithmetic) {
+        self.arithmetic = arithmetic;
+    }
+
+    /// The arithmetic of packed passes ([`Decoder::set_arithmetic`]).
+    pub fn arithmetic(&self) -> Arithmetic {
+        self.arithmetic
     }
 
     pub fn device(&self) -> Device {

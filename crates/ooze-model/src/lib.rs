@@ -22,7 +22,7 @@ pub mod scoring;
 pub mod tokenizer;
 pub mod tool_calls;
 
-pub use attention::PackedAttention;
+pub use attention::Arithmetic;
 pub use chat_template::{AssistantSpan, ChatTemplate, RenderOptions};
 pub use config::{Family, ModelConfig};
 pub use decoder::{enable_deterministic, Attention, Decoder, KvCache, PagedKv};

@@ -41,7 +41,9 @@ impl Default for ScoreOptions {
 ///
 /// On a GPU (bf16 or fp32 weights) the head matmul writes fp32 logits directly, with and without
 /// gradients (cuBLAS accumulates in fp32 anyway): no bf16 rounding of the logits and no separate
-/// upcast pass — 27% faster than bf16 logits + upcast on an H200 (docs/benchmarks.md). Elsewhere
+/// upcast pass — 27% faster than bf16 logits + upcast on an H200 (docs/benchmarks.md). Under
+/// [`crate::Arithmetic::Fastest`] a pass with gradients takes bf16 logits from the matmul instead,
+/// read by the same fused kernel (no upcast pass either). Elsewhere
 /// (the CPU, or an entropy that needs gradients outside deterministic numerics) the logits come
 /// out in the model dtype and are upcast. `options.chunk_tokens` below 1 counts as 1.
 pub fn head_log_probs(
@@ -68,12 +70,22 @@ pub fn head_log_probs(
             .map(move |start| (start, chunk.min(n - start)))
     };
     if fused {
+        use ooze_torch::kernels::HeadLogits;
+        // A pass with gradients holds its logits for the backward: in bf16 from the matmul under
+        // the fastest arithmetic (supervised steps), else fp32 rounded (the engine's log-probs).
+        let logits = if !hidden.requires_grad() || options.recompute_logits {
+            HeadLogits::Recompute
+        } else if decoder.arithmetic() == crate::Arithmetic::Fastest && !deterministic {
+            HeadLogits::Bf16
+        } else {
+            HeadLogits::KeepRounded
+        };
         let (log_probs, entropy) = ooze_torch::kernels::linear_log_prob(
             hidden,
             decoder.head_weight(),
             targets,
             options.temperature,
-            hidden.requires_grad() && !options.recompute_logits,
+            logits,
             chunk,
         )
         .expect("invariant: hidden rows, head and targets on one GPU are valid");

@@ -690,9 +690,9 @@ pub(crate) fn build_trainer(
         loss,
         aggregation: a.aggregation,
         recompute_activations: t.recompute_activations,
-        // Not a recipe key: supervised steps (warm starts, `ooze sft`) take the fastest attention,
-        // RL steps the engine's arithmetic.
-        sft_attention: ooze_model::PackedAttention::Fastest,
+        // Not a recipe key: supervised steps (warm starts, `ooze sft`) take the fastest
+        // arithmetic, RL steps the engine's.
+        sft_arithmetic: ooze_model::Arithmetic::Fastest,
     };
     let mut trainer = match shard_over {
         Some(group) => Trainer::sharded(policy, reference, config, group),

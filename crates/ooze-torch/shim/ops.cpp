@@ -170,36 +170,57 @@ at::Tensor fp32_logits(const at::Tensor& hidden, const at::Tensor& weight) {
   return at::mm(hidden, weight.t(), at::kFloat);
 }
 
+// How the LM head's logits are made and what the backward reads (LinearLogProbFunction).
+enum class HeadLogits : int64_t {
+  // fp32 from the matmul, recomputed in fp32 for the backward (activation recomputation).
+  Recompute = 0,
+  // fp32 from the matmul for the forward (the engine's arithmetic); kept rounded to bf16 (the
+  // rounding autocast PyTorch trains with, 2 bytes per logit until the backward).
+  KeepRounded = 1,
+  // bf16 from the matmul, as autocast makes them, for the forward and the backward: half the
+  // bytes written and read, and log-probs from the rounded logits, not the engine's.
+  Bf16 = 2,
+};
+
 // log_softmax(hidden·Wᵀ / T) at the targets, with entropy (not differentiated), over all rows in
-// one autograd node that works through them `chunk` rows at a time (at most chunk × vocab fp32
-// logits exist at once). The backward writes each chunk's hidden gradient into its rows of one
-// tensor and accumulates the weight gradient in the GEMM itself (beta = 1): one [vocab, h] result
-// for the whole head instead of one per chunk summed by autograd. The backward either reads the
-// logits kept in bf16 by the forward kernel (`keep_logits`: the rounding autocast PyTorch trains
-// with, 2 bytes per logit held until the backward) or recomputes them in fp32.
+// one autograd node. With fp32 logits it works through them `chunk` rows at a time (at most
+// chunk × vocab fp32 logits exist at once). The backward writes each chunk's hidden gradient into
+// its rows of one tensor and accumulates the weight gradient in the GEMM itself (beta = 1): one
+// [vocab, h] result for the whole head instead of one per chunk summed by autograd. The backward
+// either reads bf16 logits kept since the forward (HeadLogits) or recomputes them in fp32.
 struct LinearLogProbFunction : public torch::autograd::Function<LinearLogProbFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& hidden,
-                                                const at::Tensor& weight,
+                                                const at::Tensor& hidden, const at::Tensor& weight,
                                                 const at::Tensor& targets, double inv_temp,
-                                                bool keep_logits, int64_t chunk) {
+                                                int64_t mode, int64_t chunk) {
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
     auto f32 = hidden.options().dtype(at::kFloat);
     at::Tensor log_prob = at::empty({rows}, f32), lse = at::empty({rows}, f32),
                entropy = at::empty({rows}, f32);
+    const bool bf16 = hidden.scalar_type() == at::kBFloat16;
     at::Tensor kept;
-    if (keep_logits && hidden.scalar_type() == at::kBFloat16) {
-      kept = at::empty({rows, vocab}, hidden.options());
-    }
-    for (int64_t start = 0; start < rows; start += chunk) {
-      const int64_t len = std::min(chunk, rows - start);
-      const at::Tensor logits = fp32_logits(hidden.narrow(0, start, len), weight);
-      check_launch(ooze_launch_log_prob_forward(
-          logits.data_ptr<float>(), static_cast<int>(len), static_cast<int>(vocab),
-          targets.data_ptr<int64_t>() + start, static_cast<float>(inv_temp),
-          log_prob.data_ptr<float>() + start, lse.data_ptr<float>() + start,
-          entropy.data_ptr<float>() + start,
-          kept.defined() ? kept.narrow(0, start, len).data_ptr() : nullptr, stream()));
+    if (bf16 && mode == static_cast<int64_t>(HeadLogits::Bf16)) {
+      kept = at::mm(hidden, weight.t());
+      if (rows > 0) {
+        check_launch(ooze_launch_log_prob_forward_bf16(
+            kept.data_ptr(), static_cast<int>(rows), static_cast<int>(vocab),
+            targets.data_ptr<int64_t>(), static_cast<float>(inv_temp), log_prob.data_ptr<float>(),
+            lse.data_ptr<float>(), entropy.data_ptr<float>(), stream()));
+      }
+    } else {
+      if (bf16 && mode == static_cast<int64_t>(HeadLogits::KeepRounded)) {
+        kept = at::empty({rows, vocab}, hidden.options());
+      }
+      for (int64_t start = 0; start < rows; start += chunk) {
+        const int64_t len = std::min(chunk, rows - start);
+        const at::Tensor logits = fp32_logits(hidden.narrow(0, start, len), weight);
+        check_launch(ooze_launch_log_prob_forward(
+            logits.data_ptr<float>(), static_cast<int>(len), static_cast<int>(vocab),
+            targets.data_ptr<int64_t>() + start, static_cast<float>(inv_temp),
+            log_prob.data_ptr<float>() + start, lse.data_ptr<float>() + start,
+            entropy.data_ptr<float>() + start,
+            kept.defined() ? kept.narrow(0, start, len).data_ptr() : nullptr, stream()));
+      }
     }
     ctx->save_for_backward({hidden, weight, targets, lse, kept});
     ctx->saved_data["inv_temp"] = inv_temp;
@@ -483,12 +504,13 @@ at::Tensor* ooze_rope(const at::Tensor* x, const at::Tensor* cos, const at::Tens
   });
 }
 
-// log_softmax(hidden·Wᵀ · inv_temp) at `targets`, and the entropy of that distribution, in
-// chunks of `chunk_rows` rows:
+// log_softmax(hidden·Wᵀ · inv_temp) at `targets`, and the entropy of that distribution, fp32
+// logits in chunks of `chunk_rows` rows; `logits_mode` a HeadLogits (0 recompute, 1 keep rounded,
+// 2 bf16 logits; 1 and 2 count as 0 for fp32 hidden rows):
 // hidden [rows, h], weight [vocab, h] (bf16 or fp32, contiguous), targets int64 [rows]. Writes the
 // two [rows] fp32 results through `log_prob` and `entropy`; returns 0 or 1 (error recorded).
 int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
-                         const at::Tensor* targets, double inv_temp, int keep_logits,
+                         const at::Tensor* targets, double inv_temp, int logits_mode,
                          int64_t chunk_rows, at::Tensor** log_prob, at::Tensor** entropy) {
   try {
     check_cuda(*hidden, "hidden");
@@ -501,8 +523,9 @@ int ooze_linear_log_prob(const at::Tensor* hidden, const at::Tensor* weight,
     TORCH_CHECK(targets->scalar_type() == at::kLong && targets->numel() == hidden->size(0),
                 "targets must be int64 [rows]");
     TORCH_CHECK(chunk_rows > 0, "chunk_rows must be positive");
+    TORCH_CHECK(logits_mode >= 0 && logits_mode <= 2, "logits_mode must be 0, 1 or 2");
     auto out = LinearLogProbFunction::apply(hidden->contiguous(), *weight, targets->contiguous(),
-                                            inv_temp, keep_logits != 0, chunk_rows);
+                                            inv_temp, logits_mode, chunk_rows);
     *log_prob = new at::Tensor(out[0]);
     *entropy = new at::Tensor(out[1]);
     return 0;

@@ -44,6 +44,9 @@ int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
                                  const int64_t* targets, float inv_temp, float* log_prob,
                                  float* lse, float* entropy, void* logits_bf16,
                                  cudaStream_t stream);
+int ooze_launch_log_prob_forward_bf16(const void* logits, int rows, int vocab,
+                                      const int64_t* targets, float inv_temp, float* log_prob,
+                                      float* lse, float* entropy, cudaStream_t stream);
 int ooze_launch_log_prob_backward(int bf16, const void* logits, int logits_bf16, int rows,
                                   int vocab, const int64_t* targets, const float* lse,
                                   const float* grad, float inv_temp, void* out,

@@ -58,8 +58,14 @@ static_assert(RMS_THREADS == 128, "the four-warp combination above assumes 128 t
 //   dx = r·q − x·r³·(Σ q·x)/n (+ the gradient that reaches x by the residual stream, when
 //   `residual_grad` is given), and dw = Σ over rows of g·x·r.
 // `rstd` gives r per row (ATen's forward saves it); null: r is recomputed from x in fp32.
-// One thread per eight columns (n a multiple of 8, at most 8192), `rows_per_block` rows per block;
-// each block writes its rows' share of dw to partial[block] in fp32.
+// One thread per eight columns (n a multiple of 8, at most 8192), `rows_per_block` rows per block,
+// taken R at a time: their loads are in flight together (one row at a time leaves HBM waiting on
+// each row's reductions), and each row's arithmetic is what it would be alone, so R does not
+// change a bit. Each block writes its rows' share of dw, summed in row order, to partial[block]
+// in fp32. R = 2 needs ~120 registers a thread (128 threads at most, as Qwen2.5-0.5B's 896
+// columns take): 54 µs instead of 73 for its 16,384 × 896 rows on an H200; wider rows and R = 4
+// were slower (docs/benchmarks.md).
+template <int R>
 __global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
                                          const __nv_bfloat16* __restrict__ grad,
                                          const __nv_bfloat16* __restrict__ residual_grad,
@@ -73,54 +79,68 @@ __global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc[k] = 0.f;
   if (active) load8(weight + col, w);
-  __shared__ float warp_dots[32], warp_squares[32];
-  __shared__ float row_dot, row_r;
+  __shared__ float warp_dots[R][32], warp_squares[R][32];
+  __shared__ float row_dot[R], row_r[R];
   const int warps = (blockDim.x + 31) / 32;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
-  for (int64_t row = first; row < last; ++row) {
-    float xv[8], gv[8];
-    float dot = 0.f, squares = 0.f;
-    if (active) {
-      load8(x + row * n + col, xv);
-      load8(grad + row * n + col, gv);
+  for (int64_t row0 = first; row0 < last; row0 += R) {
+    float xv[R][8], gv[R][8], rg[R][8];
+    float dot[R], squares[R];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        dot += w[k] * gv[k] * xv[k];
-        squares += xv[k] * xv[k];
+    for (int i = 0; i < R; ++i) {
+      dot[i] = 0.f;
+      squares[i] = 0.f;
+      const int64_t row = row0 + i;
+      if (active && row < last) {
+        load8(x + row * n + col, xv[i]);
+        load8(grad + row * n + col, gv[i]);
+        if (residual_grad != nullptr) load8(residual_grad + row * n + col, rg[i]);
       }
     }
-    dot = warp_sum(dot);
-    if (rstd == nullptr) squares = warp_sum(squares);
-    if ((t & 31) == 0) {
-      warp_dots[t >> 5] = dot;
-      warp_squares[t >> 5] = squares;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (active && row0 + i < last) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          dot[i] += w[k] * gv[i][k] * xv[i][k];
+          squares[i] += xv[i][k] * xv[i][k];
+        }
+      }
+      dot[i] = warp_sum(dot[i]);
+      if (rstd == nullptr) squares[i] = warp_sum(squares[i]);
+      if ((t & 31) == 0) {
+        warp_dots[i][t >> 5] = dot[i];
+        warp_squares[i][t >> 5] = squares[i];
+      }
     }
     __syncthreads();
-    if (t == 0) {
+    if (t < R && row0 + t < last) {
       float total = 0.f, total_squares = 0.f;
-      for (int i = 0; i < warps; ++i) {
-        total += warp_dots[i];
-        total_squares += warp_squares[i];
+      for (int v = 0; v < warps; ++v) {
+        total += warp_dots[t][v];
+        total_squares += warp_squares[t][v];
       }
-      row_dot = total;
-      row_r = rstd != nullptr ? rstd[row] : rsqrtf(total_squares / static_cast<float>(n) + eps);
+      row_dot[t] = total;
+      row_r[t] =
+          rstd != nullptr ? rstd[row0 + t] : rsqrtf(total_squares / static_cast<float>(n) + eps);
     }
     __syncthreads();
-    if (active) {
-      const float r = row_r;
-      const float c = row_dot * r * r * r / static_cast<float>(n);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = row0 + i;
+      if (!active || row >= last) continue;
+      const float r = row_r[i];
+      const float c = row_dot[i] * r * r * r / static_cast<float>(n);
       float d[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        d[k] = r * w[k] * gv[k] - xv[k] * c;
-        acc[k] += gv[k] * xv[k] * r;
+        d[k] = r * w[k] * gv[i][k] - xv[i][k] * c;
+        acc[k] += gv[i][k] * xv[i][k] * r;
       }
       if (residual_grad != nullptr) {
-        float rg[8];
-        load8(residual_grad + row * n + col, rg);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) d[k] += rg[k];
+        for (int k = 0; k < 8; ++k) d[k] += rg[i][k];
       }
       store8(dx + row * n + col, d);
     }
@@ -287,10 +307,10 @@ int ooze_launch_rms_norm_backward(const void* x, const void* grad, const void* r
   const int64_t blocks = ooze_rms_norm_backward_blocks(rows);
   if (blocks > 0) {
     const int threads = (n / 8 + 31) / 32 * 32;
-    rms_norm_backward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(grad),
-        static_cast<const T*>(residual_grad), static_cast<const T*>(weight), rstd, eps, rows, n, 32,
-        static_cast<T*>(dx), partial);
+    const auto kernel = threads <= 128 ? rms_norm_backward_kernel<2> : rms_norm_backward_kernel<1>;
+    kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(grad), static_cast<const T*>(residual_grad),
+        static_cast<const T*>(weight), rstd, eps, rows, n, 32, static_cast<T*>(dx), partial);
   }
   rms_norm_weight_grad_kernel<<<(n + 31) / 32, dim3(32, 8), 0, stream>>>(
       partial, static_cast<int>(blocks), n, static_cast<T*>(dw));

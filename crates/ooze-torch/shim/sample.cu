@@ -90,33 +90,48 @@ __device__ __forceinline__ float4 group_of(const float* x, int i, bool aligned) 
                  : make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
 }
 
+// The same from bf16 logits: one 8-byte read where the row starts 8-byte aligned.
+__device__ __forceinline__ float4 group_of(const __nv_bfloat16* x, int i, bool aligned) {
+  if (aligned) {
+    const uint2 raw = reinterpret_cast<const uint2*>(x)[i];
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  return make_float4(__bfloat162float(x[4 * i]), __bfloat162float(x[4 * i + 1]),
+                     __bfloat162float(x[4 * i + 2]), __bfloat162float(x[4 * i + 3]));
+}
+
 // Calls f(q, i) for this thread's groups of four logits, i = tid, tid + SAMPLE_THREADS, … in that
-// order, with four 16-byte loads in flight (one at a time leaves a block of 1024 threads about
-// half the bytes in flight that HBM needs). Every caller's arithmetic stays in this order.
-template <typename F>
-__device__ __forceinline__ void for_each_group(const float* x, int groups, bool aligned, F f) {
+// order, with 64 bytes of loads in flight (four float groups or eight bf16 ones; less leaves a
+// block of 1024 threads about half the bytes in flight that HBM needs). Every caller's arithmetic
+// stays in this order.
+template <typename TIn, typename F>
+__device__ __forceinline__ void for_each_group(const TIn* x, int groups, bool aligned, F f) {
+  constexpr int K = 64 / (4 * sizeof(TIn));
   int i = threadIdx.x;
-  for (; i + 3 * SAMPLE_THREADS < groups; i += 4 * SAMPLE_THREADS) {
-    float4 q[4];
+  for (; i + (K - 1) * SAMPLE_THREADS < groups; i += K * SAMPLE_THREADS) {
+    float4 q[K];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) q[k] = group_of(x, i + k * SAMPLE_THREADS, aligned);
+    for (int k = 0; k < K; ++k) q[k] = group_of(x, i + k * SAMPLE_THREADS, aligned);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) f(q[k], i + k * SAMPLE_THREADS);
+    for (int k = 0; k < K; ++k) f(q[k], i + k * SAMPLE_THREADS);
   }
   for (; i < groups; i += SAMPLE_THREADS) f(group_of(x, i, aligned), i);
 }
 
-// Per row of fp32 logits [rows, vocab] (x = logits · inv_temp): the log-prob of the target,
-// logsumexp and entropy (lse − E[x]), no full-vocabulary output; optionally the logits rounded
-// to bf16 for the backward. `aligned`: rows start 16-byte aligned (the arithmetic is the same
-// either way).
+// Per row of logits [rows, vocab] (fp32, or bf16 as a bf16 matmul wrote them; x = logits ·
+// inv_temp): the log-prob of the target, logsumexp and entropy (lse − E[x]), no full-vocabulary
+// output; optionally (fp32 logits) the logits rounded to bf16 for the backward. `aligned`: rows
+// start 16-byte (fp32) or 8-byte (bf16) aligned (the arithmetic is the same either way).
+template <typename TIn>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-    log_prob_forward_kernel(const float* __restrict__ logits, int vocab,
+    log_prob_forward_kernel(const TIn* __restrict__ logits, int vocab,
                             const int64_t* __restrict__ targets, float inv_temp, bool aligned,
                             float* __restrict__ log_prob, float* __restrict__ lse_out,
                             float* __restrict__ entropy, __nv_bfloat16* __restrict__ logits_bf16) {
   const int row = blockIdx.x, tid = threadIdx.x;
-  const float* x = logits + static_cast<int64_t>(row) * vocab;
+  const TIn* x = logits + static_cast<int64_t>(row) * vocab;
   Moments acc{-INFINITY, 0.f, 0.f};
   if (vocab % 4 == 0) {
     __nv_bfloat16* keep =
@@ -131,8 +146,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     });
   } else {
     for (int i = tid; i < vocab; i += SAMPLE_THREADS) {
-      if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(x[i]);
-      const float v = __fmul_rn(x[i], inv_temp);
+      const float xi = to_float(x[i]);
+      if (logits_bf16) logits_bf16[static_cast<int64_t>(row) * vocab + i] = __float2bfloat16(xi);
+      const float v = __fmul_rn(xi, inv_temp);
       acc = merge_moments(acc, Moments{v, 1.f, v});
     }
   }
@@ -140,7 +156,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   if (tid == 0) {
     const float lse = acc.max + logf(acc.sum);
     lse_out[row] = lse;
-    log_prob[row] = log_prob_of(x[targets[row]], inv_temp, lse);
+    log_prob[row] = log_prob_of(to_float(x[targets[row]]), inv_temp, lse);
     entropy[row] = lse - acc.weighted / acc.sum;
   }
 }
@@ -501,9 +517,20 @@ int ooze_launch_log_prob_forward(const float* logits, int rows, int vocab,
                                  float* lse, float* entropy, void* logits_bf16,
                                  cudaStream_t stream) {
   const bool aligned = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  log_prob_forward_kernel<<<rows, SAMPLE_THREADS, 0, stream>>>(
-      logits, vocab, targets, inv_temp, aligned, log_prob, lse, entropy,
-      static_cast<__nv_bfloat16*>(logits_bf16));
+  log_prob_forward_kernel<float>
+      <<<rows, SAMPLE_THREADS, 0, stream>>>(logits, vocab, targets, inv_temp, aligned, log_prob,
+                                            lse, entropy, static_cast<__nv_bfloat16*>(logits_bf16));
+  return static_cast<int>(cudaGetLastError());
+}
+
+// ooze_launch_log_prob_forward over bf16 logits [rows, vocab] (contiguous rows).
+int ooze_launch_log_prob_forward_bf16(const void* logits, int rows, int vocab,
+                                      const int64_t* targets, float inv_temp, float* log_prob,
+                                      float* lse, float* entropy, cudaStream_t stream) {
+  const bool aligned = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 8 == 0;
+  log_prob_forward_kernel<__nv_bfloat16><<<rows, SAMPLE_THREADS, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(logits), vocab, targets, inv_temp, aligned, log_prob, lse,
+      entropy, nullptr);
   return static_cast<int>(cudaGetLastError());
 }
 

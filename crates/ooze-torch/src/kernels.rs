@@ -170,7 +170,7 @@ pub(crate) mod ffi {
             weight: *const CTensor,
             targets: *const CTensor,
             inv_temp: f64,
-            keep_logits: i32,
+            logits_mode: i32,
             chunk_rows: i64,
             log_prob: *mut *mut CTensor,
             entropy: *mut *mut CTensor,
@@ -524,21 +524,34 @@ pub fn rope(
     Err(KernelError::Unavailable)
 }
 
+/// How [`linear_log_prob`] makes the LM head's logits, and what its backward reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadLogits {
+    /// fp32 from the matmul; the backward recomputes them in fp32 (activation recomputation).
+    Recompute = 0,
+    /// fp32 from the matmul (the engine's arithmetic: its log-probs are these bitwise), held
+    /// rounded to bf16 for the backward (2 bytes per logit; the rounding autocast PyTorch trains
+    /// with).
+    KeepRounded = 1,
+    /// bf16 from the matmul for the forward and the backward, as autocast makes them: half the
+    /// bytes written and read, and log-probs of the rounded logits (not the engine's). bf16
+    /// rows only (fp32 rows recompute).
+    Bf16 = 2,
+}
+
 /// `log_softmax(hidden·Wᵀ / temperature)` at `targets [rows]` and the entropy of each row's
 /// distribution, for `hidden [rows, h]` and the LM head `weight [vocab, h]` (bf16 or fp32, CUDA):
-/// the logits are fp32 from the matmul itself, `chunk_rows` (≥ 1) rows at a time (at most that
-/// many rows of fp32 logits exist at once); the log-probs are differentiable in `hidden` and `weight`, the
-/// entropies are not. One autograd node covers every chunk: its backward accumulates the weight
-/// gradient inside the matmul. For the backward, `keep_logits` holds the logits in bf16 (2 bytes
-/// each until the backward; the rounding autocast PyTorch trains with), otherwise the backward
-/// recomputes them in fp32.
+/// the logits come from the matmul as `logits` says (fp32 ones `chunk_rows` (≥ 1) rows at a time:
+/// at most that many rows of fp32 logits exist at once); the log-probs are differentiable in
+/// `hidden` and `weight`, the entropies are not. One autograd node covers every chunk: its
+/// backward accumulates the weight gradient inside the matmul.
 #[allow(unused_variables)]
 pub fn linear_log_prob(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
     temperature: f64,
-    keep_logits: bool,
+    logits: HeadLogits,
     chunk_rows: i64,
 ) -> Result<(Tensor, Tensor), KernelError> {
     #[cfg(ooze_cuda_kernels)]
@@ -551,7 +564,7 @@ pub fn linear_log_prob(
                 weight.as_ptr().cast(),
                 targets.as_ptr().cast(),
                 1.0 / temperature,
-                keep_logits as i32,
+                logits as i32,
                 chunk_rows,
                 &mut log_prob,
                 &mut entropy,

@@ -18,6 +18,7 @@ use ooze_torch::optim::{
     master_adamw_available, AdamW, MasterSlot,
 };
 use ooze_torch::tch::{self, Device, Kind, Tensor};
+use ooze_torch::transfer::Download;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,8 +178,10 @@ impl Optimizer {
         let norms = foreach_norm(&present).map_err(|e| TrainError::Optimizer(e.to_string()))?;
         let total = norms.square().sum(Kind::Float).sqrt();
         // The kernel skips the step when the divisor is not finite, so the norm is read (and a
-        // non-finite one reported) after the step is queued: no wait in between.
+        // non-finite one reported) after the step is queued, and only the norm is waited for:
+        // the step's kernels run on while the host goes on.
         let divisor = self.divisor_of(&total);
+        let norm = Download::start(&total);
         let slots: Vec<MasterSlot<'_>> = self
             .slots
             .iter()
@@ -207,7 +210,7 @@ impl Optimizer {
             eps: self.config.eps,
         };
         master_adamw(&slots, hyper, &divisor).map_err(|e| TrainError::Optimizer(e.to_string()))?;
-        finite_norm(&total).map(Some)
+        finite_norm(&norm.wait()).map(Some)
     }
 
     /// The divisor that clips the gradients by their global norm `total` (an fp32 scalar on their

@@ -15,8 +15,8 @@ use ooze_algo::loss::loss;
 use ooze_algo::{token_weights, Aggregation, LossConfig, LossInputs, PolicyLoss, StepSample};
 use ooze_core::Sample;
 use ooze_torch::dist::ReduceOp;
-use ooze_torch::tch::{Device, Kind, Tensor};
-use ooze_torch::transfer::upload;
+use ooze_torch::tch::{Kind, Tensor};
+use ooze_torch::transfer::{upload, Download};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -99,15 +99,9 @@ impl DeviceSums {
             .flatten()
             .map(|t| t.shallow_clone())
             .collect();
-        // A non-blocking copy to the host lands in pinned memory (ATen pins it).
-        let host = (!present.is_empty()).then(|| {
-            let all = Tensor::cat(&present, 0);
-            (
-                all.to_device_(Device::Cpu, Kind::Double, true, false),
-                all.device(),
-            )
-        });
-        CopyingSums { sums: self, host }
+        let copy = (!present.is_empty())
+            .then(|| Download::start(&Tensor::cat(&present, 0).to_kind(Kind::Double)));
+        CopyingSums { sums: self, copy }
     }
 
     /// The sums (None: no micro-batch had that number) and the maximum, in one copy to the host.
@@ -116,21 +110,19 @@ impl DeviceSums {
     }
 }
 
-/// [`DeviceSums`] on their way to the host: the host tensor, and the device it comes from.
+/// [`DeviceSums`] on their way to the host.
 struct CopyingSums {
     sums: DeviceSums,
-    host: Option<(Tensor, Device)>,
+    copy: Option<Download>,
 }
 
 impl CopyingSums {
-    /// The sums (None: no micro-batch had that number) and the maximum, once the copy is done.
+    /// The sums (None: no micro-batch had that number) and the maximum, once their copy is done
+    /// (work queued after it, such as the optimizer's kernels, may still be running).
     fn read(self) -> Result<([Option<f64>; SUMS], Option<f64>), TrainError> {
-        let mut values = match &self.host {
-            Some((host, device)) => {
-                if let Device::Cuda(i) = device {
-                    ooze_torch::cuda_graph::synchronize(*i);
-                }
-                Vec::<f64>::try_from(host).map_err(ooze_model::ModelError::from)?
+        let mut values = match self.copy {
+            Some(copy) => {
+                Vec::<f64>::try_from(copy.wait()).map_err(ooze_model::ModelError::from)?
             }
             None => Vec::new(),
         }
@@ -540,8 +532,9 @@ impl Trainer {
         started: Instant,
     ) -> Result<StepMetrics, TrainError> {
         let device = self.policy.device();
-        // The sums go to the host ahead of the optimizer's kernels: its gradient-norm read then
-        // finds them there, with no second wait after it.
+        // The sums go to the host ahead of the optimizer's kernels, and the step returns once they
+        // and the gradient norm are read: the optimizer's kernels may still be running, so the
+        // host prepares the next step meanwhile (work queued later on the stream follows them).
         let sums = match sums {
             StepSums::OnDevice(s) => StepSums::Copying(s.start_read()),
             other => other,
@@ -590,15 +583,14 @@ impl Trainer {
         metrics.importance_weight = sums.importance_weight;
         metrics.value_loss = sums.value;
         metrics.value_clipfrac = sums.value_clipped;
-        if let Device::Cuda(i) = device {
-            ooze_torch::cuda_graph::synchronize(i);
-        }
         metrics.tokens = samples.iter().map(|s| s.tokens.len()).sum();
         metrics.response_tokens = samples.iter().map(|s| s.response_length).sum();
         // The step's own passes: one forward and its backward over every sample. `logp_old` and
         // the reference's log-probs were computed before the step, outside its time, and
         // activation recomputation is not counted (model FLOPs, not hardware FLOPs).
         metrics.flops = self.flops(samples);
+        // Host time from the call to the return: with steps back to back, one step's period on
+        // the GPU (the last step's optimizer kernels finish after it returns).
         metrics.seconds = started.elapsed().as_secs_f64();
         metrics.tokens_per_second = metrics.tokens as f64 / metrics.seconds;
         // The ranks share the step's samples, so its FLOPs are over all their GPUs.

@@ -25,7 +25,7 @@ use ooze_algo::{
     SampleInput,
 };
 use ooze_core::Sample;
-use ooze_model::{Decoder, PackedAttention};
+use ooze_model::{Arithmetic, Decoder};
 use ooze_torch::dist::ProcessGroup;
 use ooze_torch::tch::{self, Device, Kind, Tensor};
 use serde::{Deserialize, Serialize};
@@ -47,12 +47,13 @@ pub struct TrainerConfig {
     /// Keep only each block's input during the forward pass and recompute the blocks in the
     /// backward pass (less memory, one more forward).
     pub recompute_activations: bool,
-    /// The packed attention of supervised steps ([`Trainer::sft_step`]), which have no engine's
+    /// The arithmetic of supervised steps ([`Trainer::sft_step`]), which have no engine's
     /// log-probs to agree with: the fastest by default (cuDNN's fused attention on Hopper where it
-    /// pays). RL steps always take the engine's arithmetic (FlashAttention-2, bitwise the
-    /// engine's log-probs): with cuDNN's in the trainer, the mean |trainer − engine| log-prob was
-    /// 9.5e-3 and the max 0.064 (0.5B, ~2,000-token samples, H200; docs/benchmarks.md).
-    pub sft_attention: PackedAttention,
+    /// pays, bf16 logits). RL steps always take the engine's arithmetic (FlashAttention-2 and fp32
+    /// logits, bitwise the engine's log-probs): with cuDNN's attention in the trainer, the mean
+    /// |trainer − engine| log-prob was 9.5e-3 and the max 0.064 (0.5B, ~2,000-token samples,
+    /// H200; docs/benchmarks.md).
+    pub sft_arithmetic: Arithmetic,
 }
 
 impl Default for TrainerConfig {
@@ -66,7 +67,7 @@ impl Default for TrainerConfig {
             loss: LossConfig::default(),
             aggregation: Aggregation::default(),
             recompute_activations: false,
-            sft_attention: PackedAttention::Fastest,
+            sft_arithmetic: Arithmetic::Fastest,
         }
     }
 }
@@ -584,7 +585,7 @@ impl Trainer {
             observation_coef: 0.0,
             ..self.config.loss.clone()
         };
-        self.policy.set_packed_attention(self.config.sft_attention);
+        self.policy.set_arithmetic(self.config.sft_arithmetic);
         let metrics = self.run_step(
             samples,
             StepInputs {
@@ -597,8 +598,7 @@ impl Trainer {
             },
         );
         // Every other pass of the policy (RL steps, scoring) keeps the engine's arithmetic.
-        self.policy
-            .set_packed_attention(PackedAttention::EngineArithmetic);
+        self.policy.set_arithmetic(Arithmetic::Engine);
         metrics
     }
 

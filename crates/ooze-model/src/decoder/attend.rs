@@ -17,7 +17,7 @@ pub(super) struct AttentionPlan {
     pub causal: bool,
     /// Packed sequences through FlashAttention: offsets, the longest, the lengths.
     pub varlen: Option<(Tensor, i64, Vec<i64>)>,
-    /// …or, for `fused_qkv_varlen` under [`crate::PackedAttention::Fastest`], through cuDNN's
+    /// …or, for `fused_qkv_varlen` under [`crate::Arithmetic::Fastest`], through cuDNN's
     /// fused attention over these slots.
     pub slots: Option<kernels::SlotLayout>,
     /// Packed sequences as a right-padded batch.

@@ -5,7 +5,7 @@
 use super::attend::AttentionPlan;
 use super::{kernels_apply, Decoder};
 use crate::attention::{
-    decode_bias, offset_causal_mask, packed_mask, paged_mask, Attention, KvTarget, PackedAttention,
+    decode_bias, offset_causal_mask, packed_mask, paged_mask, Arithmetic, Attention, KvTarget,
     PaddedPacking,
 };
 use ooze_torch::kernels;
@@ -108,7 +108,7 @@ impl Decoder {
         let slots = match &varlen {
             Some((_, _, lengths))
                 if fused_qkv_varlen
-                    && self.packed_attention == PackedAttention::Fastest
+                    && self.arithmetic == Arithmetic::Fastest
                     && matches!(c.head_dim, 64 | 128) =>
             {
                 kernels::SlotLayout::plan(lengths, c.num_heads, c.head_dim, self.device)

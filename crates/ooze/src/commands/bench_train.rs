@@ -43,11 +43,11 @@ pub struct Args {
     /// batch's are, instead of all equal.
     #[arg(long)]
     ragged: bool,
-    /// Packed attention of the (supervised) steps: `fastest` (the default of supervised steps:
-    /// cuDNN's fused attention where it runs and pays, else FlashAttention-2) or `flash`
-    /// (FlashAttention-2, the engine's arithmetic, which RL steps always take).
-    #[arg(long, default_value = "fastest", value_parser = ["fastest", "flash"])]
-    attention: String,
+    /// Arithmetic of the (supervised) steps: `fastest` (the default of supervised steps: cuDNN's
+    /// fused attention where it runs and pays, else FlashAttention-2, and bf16 logits) or `engine`
+    /// (FlashAttention-2 and fp32 logits, the engine's arithmetic, which RL steps always take).
+    #[arg(long, default_value = "fastest", value_parser = ["fastest", "engine"])]
+    arithmetic: String,
     /// Record the timed steps with PyTorch's profiler: a Chrome trace (Perfetto) written here,
     /// and a summary printed of GPU busy time, the kernels that took it and the longest gaps.
     #[arg(long)]
@@ -124,9 +124,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let config = TrainerConfig {
         max_tokens_per_micro_batch: micro,
         recompute_activations: a.recompute,
-        sft_attention: match a.attention.as_str() {
-            "flash" => ooze_model::PackedAttention::EngineArithmetic,
-            _ => ooze_model::PackedAttention::Fastest,
+        sft_arithmetic: match a.arithmetic.as_str() {
+            "engine" => ooze_model::Arithmetic::Engine,
+            _ => ooze_model::Arithmetic::Fastest,
         },
         ..Default::default()
     };
@@ -153,17 +153,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (mut steps, mut syncs) = (Vec::with_capacity(a.iters), Vec::new());
     // Rank 0 records (one trace per process; the others' match it).
     let recording = Recording::start(a.trace.as_deref().filter(|_| first), device.is_cuda())?;
+    let synchronize = || {
+        if let Device::Cuda(i) = device {
+            ooze_torch::cuda_graph::synchronize(i);
+        }
+    };
+    // A step returns before its optimizer's kernels finish; the wall time over all steps, from
+    // an idle GPU to an idle GPU, checks the steps' own times.
+    synchronize();
+    let wall = Instant::now();
     for _ in 0..a.iters {
         steps.push(trainer.sft_step(&samples)?);
         if let Some(engine) = &engine {
+            synchronize();
             let started = Instant::now();
             trainer.sync_weights_into(engine)?;
-            if let Device::Cuda(i) = device {
-                ooze_torch::cuda_graph::synchronize(i);
-            }
+            synchronize();
             syncs.push(started.elapsed().as_secs_f64());
         }
     }
+    synchronize();
+    let wall = wall.elapsed().as_secs_f64() / a.iters as f64;
     if let Some(recording) = recording {
         recording.finish(a.iters, "one training step")?;
     }
@@ -205,15 +215,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         String::new()
     };
     println!(
-        "train step {}x{}{} {}{how} ({} micro-batches{}, {} attention): median {:.1} ms, {:.0} tokens/s, {:.1} TFLOP/s{mfu}{peak}; loss {:.4}, grad norm {:.3}",
+        "train step {}x{}{} {}{how} ({} micro-batches{}, {} arithmetic): median {:.1} ms ({:.1} ms a step over all {}), {:.0} tokens/s, {:.1} TFLOP/s{mfu}{peak}; loss {:.4}, grad norm {:.3}",
         a.batch,
         a.seq_len,
         if a.ragged { " (ragged)" } else { "" },
         a.compute.dtype,
         m.micro_batches,
         if a.recompute || sharded { ", recomputed" } else { "" },
-        a.attention,
+        a.arithmetic,
         m.seconds * 1e3,
+        wall * 1e3,
+        a.iters,
         m.tokens_per_second,
         achieved / 1e12,
         m.loss,

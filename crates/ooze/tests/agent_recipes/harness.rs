@@ -47,10 +47,10 @@ fn takes(data_args: &[&str]) -> usize {
 /// machine.
 const EVAL_PROMPTS: usize = 8;
 
-/// Whether a recipe's run evaluates before its first rollout as well as after its last. Not the
-/// container recipes nor tau_retail: each of their eval samples is an episode (a container, or a
-/// conversation with the customer model), the slowest part of their runs; the eval after the last
-/// rollout still goes through the agent.
+/// Whether a recipe's run evaluates before its first rollout as well as after its last (two
+/// samples a prompt). Not the container recipes nor tau_retail: each of their eval samples is an
+/// episode (a container, or a conversation with the customer model), the slowest part of their
+/// runs; the eval after the last rollout, one sample a prompt, still goes through the agent.
 fn eval_at_start(recipe: &str) -> bool {
     !matches!(
         recipe,
@@ -118,9 +118,16 @@ pub fn run_recipe_with(
         "rollout.n_samples_per_prompt=4".into(),
         "logging.progress=false".into(),
         format!("eval.at_start={}", eval_at_start(recipe)),
+        // One sample of each held-out prompt where an eval sample is an episode (the recipes
+        // that evaluate only at the end): the check is that eval goes through the agent.
         format!(
-            "eval.datasets=[{{name = \"test\", path = \"{}\", n_samples = 2, pass_k = [1, 2]}}]",
-            data.join(format!("test.{ext}")).display()
+            "eval.datasets=[{{name = \"test\", path = \"{}\", {}}}]",
+            data.join(format!("test.{ext}")).display(),
+            if eval_at_start(recipe) {
+                "n_samples = 2, pass_k = [1, 2]"
+            } else {
+                "n_samples = 1, pass_k = [1]"
+            }
         ),
     ];
     let model_dir = sft.join("final-model");

@@ -307,7 +307,15 @@ fn gpu_linear_log_prob_matches_log_softmax() {
     let mut weight = (Tensor::randn([3001, 64], (Kind::Float, dev)) * 0.3).set_requires_grad(true);
     let targets = Tensor::randint(3001, [37], (Kind::Int64, dev));
     let w = Tensor::randn([37], (Kind::Float, dev));
-    let (lp, h) = kernels::linear_log_prob(&hidden, &weight, &targets, 0.7, false, 16).unwrap();
+    let (lp, h) = kernels::linear_log_prob(
+        &hidden,
+        &weight,
+        &targets,
+        0.7,
+        kernels::HeadLogits::Recompute,
+        16,
+    )
+    .unwrap();
     (&lp * &w).sum(Kind::Float).backward();
     let (gh, gw) = (hidden.grad().copy(), weight.grad().copy());
     hidden.zero_grad();
@@ -327,8 +335,9 @@ fn gpu_linear_log_prob_matches_log_softmax() {
 
     // bf16: the backward from logits kept in bf16 (the logits' gradients written over them, one
     // product per gradient over all rows) against the one that recomputes them in fp32 chunk by
-    // chunk, and both against the fp32 gradients above.
-    let grads = |keep: bool| {
+    // chunk, and both against the fp32 gradients above; and logits that are bf16 from the matmul
+    // on: log-probs of the rounded logits, the kept logits' gradients.
+    let grads = |mode: kernels::HeadLogits| {
         let mut h16 = hidden
             .detach()
             .to_kind(Kind::BFloat16)
@@ -337,7 +346,7 @@ fn gpu_linear_log_prob_matches_log_softmax() {
             .detach()
             .to_kind(Kind::BFloat16)
             .set_requires_grad(true);
-        let (lp, _) = kernels::linear_log_prob(&h16, &w16, &targets, 0.7, keep, 10).unwrap();
+        let (lp, _) = kernels::linear_log_prob(&h16, &w16, &targets, 0.7, mode, 10).unwrap();
         (&lp * &w).sum(Kind::Float).backward();
         let g = (
             h16.grad().to_kind(Kind::Float),
@@ -347,10 +356,28 @@ fn gpu_linear_log_prob_matches_log_softmax() {
         w16.zero_grad();
         (lp.detach(), g)
     };
-    let ((lp_keep, g_keep), (lp_re, g_re)) = (grads(true), grads(false));
+    let (lp_keep, g_keep) = grads(kernels::HeadLogits::KeepRounded);
+    let (lp_re, g_re) = grads(kernels::HeadLogits::Recompute);
+    let (lp_bf16, g_bf16) = grads(kernels::HeadLogits::Bf16);
     assert!(
         lp_keep.equal(&lp_re),
         "the forward does not depend on keeping the logits"
+    );
+    // The bf16 logits' log-probs: log_softmax of the rounded logits, in fp32.
+    let rounded = hidden
+        .detach()
+        .to_kind(Kind::BFloat16)
+        .matmul(&weight.detach().to_kind(Kind::BFloat16).tr())
+        .to_kind(Kind::Float);
+    let want = (rounded / 0.7)
+        .log_softmax(-1, Kind::Float)
+        .gather(1, &targets.unsqueeze(1), false)
+        .squeeze_dim(1);
+    let diff = (&lp_bf16 - &want).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "bf16 logits' log-probs: max |diff| {diff}");
+    assert!(
+        !lp_bf16.equal(&lp_keep),
+        "bf16 logits round what fp32 logits keep"
     );
     // Relative in norm: single entries near zero carry bf16's rounding of the larger ones.
     let norm = |t: &Tensor| t.norm().double_value(&[]);
@@ -362,6 +389,9 @@ fn gpu_linear_log_prob_matches_log_softmax() {
         ("kept-logits d/dhidden vs fp32", &g_keep.0, &fp32_h),
         ("kept-logits d/dweight vs fp32", &g_keep.1, &fp32_w),
         ("recomputed d/dweight vs fp32", &g_re.1, &fp32_w),
+        ("bf16-logits d/dhidden vs kept", &g_bf16.0, &g_keep.0),
+        ("bf16-logits d/dweight vs kept", &g_bf16.1, &g_keep.1),
+        ("bf16-logits d/dhidden vs fp32", &g_bf16.0, &fp32_h),
     ] {
         // Both bf16 paths round the same inputs; against fp32 the inputs' rounding adds its own.
         let bound = if what.ends_with("fp32") { 2e-2 } else { 1e-2 };
