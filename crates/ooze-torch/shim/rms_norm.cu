@@ -64,9 +64,10 @@ static_assert(RMS_THREADS == 128, "the four-warp combination above assumes 128 t
 // change a bit. Each block writes its rows' share of dw, summed in row order, to partial[block]
 // in fp32. R = 2 needs ~120 registers a thread (128 threads at most, as Qwen2.5-0.5B's 896
 // columns take): 54 µs instead of 73 for its 16,384 × 896 rows on an H200; wider rows and R = 4
-// were slower (docs/benchmarks.md).
+// were slower (docs/benchmarks.md). R = 1 is held to 64 registers, so that 8,192 columns (1,024
+// threads) fit a multiprocessor's registers (71 unbounded: that launch failed).
 template <int R>
-__global__ void rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
+__global__ void __launch_bounds__(R == 1 ? 1024 : 128, 1) rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
                                          const __nv_bfloat16* __restrict__ grad,
                                          const __nv_bfloat16* __restrict__ residual_grad,
                                          const __nv_bfloat16* __restrict__ weight,
