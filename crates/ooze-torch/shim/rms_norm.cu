@@ -67,13 +67,14 @@ static_assert(RMS_THREADS == 128, "the four-warp combination above assumes 128 t
 // were slower (docs/benchmarks.md). R = 1 is held to 64 registers, so that 8,192 columns (1,024
 // threads) fit a multiprocessor's registers (71 unbounded: that launch failed).
 template <int R>
-__global__ void __launch_bounds__(R == 1 ? 1024 : 128, 1) rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
-                                         const __nv_bfloat16* __restrict__ grad,
-                                         const __nv_bfloat16* __restrict__ residual_grad,
-                                         const __nv_bfloat16* __restrict__ weight,
-                                         const float* __restrict__ rstd, float eps, int64_t rows,
-                                         int n, int rows_per_block, __nv_bfloat16* __restrict__ dx,
-                                         float* __restrict__ partial) {
+__global__ void __launch_bounds__(R == 1 ? 1024 : 128, 1)
+    rms_norm_backward_kernel(const __nv_bfloat16* __restrict__ x,
+                             const __nv_bfloat16* __restrict__ grad,
+                             const __nv_bfloat16* __restrict__ residual_grad,
+                             const __nv_bfloat16* __restrict__ weight,
+                             const float* __restrict__ rstd, float eps, int64_t rows, int n,
+                             int rows_per_block, __nv_bfloat16* __restrict__ dx,
+                             float* __restrict__ partial) {
   const int t = threadIdx.x, col = 8 * t;
   const bool active = col < n;
   float w[8], acc[8];

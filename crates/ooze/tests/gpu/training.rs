@@ -230,7 +230,13 @@ fn gpu_trained_rms_norm_matches_aten() {
     use ooze_torch::tch::Tensor;
     let dev = Device::Cuda(0);
     // 8,192 columns: the widest rows the backward takes (1,024 threads a block).
-    for (rows, n) in [(1i64, 256i64), (33, 896), (4099, 2560), (517, 3584), (65, 8192)] {
+    for (rows, n) in [
+        (1i64, 256i64),
+        (33, 896),
+        (4099, 2560),
+        (517, 3584),
+        (65, 8192),
+    ] {
         let x = (Tensor::randn([rows, n], (Kind::Float, dev)) * 2.0).to_kind(Kind::BFloat16);
         let w = (Tensor::randn([n], (Kind::Float, dev)) * 0.3 + 1.0).to_kind(Kind::BFloat16);
         let up = Tensor::randn([rows, n], (Kind::BFloat16, dev));
