@@ -446,6 +446,14 @@ impl Episode {
 
     /// Kills every process of the episode but its init and outer shell, until none is left.
     fn stop_command(&self) {
+        // Frozen first, then killed: a shell still running when its child dies reports the kill
+        // ("ooze-shell: line 3: 5 Killed …") into the command's output, and the capture reads it
+        // or not depending on who the scheduler ran first; a stopped shell reports nothing.
+        for pid in self.command_processes() {
+            unsafe {
+                libc::kill(pid, libc::SIGSTOP);
+            }
+        }
         for _ in 0..500 {
             let victims = self.command_processes();
             if victims.is_empty() {
