@@ -38,33 +38,4 @@ __device__ __forceinline__ float rms_scale(float x, float r, float weight) {
   return __fmul_rn(weight, __fmul_rn(r, x));
 }
 
-// Four consecutive elements as floats, and back (8-byte bf16 or 16-byte float accesses).
-template <typename T>
-struct Quad;
-template <>
-struct Quad<__nv_bfloat16> {
-  static __device__ __forceinline__ void load(const __nv_bfloat16* p, float (&v)[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-  }
-  static __device__ __forceinline__ void store(__nv_bfloat16* p, const float (&v)[4]) {
-    uint2 raw;
-    *reinterpret_cast<__nv_bfloat162*>(&raw.x) = __floats2bfloat162_rn(v[0], v[1]);
-    *reinterpret_cast<__nv_bfloat162*>(&raw.y) = __floats2bfloat162_rn(v[2], v[3]);
-    *reinterpret_cast<uint2*>(p) = raw;
-  }
-};
-template <>
-struct Quad<float> {
-  static __device__ __forceinline__ void load(const float* p, float (&v)[4]) {
-    const float4 raw = *reinterpret_cast<const float4*>(p);
-    v[0] = raw.x, v[1] = raw.y, v[2] = raw.z, v[3] = raw.w;
-  }
-  static __device__ __forceinline__ void store(float* p, const float (&v)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  }
-};
-
 }  // namespace

@@ -93,10 +93,9 @@ __device__ __forceinline__ float4 group_of(const float* x, int i, bool aligned) 
 // The same from bf16 logits: one 8-byte read where the row starts 8-byte aligned.
 __device__ __forceinline__ float4 group_of(const __nv_bfloat16* x, int i, bool aligned) {
   if (aligned) {
-    const uint2 raw = reinterpret_cast<const uint2*>(x)[i];
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
+    float v[4];
+    Quad<__nv_bfloat16>::load(x + 4 * i, v);
+    return make_float4(v[0], v[1], v[2], v[3]);
   }
   return make_float4(__bfloat162float(x[4 * i]), __bfloat162float(x[4 * i + 1]),
                      __bfloat162float(x[4 * i + 2]), __bfloat162float(x[4 * i + 3]));

@@ -86,7 +86,8 @@ struct ForwardArgs {
     compute: ComputeArgs,
 }
 
-fn sync(device: Device) {
+/// Waits until the work queued on `device` is done (nothing on the CPU).
+pub(super) fn sync(device: Device) {
     if let Device::Cuda(i) = device {
         ooze_torch::cuda_graph::synchronize(i);
     }

@@ -5,13 +5,15 @@
 //! a GPU had allocated, and with `--sync` the time to bring a colocated engine's own copy of the
 //! weights up to date (sharded: one all-gather per unit) and its bandwidth.
 
+use super::bench::sync;
 use super::ranks::{join, launch, RankArgs};
 use super::trace::Recording;
 use super::{load_decoder_on, ComputeArgs};
-use ooze_torch::dist::ReduceOp;
+use ooze_model::Decoder;
+use ooze_torch::dist::{ProcessGroup, ReduceOp};
 use ooze_torch::tch::{Device, Kind, Tensor};
 use ooze_train::memory::{self, MemoryInputs};
-use ooze_train::{Sample, Sharding, Trainer, TrainerConfig};
+use ooze_train::{Sample, Sharding, StepMetrics, Trainer, TrainerConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -82,6 +84,61 @@ fn random_samples(batch: usize, seq_len: usize, ragged: bool, vocab: u64) -> Vec
         .collect()
 }
 
+/// The timed steps: each step's metrics, each weight sync's seconds (with an engine copy), and
+/// the wall time a step over all of them.
+struct Timed {
+    steps: Vec<StepMetrics>,
+    syncs: Vec<f64>,
+    wall: f64,
+}
+
+/// `iters` supervised steps on `samples`, each followed by a weight sync into `engine` if given.
+fn timed_steps(
+    trainer: &mut Trainer,
+    samples: &[Sample],
+    engine: Option<&Decoder>,
+    iters: usize,
+) -> anyhow::Result<Timed> {
+    let device = trainer.policy.device();
+    let (mut steps, mut syncs) = (Vec::with_capacity(iters), Vec::new());
+    // A step returns before its optimizer's kernels finish; the wall time over all steps, from
+    // an idle GPU to an idle GPU, checks the steps' own times.
+    sync(device);
+    let wall = Instant::now();
+    for _ in 0..iters {
+        steps.push(trainer.sft_step(samples)?);
+        if let Some(engine) = engine {
+            sync(device);
+            let started = Instant::now();
+            trainer.sync_weights_into(engine)?;
+            sync(device);
+            syncs.push(started.elapsed().as_secs_f64());
+        }
+    }
+    sync(device);
+    Ok(Timed {
+        steps,
+        syncs,
+        wall: wall.elapsed().as_secs_f64() / iters as f64,
+    })
+}
+
+/// The largest peak of allocated GPU memory on any rank since the last reset (0 on the CPU).
+fn largest_peak(device: Device, group: Option<&ProcessGroup>) -> anyhow::Result<u64> {
+    let peak = match device {
+        Device::Cuda(i) => ooze_torch::cuda_graph::peak_allocated(i, false).unwrap_or(0),
+        _ => 0,
+    };
+    Ok(match group {
+        Some(g) => {
+            let mut t = Tensor::from_slice(&[peak as f64]).to_device(device);
+            g.all_reduce(&mut t, ReduceOp::Max)?;
+            t.to_kind(Kind::Double).double_value(&[0]) as u64
+        }
+        None => peak,
+    })
+}
+
 /// The middle value (the upper one of an even count).
 pub(super) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
@@ -150,46 +207,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Device::Cuda(i) = device {
         ooze_torch::cuda_graph::peak_allocated(i, true);
     }
-    let (mut steps, mut syncs) = (Vec::with_capacity(a.iters), Vec::new());
     // Rank 0 records (one trace per process; the others' match it).
     let recording = Recording::start(a.trace.as_deref().filter(|_| first), device.is_cuda())?;
-    let synchronize = || {
-        if let Device::Cuda(i) = device {
-            ooze_torch::cuda_graph::synchronize(i);
-        }
-    };
-    // A step returns before its optimizer's kernels finish; the wall time over all steps, from
-    // an idle GPU to an idle GPU, checks the steps' own times.
-    synchronize();
-    let wall = Instant::now();
-    for _ in 0..a.iters {
-        steps.push(trainer.sft_step(&samples)?);
-        if let Some(engine) = &engine {
-            synchronize();
-            let started = Instant::now();
-            trainer.sync_weights_into(engine)?;
-            synchronize();
-            syncs.push(started.elapsed().as_secs_f64());
-        }
-    }
-    synchronize();
-    let wall = wall.elapsed().as_secs_f64() / a.iters as f64;
+    let Timed {
+        mut steps,
+        syncs,
+        wall,
+    } = timed_steps(&mut trainer, &samples, engine.as_ref(), a.iters)?;
     if let Some(recording) = recording {
         recording.finish(a.iters, "one training step")?;
     }
-    let peak = match device {
-        Device::Cuda(i) => ooze_torch::cuda_graph::peak_allocated(i, false).unwrap_or(0),
-        _ => 0,
-    };
-    // The largest peak of any rank.
-    let peak = match &ranks.group {
-        Some(g) => {
-            let mut t = Tensor::from_slice(&[peak as f64]).to_device(device);
-            g.all_reduce(&mut t, ReduceOp::Max)?;
-            t.to_kind(Kind::Double).double_value(&[0]) as u64
-        }
-        None => peak,
-    };
+    let peak = largest_peak(device, ranks.group.as_deref())?;
     trainer.barrier()?;
     if !first {
         return Ok(());
