@@ -96,6 +96,11 @@ pub struct Sample {
     /// Weight versions of the policy that generated the response, one per engine call that
     /// changed it (more than one after a partial rollout continued under new weights).
     pub weight_versions: Vec<u64>,
+    /// Per response token: the weight version that drew it (0 where the policy did not generate
+    /// it); empty where unknown (SFT data, rollouts saved before versions were kept per token).
+    /// A partial rollout continued after weight updates holds several versions.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub token_versions: Vec<u64>,
     /// The training reward, once scored (agents may set it per sample).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reward: Option<f64>,
@@ -142,6 +147,8 @@ pub enum SampleError {
     RemovedButTrained { position: usize },
     #[error("{tokens} generated tokens were appended with {log_probs} log-probs; they must match")]
     AppendMismatch { tokens: usize, log_probs: usize },
+    #[error("{tokens} generated tokens were appended with {versions} weight versions; they must match (or no versions)")]
+    VersionsMismatch { tokens: usize, versions: usize },
 }
 
 impl Sample {
@@ -218,6 +225,9 @@ impl Sample {
         if !self.rollout_log_probs.is_empty() {
             per_token.push(("rollout_log_probs", self.rollout_log_probs.len()));
         }
+        if !self.token_versions.is_empty() {
+            per_token.push(("token_versions", self.token_versions.len()));
+        }
         for (field, actual) in per_token {
             if actual != self.response_length {
                 return Err(SampleError::LengthMismatch {
@@ -247,17 +257,54 @@ impl Sample {
         Ok(())
     }
 
-    /// Appends tokens the policy generated, with their engine log-probs; they are trained (mask 1).
-    pub fn push_generated(&mut self, tokens: &[u32], log_probs: &[f32]) -> Result<(), SampleError> {
+    /// Appends tokens the policy generated, with their engine log-probs and the weight version
+    /// that drew each (`versions`: one per token, or empty where unknown); they are trained
+    /// (mask 1).
+    pub fn push_generated(
+        &mut self,
+        tokens: &[u32],
+        log_probs: &[f32],
+        versions: &[u64],
+    ) -> Result<(), SampleError> {
         if tokens.len() != log_probs.len() {
             return Err(SampleError::AppendMismatch {
                 tokens: tokens.len(),
                 log_probs: log_probs.len(),
             });
         }
+        if !versions.is_empty() && versions.len() != tokens.len() {
+            return Err(SampleError::VersionsMismatch {
+                tokens: tokens.len(),
+                versions: versions.len(),
+            });
+        }
+        if !versions.is_empty() || !self.token_versions.is_empty() {
+            self.token_versions.resize(self.response_length, 0);
+            if versions.is_empty() {
+                self.token_versions
+                    .extend(std::iter::repeat_n(0, tokens.len()));
+            } else {
+                self.token_versions.extend_from_slice(versions);
+            }
+        }
         self.extend(tokens, 1, 0);
         self.rollout_log_probs.extend_from_slice(log_probs);
         Ok(())
+    }
+
+    /// The oldest weight version that drew a trained token (`None` when no token has a known
+    /// version): how stale the sample is against the policy being trained.
+    pub fn oldest_trained_version(&self) -> Option<u64> {
+        if self.token_versions.is_empty() {
+            return self.weight_versions.iter().min().copied();
+        }
+        self.token_versions
+            .iter()
+            .zip(&self.loss_mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&v, _)| v)
+            .min()
+            .or_else(|| self.weight_versions.iter().min().copied())
     }
 
     /// Appends chat-template or other context tokens around the environment's content: neither
@@ -277,6 +324,10 @@ impl Sample {
     }
 
     fn extend(&mut self, tokens: &[u32], loss: u8, observed: u8) {
+        if loss == 0 && !self.token_versions.is_empty() {
+            self.token_versions
+                .extend(std::iter::repeat_n(0, tokens.len()));
+        }
         self.tokens.extend_from_slice(tokens);
         self.loss_mask
             .extend(std::iter::repeat_n(loss, tokens.len()));
@@ -317,10 +368,10 @@ mod tests {
     #[test]
     fn appends_keep_lengths_in_step() {
         let mut s = sample();
-        s.push_generated(&[10, 11], &[-0.5, -1.25]).unwrap();
+        s.push_generated(&[10, 11], &[-0.5, -1.25], &[]).unwrap();
         s.push_context(&[20]);
         s.push_observation(&[21, 22]);
-        s.push_generated(&[12], &[-0.1]).unwrap();
+        s.push_generated(&[12], &[-0.1], &[]).unwrap();
         s.check().unwrap();
         assert_eq!(s.response_length, 6);
         assert_eq!(s.prompt_length(), 3);
@@ -334,7 +385,7 @@ mod tests {
     #[test]
     fn append_rejects_unpaired_log_probs() {
         let mut s = sample();
-        let err = s.push_generated(&[10, 11], &[-0.5]).unwrap_err();
+        let err = s.push_generated(&[10, 11], &[-0.5], &[]).unwrap_err();
         assert_eq!(
             err,
             SampleError::AppendMismatch {
@@ -348,7 +399,7 @@ mod tests {
     #[test]
     fn check_names_the_field_that_disagrees() {
         let mut s = sample();
-        s.push_generated(&[10, 11], &[-0.5, -1.0]).unwrap();
+        s.push_generated(&[10, 11], &[-0.5, -1.0], &[]).unwrap();
         s.rollout_log_probs.pop();
         assert_eq!(
             s.check().unwrap_err().to_string(),
@@ -371,7 +422,7 @@ mod tests {
             Err(SampleError::ResponseLongerThanTokens { .. })
         ));
         let mut s = sample();
-        s.push_generated(&[10], &[-0.5]).unwrap();
+        s.push_generated(&[10], &[-0.5], &[]).unwrap();
         s.loss_mask[0] = 2;
         assert!(matches!(
             s.check(),
@@ -395,7 +446,7 @@ mod tests {
     #[test]
     fn json_round_trip_keeps_every_field() {
         let mut s = sample();
-        s.push_generated(&[10], &[-0.5]).unwrap();
+        s.push_generated(&[10], &[-0.5], &[]).unwrap();
         s.push_observation(&[11]);
         s.reward = Some(0.25);
         s.weight_versions = vec![4, 5];

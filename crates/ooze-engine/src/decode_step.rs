@@ -310,7 +310,7 @@ impl EngineLoop {
                 RowSampling {
                     params: &r.sampling,
                     seed: r.seed,
-                    step: (r.output.len() + r.pending as usize) as u64,
+                    step: r.sampling.first_draw + (r.output.len() + r.pending as usize) as u64,
                     banned,
                 }
             })

@@ -350,6 +350,7 @@ impl EngineLoop {
             prompt_tokens: w.request.input_ids.len(),
             cached_tokens: progress.reused,
             weight_version: self.weight_version,
+            token_versions: Vec::new(),
             seed: progress.seed,
         };
         self.outbox.push((w.events, Event::Done(output)));
@@ -410,6 +411,7 @@ impl EngineLoop {
             prompt_tokens: r.prompt_len,
             cached_tokens: r.reused,
             weight_version: self.weight_version,
+            token_versions: Vec::new(),
             seed: r.seed,
         };
         self.outbox.push((r.events, Event::Done(output)));

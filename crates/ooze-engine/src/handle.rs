@@ -2,13 +2,14 @@
 //! [`EngineHandle`] callers use. Every call is a message to the engine thread ([`crate::engine`]);
 //! replies come back over oneshot channels, tokens over a per-request stream.
 
+use crate::continuation::Continuation;
 use crate::params::Sampling;
 use ooze_core::FinishReason;
 use ooze_torch::tch::Tensor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use tokio::sync::{mpsc as async_mpsc, oneshot};
+use tokio::sync::{mpsc as async_mpsc, oneshot, watch};
 
 /// Engine-wide settings.
 #[derive(Debug, Clone)]
@@ -154,8 +155,30 @@ pub struct Output {
     /// Prompt tokens served from cache instead of recomputed.
     pub cached_tokens: usize,
     pub weight_version: u64,
+    /// The weight version each of `tokens` was drawn under, where they span several (a partial
+    /// output continued after weight updates: [`crate::continuation`]); empty when every token
+    /// was drawn under `weight_version`. See [`Output::version_of_token`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub token_versions: Vec<u64>,
     /// The seed the tokens were drawn with (given or drawn by the engine).
     pub seed: u64,
+}
+
+impl Output {
+    /// The weight version token `i` was drawn under.
+    pub fn version_of_token(&self, i: usize) -> u64 {
+        self.token_versions
+            .get(i)
+            .copied()
+            .unwrap_or(self.weight_version)
+    }
+
+    /// The weight version of every token, one per token.
+    pub fn versions(&self) -> Vec<u64> {
+        (0..self.tokens.len())
+            .map(|i| self.version_of_token(i))
+            .collect()
+    }
 }
 
 /// Streamed to the submitter: each token as it is drawn, then the output.
@@ -278,6 +301,16 @@ pub enum Command {
     },
 }
 
+/// Where weight updates stand, as the requests around them see them (shared by every clone of a
+/// handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UpdateGate {
+    /// Weight updates begun so far ([`EngineHandle::begin_weight_update`]).
+    pub updates: u64,
+    /// Whether one is in progress: requests that continue partial outputs wait for it to end.
+    pub closed: bool,
+}
+
 /// Cloneable handle to a running engine. Dropping every handle stops the engine thread.
 #[derive(Clone)]
 pub struct EngineHandle {
@@ -285,6 +318,7 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     context_len: i64,
     vocab: i64,
+    gate: Arc<watch::Sender<UpdateGate>>,
 }
 
 impl EngineHandle {
@@ -296,7 +330,43 @@ impl EngineHandle {
             next_id: Arc::new(AtomicU64::new(0)),
             context_len,
             vocab,
+            gate: Arc::new(watch::Sender::new(UpdateGate::default())),
         }
+    }
+
+    /// Starts a weight update that nothing in flight holds up: the gate closes, and the engine
+    /// pauses with every request ending at once with its partial output (finish `Abort`).
+    /// Callers that continue partial outputs ([`crate::continuation`]) keep those tokens, wait
+    /// for [`EngineHandle::end_weight_update`] and go on under the new weights. Load the weights
+    /// in between.
+    pub fn begin_weight_update(&self) {
+        self.gate.send_modify(|g| {
+            g.updates += 1;
+            g.closed = true;
+        });
+        self.pause(PauseMode::Abort);
+    }
+
+    /// Ends the update [`EngineHandle::begin_weight_update`] began: the engine resumes and the
+    /// gate opens.
+    pub fn end_weight_update(&self) {
+        self.resume();
+        self.gate.send_modify(|g| g.closed = false);
+    }
+
+    /// Where weight updates stand now.
+    pub fn gate(&self) -> UpdateGate {
+        *self.gate.borrow()
+    }
+
+    /// Waits while a weight update is in progress; returns the gate once open.
+    pub async fn until_open(&self) -> UpdateGate {
+        let mut watcher = self.gate.subscribe();
+        let gate = *watcher
+            .wait_for(|g| !g.closed)
+            .await
+            .expect("invariant: the handle holds the sender");
+        gate
     }
 
     /// Queues a request; its events arrive on the returned receiver.
@@ -363,15 +433,25 @@ impl EngineHandle {
         Ok((id, rx))
     }
 
-    /// Submits and waits for the output.
+    /// Submits and waits for the output. A weight update on the way pauses it and it goes on
+    /// under the new weights ([`crate::continuation`]); its tokens say which version drew them.
     pub async fn generate(&self, request: Request) -> Result<Output, EngineError> {
-        let (_, mut events) = self.submit(request)?;
-        while let Some(event) = events.recv().await {
-            if let Event::Done(output) = event {
-                return Ok(output);
+        let mut continuation = Continuation::new(request);
+        loop {
+            let gate = self.until_open().await;
+            let (_, mut events) = self.submit(continuation.next_request())?;
+            let output = loop {
+                match events.recv().await {
+                    Some(Event::Done(output)) => break output,
+                    Some(Event::Token { .. }) => {}
+                    None => return Err(EngineError::Stopped),
+                }
+            };
+            let paused = self.gate().updates != gate.updates;
+            if let Some(done) = continuation.absorb(output, paused) {
+                return Ok(done);
             }
         }
-        Err(EngineError::Stopped)
     }
 
     /// Aborts one request: it finishes with `FinishReason::Abort` and its partial output.

@@ -8,6 +8,7 @@
 //! - `waiting`: requests waiting to start, and a request planned for the next prefill.
 //! - `prompt_scores`: prompt log-probs from a prefill pass.
 //! - [`handle`]: settings, requests, outputs, events, errors and the handle callers use.
+//! - [`continuation`]: partial outputs carried across weight updates (partial rollouts).
 //!
 //! KV memory in blocks:
 //! - [`block_pool`]: reference counts, the free list, cached blocks.
@@ -18,6 +19,7 @@
 
 mod admit;
 pub mod block_pool;
+pub mod continuation;
 pub mod decode_graph;
 mod decode_step;
 pub mod engine;
@@ -29,10 +31,11 @@ mod prompt_scores;
 pub mod sampler;
 mod waiting;
 
+pub use continuation::Continuation;
 pub use engine::start;
 pub use handle::{
     Command, EngineConfig, EngineError, EngineHandle, EngineStats, Event, Output, PauseMode,
-    Request, RequestId, WeightSource,
+    Request, RequestId, UpdateGate, WeightSource,
 };
 pub use params::{
     ParamError, Sampling, SamplingParams, StopStrings, MAX_NEW_TOKENS, MIN_TEMPERATURE,

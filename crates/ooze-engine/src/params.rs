@@ -80,6 +80,11 @@ pub struct Sampling {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub skip_special_tokens: bool,
+    /// The draw counter of the first new token (0 for a new request). A request that continues a
+    /// partial output (a rollout paused by a weight update and resumed) sets it to the tokens
+    /// already drawn, so that its draws are the ones it would have made uninterrupted: each
+    /// draw depends only on the seed and this counter.
+    pub first_draw: u64,
 }
 
 impl Default for Sampling {
@@ -174,6 +179,7 @@ impl SamplingParams {
             stop,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
+            first_draw: 0,
         })
     }
 }

@@ -461,9 +461,13 @@ impl AgentContext {
             }
         };
         conv.sample
-            .push_generated(&output.tokens, &output.log_probs)
+            .push_generated(&output.tokens, &output.log_probs, &output.versions())
             .map_err(|e| AgentError::Agent(e.to_string()))?;
-        conv.sample.weight_versions.push(output.weight_version);
+        for v in output.versions() {
+            if conv.sample.weight_versions.last() != Some(&v) {
+                conv.sample.weight_versions.push(v);
+            }
+        }
         conv.sample.finish(&output.finish);
         conv.turns += 1;
         // The turn is closed only when the model produced a stop token (the end of turn). The
@@ -548,6 +552,7 @@ impl AgentContext {
             prompt_tokens: conv.sample.tokens.len(),
             cached_tokens: 0,
             weight_version: 0,
+            token_versions: Vec::new(),
             seed: 0,
             tokens,
             finish,

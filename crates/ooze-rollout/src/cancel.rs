@@ -4,7 +4,7 @@
 //!
 //! Shared by the agent API (the policy's turns) and helper models on an engine; it knows neither.
 
-use ooze_engine::{EngineError, EngineHandle, Event, Output, Request};
+use ooze_engine::{Continuation, EngineError, EngineHandle, Event, Output, Request};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +48,9 @@ pub enum WaitError {
 
 /// Runs `request` on `engine` to its end, aborting it at `deadline` or on `cancel` (the engine then
 /// answers with the partial output, finish `Abort`). Dropping the future aborts it too. Each token
-/// is passed to `on_token` as it comes; false from it aborts the request.
+/// is passed to `on_token` as it comes; false from it aborts the request. A weight update on the
+/// way is a pause, not an end: the tokens so far are kept and the request goes on under the new
+/// weights once the update is done ([`Continuation`]), within the same deadline.
 pub(crate) async fn wait_output(
     engine: &EngineHandle,
     request: Request,
@@ -56,6 +58,37 @@ pub(crate) async fn wait_output(
     cancel: &CancelToken,
     on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
 ) -> Result<Output, WaitError> {
+    let mut continuation = Continuation::new(request);
+    loop {
+        let gate = tokio::select! {
+            gate = engine.until_open() => gate,
+            _ = tokio::time::sleep_until(deadline) => return Ok(continuation.give_up()),
+            _ = cancel.cancelled() => return Ok(continuation.give_up()),
+        };
+        let (output, ended_here) = one_call(
+            engine,
+            continuation.next_request(),
+            deadline,
+            cancel,
+            on_token,
+        )
+        .await?;
+        let paused = !ended_here && engine.gate().updates != gate.updates;
+        if let Some(done) = continuation.absorb(output, paused) {
+            return Ok(done);
+        }
+    }
+}
+
+/// One engine call of [`wait_output`]; also says whether it was aborted from here (deadline,
+/// cancellation, `on_token`) rather than by the engine.
+async fn one_call(
+    engine: &EngineHandle,
+    request: Request,
+    deadline: Instant,
+    cancel: &CancelToken,
+    on_token: &mut (dyn FnMut(u32, f32) -> bool + Send),
+) -> Result<(Output, bool), WaitError> {
     let (id, mut events) = engine.submit(request)?;
     let mut guard = AbortOnDrop {
         engine,
@@ -69,7 +102,7 @@ pub(crate) async fn wait_output(
             event = events.recv() => match event {
                 Some(Event::Done(output)) => {
                     guard.id = None;
-                    return Ok(output);
+                    return Ok((output, aborted_at.is_some()));
                 }
                 Some(Event::Token { token, log_prob }) => {
                     if !on_token(token, log_prob) && aborted_at.is_none() {

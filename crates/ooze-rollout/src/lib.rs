@@ -22,6 +22,8 @@
 //!   model over HTTP.
 //! - [`activity`]: what a rollout's executions do over time (effective concurrency).
 //! - [`manager`]: prompts × samples through the engine, rewards, dynamic-sampling batches.
+//! - [`producer`]: asynchronous rollouts: groups generated ahead of the trainer, bounded
+//!   staleness, over-provisioning, partial rollouts across weight updates.
 //! - [`rollout_record`]: the line format of saved rollouts (old run directories still replay).
 //! - [`tasks`]: built-in synthetic tasks (arithmetic, countdown, string transformations) with
 //!   generators and verifiers.
@@ -36,6 +38,7 @@ pub mod manager;
 pub mod math_answer;
 pub mod oracle;
 pub mod parquet_out;
+pub mod producer;
 pub mod prompts;
 pub mod python_reward;
 pub mod qa;

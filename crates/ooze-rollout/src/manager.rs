@@ -111,15 +111,38 @@ pub async fn generate_groups(
     settings: &RolloutSettings,
     on_sample: &(dyn Fn() + Sync),
 ) -> Result<Vec<Group>, RolloutError> {
+    let limit = Arc::new(Semaphore::new(settings.concurrency.max(1)));
+    generate_groups_limited(
+        engine, tokenizer, scorer, prompts, n, settings, &limit, on_sample,
+    )
+    .await
+}
+
+/// [`generate_groups`] with the requests (or agent executions) in flight bounded by `limit`,
+/// which other calls may share (the asynchronous producer's groups share one).
+#[allow(clippy::too_many_arguments)]
+pub async fn generate_groups_limited(
+    engine: &EngineHandle,
+    tokenizer: &Arc<Tokenizer>,
+    scorer: &Scorer,
+    prompts: Vec<(u64, PromptItem)>,
+    n: usize,
+    settings: &RolloutSettings,
+    limit: &Arc<Semaphore>,
+    on_sample: &(dyn Fn() + Sync),
+) -> Result<Vec<Group>, RolloutError> {
     match &settings.agent {
         Some(agent) => {
             generate_agent_groups(
-                engine, tokenizer, scorer, prompts, n, settings, agent, on_sample,
+                engine, tokenizer, scorer, prompts, n, settings, agent, limit, on_sample,
             )
             .await
         }
         None => {
-            generate_plain_groups(engine, tokenizer, scorer, prompts, n, settings, on_sample).await
+            generate_plain_groups(
+                engine, tokenizer, scorer, prompts, n, settings, limit, on_sample,
+            )
+            .await
         }
     }
 }
@@ -137,9 +160,9 @@ async fn generate_agent_groups(
     n: usize,
     settings: &RolloutSettings,
     agent: &AgentRollout,
+    limit: &Arc<Semaphore>,
     on_sample: &(dyn Fn() + Sync),
 ) -> Result<Vec<Group>, RolloutError> {
-    let limit = Arc::new(Semaphore::new(settings.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for (p, (group, prompt)) in prompts.iter().enumerate() {
         for index in 0..n {
@@ -316,6 +339,7 @@ fn agent_samples(
 }
 
 /// One plain generation per sample.
+#[allow(clippy::too_many_arguments)]
 async fn generate_plain_groups(
     engine: &EngineHandle,
     tokenizer: &Arc<Tokenizer>,
@@ -323,9 +347,9 @@ async fn generate_plain_groups(
     prompts: Vec<(u64, PromptItem)>,
     n: usize,
     settings: &RolloutSettings,
+    limit: &Arc<Semaphore>,
     on_sample: &(dyn Fn() + Sync),
 ) -> Result<Vec<Group>, RolloutError> {
-    let limit = Arc::new(Semaphore::new(settings.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for (p, (group, prompt)) in prompts.iter().enumerate() {
         for index in 0..n {
@@ -360,14 +384,14 @@ async fn generate_plain_groups(
                 group,
                 execution: index,
                 seed: out.seed,
-                weight_versions: vec![out.weight_version],
+                weight_versions: distinct_versions(&out),
                 response: tokenizer
                     .decode(&out.tokens, true)
                     .map_err(|e| RolloutError::Decode(e.to_string()))?,
                 ..Sample::with_prompt(prompt.input_ids.clone())
             };
             sample
-                .push_generated(&out.tokens, &out.log_probs)
+                .push_generated(&out.tokens, &out.log_probs, &out.versions())
                 .map_err(|e| RolloutError::Decode(e.to_string()))?;
             sample.finish(&out.finish);
             if sample.truncated() && settings.mask_truncated {
@@ -383,6 +407,16 @@ async fn generate_plain_groups(
     }
     score(scorer, &mut groups).await?;
     Ok(groups)
+}
+
+/// The weight versions that drew an output's tokens, oldest first, each once.
+fn distinct_versions(out: &ooze_engine::Output) -> Vec<u64> {
+    let mut versions = out.versions();
+    versions.dedup();
+    if versions.is_empty() {
+        versions.push(out.weight_version);
+    }
+    versions
 }
 
 /// Fills in the rewards (remote scorers run on blocking threads, groups in parallel).

@@ -5,8 +5,8 @@
 //! have always used (`index`, `sibling`, `prompt_ids`, `loss_mask`, `agent_metrics`, `error`,
 //! `response_ids`, `log_probs`, `response`, `finish`, `reward`, `trained`, `seed`,
 //! `weight_version`), so a run directory written by an older ooze still replays. Newer fields
-//! (`observation_mask`, `weight_versions`, `session_id`, `metadata`) are written only when they say
-//! something, and `loss_mask` always (older plain rollouts left it out when every token was the
+//! (`observation_mask`, `weight_versions`, `token_versions`, `session_id`, `metadata`) are written
+//! only when they say something (versions: when a partial rollout spans several), and `loss_mask` always (older plain rollouts left it out when every token was the
 //! policy's; such a record reads back with an all-ones mask). A sample written with
 //! `trained: false` comes back removed (its loss mask zeroed).
 //!
@@ -59,6 +59,8 @@ struct SampleRecord<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     weight_versions: Option<Cow<'a, [u64]>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    token_versions: Option<Cow<'a, [u64]>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     session_id: Option<Cow<'a, SessionId>>,
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     metadata: serde_json::Map<String, serde_json::Value>,
@@ -93,6 +95,8 @@ impl<'a> SampleRecord<'a> {
                 .then_some(Cow::Borrowed(&s.observation_mask[..])),
             weight_versions: (s.weight_versions.len() > 1)
                 .then_some(Cow::Borrowed(&s.weight_versions[..])),
+            token_versions: (s.weight_versions.len() > 1 && !s.token_versions.is_empty())
+                .then_some(Cow::Borrowed(&s.token_versions[..])),
             session_id: s.session_id.as_ref().map(Cow::Borrowed),
             metadata: s.metadata.clone(),
         }
@@ -117,6 +121,7 @@ impl<'a> SampleRecord<'a> {
             weight_versions: self
                 .weight_versions
                 .map_or_else(|| vec![self.weight_version], Cow::into_owned),
+            token_versions: self.token_versions.map(Cow::into_owned).unwrap_or_default(),
             reward: Some(self.reward),
             seed: self.seed,
             metrics: self.agent_metrics,

@@ -261,6 +261,7 @@ impl Shared {
             prompt_tokens: request.input_ids.len(),
             cached_tokens: 0,
             weight_version: self.weights.lock().expect("weights lock").1,
+            token_versions: Vec::new(),
             seed,
         };
         let rid = format!("ooze-router-{}", id.0);

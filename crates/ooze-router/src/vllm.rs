@@ -182,6 +182,7 @@ pub(crate) fn parse_completion(
         prompt_tokens: request.input_ids.len(),
         cached_tokens: cached,
         weight_version,
+        token_versions: Vec::new(),
         seed,
     })
 }

@@ -128,6 +128,7 @@ pub(crate) fn parse_output(
         prompt_tokens: prompt,
         cached_tokens: meta["cached_tokens"].as_u64().unwrap_or(0) as usize,
         weight_version,
+        token_versions: Vec::new(),
         seed,
     })
 }

@@ -102,7 +102,7 @@ impl Run {
                     &self.run_dir,
                     &self.recipe.model.path,
                     trainer,
-                    serde_json::to_value(self.state)?,
+                    serde_json::to_value(&self.state)?,
                 )?;
                 if self.is_first() {
                     eprintln!(

@@ -3,7 +3,8 @@
 //! - [`recipe`]: the TOML recipe, its defaults, `--set` overrides and checks.
 //! - [`run`]: the loop as a [`run::Run`] with named stages, each in its own module:
 //!   [`prepare`], [`roll_out`], [`reward`], [`train`], [`evaluate`], [`checkpoint`]; rollout-only and
-//!   replay modes.
+//!   replay modes; [`overlap`]: generation overlapping training (`rollout.mode` async,
+//!   one_step_off).
 //! - [`teacher`]: an on-policy distillation teacher behind an SGLang-compatible `/generate`.
 //! - [`agents`]: the `[agent]` and `[helpers]` sections as the running agent and helper models.
 //! - [`demonstrate`]: SFT demonstrations recorded from the recipe's agent, an oracle writing its
@@ -23,6 +24,7 @@ pub mod engine_processes;
 pub mod eval;
 pub mod evaluate;
 pub mod metrics_log;
+pub mod overlap;
 pub mod plot;
 pub mod prepare;
 pub mod progress;

@@ -22,7 +22,7 @@ pub use agent::{
     TerminalSection, ToolOrchestraSection,
 };
 pub use models::{CriticSection, TeacherSection};
-pub use rollout::{EngineApi, RolloutSection, WeightSync};
+pub use rollout::{AsyncBounds, EngineApi, RolloutMode, RolloutSection, WeightSync};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -537,6 +537,10 @@ impl Recipe {
             ));
         }
         r.check_engines()?;
+        r.check_mode()?;
+        if r.mode != RolloutMode::Sync && self.trainer.mode != Mode::Train {
+            return Err(format!("rollout.mode = {} overlaps generation with training; trainer.mode = {} does not train on fresh rollouts (use rollout.mode = \"sync\")", quoted(&r.mode), quoted(&self.trainer.mode)));
+        }
         if self.trainer.mode == Mode::Replay && r.gpus > 0 {
             return Err("rollout.gpus: a replay generates nothing (trainer.mode = \"replay\"); leave it at 0".into());
         }
@@ -565,6 +569,11 @@ impl Recipe {
         }
         Ok(())
     }
+}
+
+/// A key's value as TOML writes it (`"async"`), for messages.
+pub(crate) fn quoted<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 #[cfg(test)]

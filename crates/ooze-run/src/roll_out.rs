@@ -29,16 +29,21 @@ impl Run {
             self.generate(index)?
         };
         let seconds = t.elapsed().as_secs_f64();
-        if !self.is_first() {
-            return Ok((batch, seconds));
+        if self.is_first() {
+            self.save_rollout(index, &batch)?;
         }
+        Ok((batch, seconds))
+    }
+
+    /// Saves rollout `index` (`logging.save_rollouts`; not a replay's) and its agents' activity.
+    pub(crate) fn save_rollout(&self, index: u64, batch: &Batch) -> anyhow::Result<()> {
         if self.recipe.logging.save_rollouts && self.mode() != Mode::Replay {
-            write_rollout(&self.run_dir.join("rollouts"), index, &batch)?;
+            write_rollout(&self.run_dir.join("rollouts"), index, batch)?;
         }
         if let Some(activity) = &batch.activity {
             write_activity(&self.run_dir.join("activity"), index, activity)?;
         }
-        Ok((batch, seconds))
+        Ok(())
     }
 
     /// On several ranks, each generates its dealt share of the prompts (rank `r` of `N` takes

@@ -23,6 +23,7 @@ use ooze_engine::EngineHandle;
 use ooze_model::Tokenizer;
 use ooze_rollout::data::{Position, PromptOrder};
 use ooze_rollout::manager::RolloutSettings;
+use ooze_rollout::producer::Unfinished;
 use ooze_rollout::prompts::PromptItem;
 use ooze_rollout::scorer::{Registry, Scorer};
 use ooze_train::Trainer;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The run's counters: what a checkpoint saves besides the trainer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
     /// Rollouts completed.
     pub rollout: u64,
@@ -41,6 +42,10 @@ pub struct RunState {
     pub next_group: u64,
     /// Where the prompt order is.
     pub position: Position,
+    /// Asynchronous rollouts: the groups started and not yet trained when the checkpoint was
+    /// taken; a resumed run starts them again first, under the same numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unfinished: Vec<Unfinished>,
 }
 
 /// What a finished run reports.
@@ -116,6 +121,10 @@ pub fn run(
         run.push_weights()?;
     }
     run.evaluate_at_start()?;
+    if let Some(bounds) = run.recipe.rollout.async_bounds() {
+        run.run_overlapped(bounds)?;
+        return run.finish();
+    }
     while run.state.rollout < run.recipe.rollout.num_rollouts {
         let index = run.state.rollout + 1;
         let (batch, rollout_seconds) = run.roll_out(index)?;
@@ -124,7 +133,7 @@ pub fn run(
         run.train(index, batch, &mut line)?;
         run.state.rollout = index;
         run.evaluate_when_due(index, &mut line)?;
-        run.log_line(&line)?;
+        run.log_line(&mut line)?;
         run.checkpoint(index)?;
     }
     run.finish()
@@ -147,11 +156,16 @@ impl Run {
         self.ranks.as_ref().is_none_or(|r| r.rank() == 0)
     }
 
-    /// Writes one rollout's metrics (and its console line).
-    fn log_line(&mut self, line: &Map<String, Value>) -> anyhow::Result<()> {
+    /// Writes one rollout's metrics (and its console line), with the seconds since the run
+    /// started (`time/elapsed`).
+    pub(crate) fn log_line(&mut self, line: &mut Map<String, Value>) -> anyhow::Result<()> {
         let Some(log) = self.log.as_mut() else {
             return Ok(());
         };
+        line.insert(
+            "time/elapsed".into(),
+            serde_json::json!(self.started.elapsed().as_secs_f64()),
+        );
         if self.recipe.logging.progress {
             eprintln!(
                 "{}",

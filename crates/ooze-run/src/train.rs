@@ -8,14 +8,15 @@
 //!
 //! The trainer itself — policy, reference, critic, teacher — is built by [`crate::prepare`].
 
-use crate::recipe::WeightSync;
+use crate::recipe::{RolloutMode, WeightSync};
 use crate::reward::mean;
 use crate::run::Run;
+use anyhow::bail;
 use ooze_core::Sample;
 use ooze_rollout::manager::{Batch, Group};
 use ooze_train::StepMetrics;
 use serde_json::{json, Map, Value};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl Run {
     /// Trains on rollout `index` (whole steps of whole groups) and updates the engine's weights;
@@ -28,9 +29,16 @@ impl Run {
     ) -> anyhow::Result<()> {
         let (mut train_seconds, mut sync_seconds) = (0.0, 0.0);
         let mut push = false;
+        // Asynchronous beside the embedded engine: it pauses for the step (partial outputs kept,
+        // continued under the new weights), since it shares the trainer's device and tensors.
+        let pause_embedded =
+            self.recipe.rollout.mode != RolloutMode::Sync && !self.external_engines;
         if let Some(trainer) = self.trainer.as_mut() {
             let t_sync = Instant::now();
             if let Some(engine) = &self.engine {
+                if pause_embedded {
+                    engine.begin_weight_update();
+                }
                 self.runtime.block_on(engine.release_memory())?;
             }
             sync_seconds += t_sync.elapsed().as_secs_f64();
@@ -66,9 +74,21 @@ impl Run {
             }
             line.insert("step".into(), json!(trainer.step()));
         }
+        if let (true, Some(engine)) = (pause_embedded, &self.engine) {
+            engine.end_weight_update();
+        }
         if push {
             let t_sync = Instant::now();
-            self.push_weights()?;
+            let overlapped = self.recipe.rollout.mode != RolloutMode::Sync;
+            if let (true, Some(engine)) = (overlapped, &self.engine) {
+                // Requests in flight end with their partial outputs and continue after it.
+                engine.begin_weight_update();
+            }
+            let pushed = self.push_weights();
+            if let (true, Some(engine)) = (overlapped, &self.engine) {
+                engine.end_weight_update();
+            }
+            pushed?;
             sync_seconds += t_sync.elapsed().as_secs_f64();
         }
         line.insert("time/train".into(), json!(train_seconds));
@@ -85,27 +105,61 @@ impl Run {
             return Ok(());
         };
         // Every rank takes part in gathering a sharded policy; rank 0 alone sends it.
-        match self.recipe.rollout.weight_sync() {
+        let deadline = Duration::from_secs_f64(self.recipe.rollout.weight_update_timeout_secs);
+        let t = Instant::now();
+        let sent = match self.recipe.rollout.weight_sync() {
             WeightSync::Disk | WeightSync::Auto => {
                 let dir = ooze_train::checkpoint::export_weights(
                     &self.run_dir.join("weights"),
                     &self.recipe.model.path,
                     trainer,
                 )?;
-                if let Some(engine) = &self.engine {
-                    self.runtime
-                        .block_on(engine.update_weights_from_disk(dir))?;
+                match &self.engine {
+                    Some(engine) => self.runtime.block_on(tokio::time::timeout(
+                        deadline.saturating_sub(t.elapsed()),
+                        engine.update_weights_from_disk(dir),
+                    )),
+                    None => return Ok(()),
                 }
             }
             WeightSync::Distributed => {
                 let weights = trainer.whole_weights()?;
-                if let Some(engine) = &self.engine {
-                    self.runtime
-                        .block_on(engine.update_weights_from_tensors(weights))?;
+                match &self.engine {
+                    Some(engine) => self.runtime.block_on(tokio::time::timeout(
+                        deadline.saturating_sub(t.elapsed()),
+                        engine.update_weights_from_tensors(weights),
+                    )),
+                    None => return Ok(()),
                 }
             }
+        };
+        match sent {
+            Ok(version) => {
+                version?;
+                Ok(())
+            }
+            Err(_) => bail!(
+                "the weight update did not finish within {:.0} s (rollout.weight_update_timeout_secs); it waited for the engines to load the new weights: {}",
+                deadline.as_secs_f64(),
+                self.engines_named()
+            ),
         }
-        Ok(())
+    }
+
+    /// The engines outside the trainer, by URL, for messages.
+    fn engines_named(&self) -> String {
+        let mut urls: Vec<String> = self.recipe.rollout.engines.clone();
+        if let Some(p) = &self.engine_processes {
+            urls.extend(p.urls());
+        }
+        if let Some(file) = &self.recipe.rollout.engines_file {
+            urls.push(format!("those listed in {}", file.display()));
+        }
+        if urls.is_empty() {
+            "(none named)".into()
+        } else {
+            urls.join(", ")
+        }
     }
 }
 

@@ -62,7 +62,7 @@ mod tests {
 
     fn sample(n: usize) -> Sample {
         let mut s = Sample::with_prompt(vec![1]);
-        s.push_generated(&vec![1; n - 1], &vec![-0.5; n - 1])
+        s.push_generated(&vec![1; n - 1], &vec![-0.5; n - 1], &[])
             .unwrap();
         s
     }

@@ -43,7 +43,8 @@ fn samples(n: usize) -> Vec<Sample> {
                 if len > 6 && k == len - 2 {
                     s.push_observation(&[t]);
                 } else {
-                    s.push_generated(&[t], &[-1.0 - 0.05 * k as f32]).unwrap();
+                    s.push_generated(&[t], &[-1.0 - 0.05 * k as f32], &[])
+                        .unwrap();
                 }
             }
             s

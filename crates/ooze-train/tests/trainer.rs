@@ -40,7 +40,8 @@ fn sample(
         if n > 3 && i == n - 2 {
             s.push_observation(&[t]); // a tool token
         } else {
-            s.push_generated(&[t], &[-1.0 - 0.1 * i as f32]).unwrap();
+            s.push_generated(&[t], &[-1.0 - 0.1 * i as f32], &[])
+                .unwrap();
         }
     }
     s

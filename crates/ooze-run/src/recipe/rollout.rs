@@ -70,6 +70,39 @@ pub struct RolloutSection {
     /// equals the trainer's bitwise (a GPU in bf16; engines of `rollout.gpus` start with
     /// `--deterministic`, engines of `rollout.engines` must be started with it).
     pub deterministic: bool,
+    /// How generation and training overlap: `sync` (generate a rollout, train on it, update
+    /// the weights, repeat), `one_step_off` (the next rollout generates while the trainer
+    /// trains on this one: `async` with `max_staleness` 1 and no extra groups) or `async`
+    /// (groups generate continuously; a step takes the first complete ones).
+    pub mode: RolloutMode,
+    /// With `async`: how many weight versions a trained token may lag the weights being trained
+    /// (default 2). Staler groups are dropped and counted (`rollout/dropped_stale`).
+    pub max_staleness: Option<u64>,
+    /// With `async`: groups started beyond what `max_staleness` allows, as a share of
+    /// `batch_size` (APRIL's over-provisioning; default 0.5): a step takes the first complete
+    /// groups and the rest carry into the next as partial rollouts.
+    pub over_provision: Option<f64>,
+    /// Seconds a weight update may take (pausing the engines, sending the weights, resuming)
+    /// before the step fails, naming what it waited for.
+    pub weight_update_timeout_secs: f64,
+}
+
+/// `rollout.mode`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutMode {
+    #[default]
+    Sync,
+    OneStepOff,
+    Async,
+}
+
+/// `rollout.mode` resolved: the producer's bounds (none in `sync`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AsyncBounds {
+    pub max_staleness: u64,
+    /// Extra groups in flight (over-provisioning).
+    pub extra_groups: usize,
 }
 
 /// `rollout.weight_sync`
@@ -110,6 +143,10 @@ impl Default for RolloutSection {
             weight_sync: WeightSync::Auto,
             trainer_address: "127.0.0.1".into(),
             deterministic: false,
+            mode: RolloutMode::Sync,
+            max_staleness: None,
+            over_provision: None,
+            weight_update_timeout_secs: 600.0,
         }
     }
 }
@@ -128,6 +165,75 @@ impl RolloutSection {
             WeightSync::Auto => WeightSync::Disk,
             w => w,
         }
+    }
+
+    /// The asynchronous producer's bounds; `None` in `sync` mode.
+    pub fn async_bounds(&self) -> Option<AsyncBounds> {
+        match self.mode {
+            RolloutMode::Sync => None,
+            RolloutMode::OneStepOff => Some(AsyncBounds {
+                max_staleness: 1,
+                extra_groups: 0,
+            }),
+            RolloutMode::Async => Some(AsyncBounds {
+                max_staleness: self.max_staleness.unwrap_or(2),
+                extra_groups: (self.over_provision.unwrap_or(0.5) * self.batch_size as f64).ceil()
+                    as usize,
+            }),
+        }
+    }
+
+    /// Checks the keys of `mode` together.
+    pub(super) fn check_mode(&self) -> Result<(), String> {
+        if !(self.weight_update_timeout_secs > 0.0 && self.weight_update_timeout_secs.is_finite()) {
+            return Err(format!(
+                "rollout.weight_update_timeout_secs must be a positive number of seconds, got {}",
+                self.weight_update_timeout_secs
+            ));
+        }
+        if let Some(p) = self.over_provision {
+            if !(p >= 0.0 && p.is_finite()) {
+                return Err(format!(
+                    "rollout.over_provision must be a share of batch_size ≥ 0, got {p}"
+                ));
+            }
+        }
+        let name = match self.mode {
+            RolloutMode::Sync => "sync",
+            RolloutMode::OneStepOff => "one_step_off",
+            RolloutMode::Async => return self.check_async_fill(),
+        };
+        for (key, set) in [
+            ("max_staleness", self.max_staleness.is_some()),
+            ("over_provision", self.over_provision.is_some()),
+        ] {
+            if set {
+                return Err(format!(
+                    "rollout.{key} applies to rollout.mode = \"async\" (here \"{name}\"{})",
+                    if name == "one_step_off" {
+                        ", which is async with max_staleness 1 and no extra groups"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        if self.mode == RolloutMode::OneStepOff {
+            self.check_async_fill()?;
+        }
+        Ok(())
+    }
+
+    /// An asynchronous rollout keeps generating until a step's groups are complete: the
+    /// synchronous batch-filling keys do not apply.
+    fn check_async_fill(&self) -> Result<(), String> {
+        if self.over_sampling_batch_size.is_some() {
+            return Err("rollout.over_sampling_batch_size fills a synchronous batch; with rollout.mode = \"async\" or \"one_step_off\" the producer keeps generating until a step's groups pass the filters (set rollout.over_provision for groups beyond the bound)".into());
+        }
+        if self.max_rounds != RolloutSection::default().max_rounds {
+            return Err("rollout.max_rounds bounds a synchronous batch's rounds; with rollout.mode = \"async\" or \"one_step_off\" there are no rounds".into());
+        }
+        Ok(())
     }
 
     /// Checks the engine keys together.
