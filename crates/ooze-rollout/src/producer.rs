@@ -73,8 +73,12 @@ pub struct DrawState {
 #[derive(Debug, Default)]
 pub struct Taken {
     pub groups: Vec<Group>,
+    /// The weight version being trained (what staleness is measured against).
+    pub version: u64,
     /// Per group taken: the versions its oldest trained token lags the weights being trained.
     pub staleness: Vec<u64>,
+    /// Groups started since the last step.
+    pub started_groups: usize,
     /// Groups finished since the last step, kept or not.
     pub generated_groups: usize,
     /// Groups dropped since the last step, by reason (the filters' reasons and `stale`).
@@ -115,6 +119,7 @@ struct State {
     admitted: u64,
     updates: u64,
     version: u64,
+    started: usize,
     generated: usize,
     dropped: BTreeMap<String, usize>,
     load: Load,
@@ -141,6 +146,7 @@ impl State {
         };
         self.pending.insert(group, prompt);
         self.admitted += 1;
+        self.started += 1;
         (group, prompt)
     }
 
@@ -214,6 +220,7 @@ impl Producer {
                 admitted: 0,
                 updates: 0,
                 version,
+                started: 0,
                 generated: 0,
                 dropped: BTreeMap::new(),
                 load: Load::default(),
@@ -268,12 +275,14 @@ impl Producer {
                     }
                     let load = std::mem::take(&mut st.load);
                     let taken = Taken {
+                        version,
                         staleness: groups.iter().map(|g| staleness(g, version)).collect(),
                         partial_samples: groups
                             .iter()
                             .flat_map(|g| &g.samples)
                             .filter(|s| s.weight_versions.len() > 1)
                             .count(),
+                        started_groups: std::mem::take(&mut st.started),
                         generated_groups: std::mem::take(&mut st.generated),
                         dropped: std::mem::take(&mut st.dropped),
                         buffered: st.ready.len(),
@@ -507,6 +516,7 @@ mod tests {
             admitted: 0,
             updates: 0,
             version: 0,
+            started: 0,
             generated: 0,
             dropped: BTreeMap::new(),
             load: Load::default(),

@@ -180,11 +180,12 @@ impl Run {
     }
 }
 
-/// The producer's numbers for one step: staleness (mean, max, and a histogram as
+/// The producer's numbers for one step: the weight version trained, staleness (mean, max, and a histogram as
 /// `async/staleness_N` groups), the buffer, the groups in flight, partial rollouts, and the
 /// engine's busy share and effective concurrency since the step before.
 fn async_line(taken: &Taken, line: &mut Map<String, Value>) {
     let n = taken.staleness.len().max(1) as f64;
+    line.insert("async/policy_version".into(), json!(taken.version));
     line.insert(
         "async/staleness_mean".into(),
         json!(taken.staleness.iter().sum::<u64>() as f64 / n),
@@ -200,6 +201,7 @@ fn async_line(taken: &Taken, line: &mut Map<String, Value>) {
     for (s, count) in histogram {
         line.insert(format!("async/staleness_{s}"), json!(count));
     }
+    line.insert("async/started_groups".into(), json!(taken.started_groups));
     line.insert("async/buffered_groups".into(), json!(taken.buffered));
     line.insert("async/in_flight_groups".into(), json!(taken.in_flight));
     line.insert("async/partial_samples".into(), json!(taken.partial_samples));

@@ -115,20 +115,27 @@ impl Run {
                     trainer,
                 )?;
                 match &self.engine {
-                    Some(engine) => self.runtime.block_on(tokio::time::timeout(
-                        deadline.saturating_sub(t.elapsed()),
-                        engine.update_weights_from_disk(dir),
-                    )),
+                    Some(engine) => {
+                        let left = deadline.saturating_sub(t.elapsed());
+                        // The timer belongs to the runtime: made inside it.
+                        self.runtime.block_on(async {
+                            tokio::time::timeout(left, engine.update_weights_from_disk(dir)).await
+                        })
+                    }
                     None => return Ok(()),
                 }
             }
             WeightSync::Distributed => {
                 let weights = trainer.whole_weights()?;
                 match &self.engine {
-                    Some(engine) => self.runtime.block_on(tokio::time::timeout(
-                        deadline.saturating_sub(t.elapsed()),
-                        engine.update_weights_from_tensors(weights),
-                    )),
+                    Some(engine) => {
+                        let left = deadline.saturating_sub(t.elapsed());
+                        // The timer belongs to the runtime: made inside it.
+                        self.runtime.block_on(async {
+                            tokio::time::timeout(left, engine.update_weights_from_tensors(weights))
+                                .await
+                        })
+                    }
                     None => return Ok(()),
                 }
             }

@@ -82,8 +82,9 @@ pub struct RolloutSection {
     /// `batch_size` (APRIL's over-provisioning; default 0.5): a step takes the first complete
     /// groups and the rest carry into the next as partial rollouts.
     pub over_provision: Option<f64>,
-    /// Seconds a weight update may take (pausing the engines, sending the weights, resuming)
-    /// before the step fails, naming what it waited for.
+    /// Seconds a weight update of engines outside the trainer may take (writing or gathering
+    /// the weights, the engines loading them) before the step fails, naming the engines it
+    /// waited for.
     pub weight_update_timeout_secs: f64,
 }
 
@@ -198,6 +199,11 @@ impl RolloutSection {
                 ));
             }
         }
+        if self.weight_update_timeout_secs != RolloutSection::default().weight_update_timeout_secs
+            && !self.outside_engines()
+        {
+            return Err("rollout.weight_update_timeout_secs applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file): the embedded engine's update is the trainer's own step".into());
+        }
         let name = match self.mode {
             RolloutMode::Sync => "sync",
             RolloutMode::OneStepOff => "one_step_off",
@@ -303,5 +309,82 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("a replay generates nothing"), "{e}");
+    }
+
+    #[test]
+    fn mode_keys_are_checked_together() {
+        let r = parse(MIN, &[]).unwrap();
+        assert_eq!(r.rollout.async_bounds(), None, "sync by default");
+        let r = parse(MIN, &["rollout.mode=\"async\""]).unwrap();
+        let b = r.rollout.async_bounds().unwrap();
+        assert_eq!(b.max_staleness, 2);
+        assert_eq!(
+            b.extra_groups,
+            (r.rollout.batch_size as f64 * 0.5).ceil() as usize
+        );
+        let r = parse(
+            MIN,
+            &[
+                "rollout.mode=\"async\"",
+                "rollout.max_staleness=0",
+                "rollout.over_provision=0",
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            r.rollout.async_bounds(),
+            Some(AsyncBounds {
+                max_staleness: 0,
+                extra_groups: 0
+            })
+        );
+        let r = parse(MIN, &["rollout.mode=\"one_step_off\""]).unwrap();
+        assert_eq!(
+            r.rollout.async_bounds(),
+            Some(AsyncBounds {
+                max_staleness: 1,
+                extra_groups: 0
+            })
+        );
+        for (sets, says) in [
+            (
+                &["rollout.max_staleness=1"][..],
+                "rollout.max_staleness applies to rollout.mode = \"async\" (here \"sync\")",
+            ),
+            (
+                &["rollout.mode=\"one_step_off\"", "rollout.over_provision=1"][..],
+                "which is async with max_staleness 1",
+            ),
+            (
+                &["rollout.mode=\"async\"", "rollout.over_provision=-1"][..],
+                "rollout.over_provision must be a share of batch_size ≥ 0",
+            ),
+            (
+                &["rollout.mode=\"async\"", "rollout.max_rounds=2"][..],
+                "there are no rounds",
+            ),
+            (
+                &[
+                    "rollout.mode=\"async\"",
+                    "rollout.over_sampling_batch_size=4",
+                ][..],
+                "set rollout.over_provision",
+            ),
+            (
+                &["rollout.weight_update_timeout_secs=5"][..],
+                "applies to engines outside the trainer",
+            ),
+            (
+                &["rollout.gpus=1", "rollout.weight_update_timeout_secs=0"][..],
+                "a positive number of seconds",
+            ),
+            (
+                &["rollout.mode=\"async\"", "trainer.mode=\"rollout_only\""][..],
+                "trainer.mode = \"rollout_only\" does not train on fresh rollouts",
+            ),
+        ] {
+            let e = parse(MIN, sets).unwrap_err();
+            assert!(e.contains(says), "{sets:?}: {e}");
+        }
     }
 }

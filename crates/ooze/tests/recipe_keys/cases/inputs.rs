@@ -236,6 +236,32 @@ pub fn cases() -> Vec<Case> {
             &["rollout.trainer_address=\"10.0.0.1\""],
             Refused("rollout.trainer_address applies to engines outside the trainer"),
         ),
+        // Asynchronous rollouts (tests/asynchronous.rs runs them under an agent with tool
+        // delays, and a killed run resumed): the groups a step finds started are the bound's.
+        case(
+            &["rollout.mode"],
+            &[],
+            &["rollout.mode=\"async\""],
+            Metric("async/started_groups"),
+        ),
+        case(
+            &["rollout.max_staleness"],
+            &["rollout.mode=\"async\""],
+            &["rollout.mode=\"async\"", "rollout.max_staleness=0"],
+            Metric("async/started_groups"),
+        ),
+        case(
+            &["rollout.over_provision"],
+            &["rollout.mode=\"async\""],
+            &["rollout.mode=\"async\"", "rollout.over_provision=3"],
+            Metric("async/started_groups"),
+        ),
+        case(
+            &["rollout.weight_update_timeout_secs"],
+            &["rollout.gpus=1"],
+            &["rollout.gpus=1", "rollout.weight_update_timeout_secs=1e-6"],
+            Fails("did not finish within 0 s (rollout.weight_update_timeout_secs)"),
+        ),
         // [reward]
         case(
             &["reward.type"],
