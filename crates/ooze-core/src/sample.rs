@@ -295,6 +295,9 @@ impl Sample {
     /// The oldest weight version that drew a trained token (`None` when no token has a known
     /// version): how stale the sample is against the policy being trained.
     pub fn oldest_trained_version(&self) -> Option<u64> {
+        if !self.loss_mask.contains(&1) {
+            return None;
+        }
         if self.token_versions.is_empty() {
             return self.weight_versions.iter().min().copied();
         }
@@ -304,7 +307,6 @@ impl Sample {
             .filter(|(_, &m)| m == 1)
             .map(|(&v, _)| v)
             .min()
-            .or_else(|| self.weight_versions.iter().min().copied())
     }
 
     /// Appends chat-template or other context tokens around the environment's content: neither
