@@ -55,19 +55,26 @@ def agent(task):
     rng = random.Random(os.environ.get("OOZE_SESSION_ID"))
     messages = messages_for(task["prompt"])
     done = 0
+    model_seconds = tool_seconds = 0.0
     for _ in range(hops + 2):
+        t = time.monotonic()
         text = chat(messages, 12)
+        model_seconds += time.monotonic() - t
         messages.append({"role": "assistant", "content": text})
         m = re.fullmatch(r"\s*(lookup|answer) (K\d+)\s*", text)
         if not m or m.group(1) == "answer":
             break
+        t = time.monotonic()
         time.sleep(rng.uniform(*LATENCY))
+        tool_seconds += time.monotonic() - t
         done += 1
         messages.append({"role": "user",
                          "content": observation(m.group(2), links, max(0, hops - done))})
     answer = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
     correct = answer.strip() == f"answer {task['label']}"
-    return {"reward": float(correct), "metrics": {"hops": hops, "lookups": done}}
+    return {"reward": float(correct),
+            "metrics": {"hops": hops, "lookups": done, "model_seconds": model_seconds,
+                        "tool_seconds": tool_seconds}}
 
 
 if __name__ == "__main__":
