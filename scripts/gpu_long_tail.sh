@@ -6,8 +6,8 @@
 # its engine on GPU 1 (trainer.gpus = 1, rollout.gpus = 1: weights broadcast over NCCL).
 # Each run's metrics are OUT/MODE/metrics.jsonl; a line per run gives trained samples per second
 # and the reward of its first and last five rollouts.
-# Usage: scripts/gpu_long_tail.sh OUT_DIR [MODE ...]   (modes: sync, one_step_off, async;
-#        default: sync async)
+# Usage: scripts/gpu_long_tail.sh OUT_DIR [MODE ...]   (modes: sync, one_step_off, async, and
+#        async+mask: stale tokens masked, not their groups dropped; default: sync async)
 #        (env: OOZE, PYTHON=python3, DEVICE=cuda, SIZE=small, SFT_STEPS=1500, ROLLOUTS=30,
 #         SPLIT=1 on cuda / 0 on cpu, SETS="K=V …", LATENCY="0.2 1.0" seconds per lookup)
 set -euo pipefail
@@ -42,17 +42,20 @@ if [ ! -d "$out/sft/final-model" ]; then
     || { tail -20 "$out/sft.log"; exit 1; }
   echo "long tail: warm start in $(( $(date +%s) - start )) s ($(grep -o 'held-out [0-9.]*' "$out/sft.log" | tail -1))"
 fi
-for mode in "${modes[@]}"; do
-  rm -rf "${out:?}/$mode"
+for name in "${modes[@]}"; do
+  mode=${name%+mask}
+  sets=("${extra[@]}")
+  [ "$mode" != "$name" ] && sets+=(--set 'rollout.stale="mask"')
+  rm -rf "${out:?}/$name"
   start=$(date +%s)
   $ooze train recipes/long_tail/recipe.toml --set "model.path=\"$out/sft/final-model\"" \
     --set "model.device=\"$device\"" --set "model.dtype=\"$dtype\"" \
     --set "data.path=\"$out/data/train.jsonl\"" \
     --set "agent.command=[\"$python\", \"recipes/long_tail/agent.py\"]" \
     --set "rollout.mode=\"$mode\"" --set "rollout.num_rollouts=$rollouts" \
-    --set "logging.run_dir=\"$out/$mode\"" --set logging.progress=false "${extra[@]}" \
-    >"$out/$mode.log" 2>&1 || { tail -30 "$out/$mode.log"; exit 1; }
-  "$python" - "$out/$mode/metrics.jsonl" "$mode" "$(( $(date +%s) - start ))" <<'PY'
+    --set "logging.run_dir=\"$out/$name\"" --set logging.progress=false "${sets[@]}" \
+    >"$out/$name.log" 2>&1 || { tail -30 "$out/$name.log"; exit 1; }
+  "$python" - "$out/$name/metrics.jsonl" "$name" "$(( $(date +%s) - start ))" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 lines = [l for l in lines if "train/loss" in l]
@@ -62,8 +65,11 @@ wall = lines[-1]["time/elapsed"] - lines[0]["time/elapsed"]
 first = [l["reward/mean"] for l in lines[:5]]
 last = [l["reward/mean"] for l in lines[-5:]]
 stale = max(l.get("async/staleness_max", 0) for l in lines)
+dropped = sum(l.get("rollout/dropped_stale", 0) for l in lines)
+masked = sum(l.get("async/masked_tokens", 0) for l in lines)
 print(f"long tail {sys.argv[2]}: {len(lines)} steps; after the first, {samples} samples in "
       f"{wall:.1f} s ({samples / wall:.2f} trained samples/s; {sys.argv[3]} s in all), reward "
-      f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}, staleness max {stale}")
+      f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f}, staleness max {stale}, "
+      f"stale groups dropped {dropped}, stale tokens masked {masked}")
 PY
 done

@@ -292,6 +292,29 @@ impl Sample {
         Ok(())
     }
 
+    /// Stops training every token drawn by a weight version older than `oldest` (the sample
+    /// stays in its group, its reward counting); returns how many trained tokens that was. A
+    /// sample without per-token versions goes by its oldest engine call. A sample left with no
+    /// trained token is removed ([`Sample::remove`]).
+    pub fn mask_older_than(&mut self, oldest: u64) -> usize {
+        let before = self.loss_mask.iter().filter(|&&m| m == 1).count();
+        if self.token_versions.is_empty() {
+            if self.weight_versions.iter().any(|&v| v < oldest) {
+                self.remove();
+            }
+        } else {
+            for (m, &v) in self.loss_mask.iter_mut().zip(&self.token_versions) {
+                if v < oldest {
+                    *m = 0;
+                }
+            }
+            if !self.loss_mask.contains(&1) {
+                self.remove();
+            }
+        }
+        before - self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+
     /// The oldest weight version that drew a trained token (`None` when no token has a known
     /// version): how stale the sample is against the policy being trained.
     pub fn oldest_trained_version(&self) -> Option<u64> {
@@ -443,6 +466,31 @@ mod tests {
         s.remove();
         assert_eq!(s.check(), Ok(()));
         assert_eq!(s.loss_mask, vec![0]);
+    }
+
+    #[test]
+    fn tokens_of_old_versions_stop_training_and_a_sample_left_with_none_is_removed() {
+        let mut s = Sample::with_prompt(vec![1]);
+        s.push_generated(&[10, 11], &[-0.5, -1.0], &[3, 3]).unwrap();
+        s.push_observation(&[12]);
+        s.push_generated(&[13, 14], &[-0.1, -0.2], &[5, 6]).unwrap();
+        s.weight_versions = vec![3, 5, 6];
+        assert_eq!(s.token_versions, vec![3, 3, 0, 5, 6]);
+        assert_eq!(s.oldest_trained_version(), Some(3));
+        assert_eq!(s.mask_older_than(5), 2);
+        assert_eq!(s.loss_mask, vec![0, 0, 0, 1, 1]);
+        assert_eq!(s.oldest_trained_version(), Some(5));
+        assert!(!s.removed);
+        assert_eq!(s.mask_older_than(7), 2);
+        assert!(s.removed && s.check().is_ok());
+        assert_eq!(s.oldest_trained_version(), None);
+        // Without per-token versions: by the oldest engine call.
+        let mut whole = Sample::with_prompt(vec![1]);
+        whole.push_generated(&[10], &[-0.5], &[]).unwrap();
+        whole.weight_versions = vec![4];
+        assert_eq!(whole.mask_older_than(4), 0);
+        assert_eq!(whole.mask_older_than(5), 1);
+        assert!(whole.removed);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!   weight updates so far (AReaL's rule): with `max_staleness` 0 and no extra groups that is a
 //!   synchronous run. A step never trains a group any of whose trained tokens was drawn more
 //!   than `max_staleness` versions before the weights being trained: such a group is dropped
-//!   (counted as `stale`) when a step would take it.
+//!   (counted as `stale`) when a step would take it, or (`mask_stale`) kept with those tokens no
+//!   longer trained (slime's masking of a partial rollout's old-policy part): its reward still
+//!   counts, and long trajectories are not selected against.
 //! - **Over-provisioning** (APRIL): `extra_groups` more groups run than the bound needs; a step
 //!   takes the first complete ones and the others go on into the next step as partial rollouts.
 //! - **Partial rollouts.** At a weight update the engine pauses and the requests in flight keep
@@ -44,6 +46,9 @@ pub struct AsyncConfig {
     pub max_staleness: u64,
     /// Groups started beyond what the staleness bound allows (over-provisioning).
     pub extra_groups: usize,
+    /// Tokens staler than the bound stop training (their groups are kept) instead of the whole
+    /// group being dropped.
+    pub mask_stale: bool,
 }
 
 /// Where prompts come from: the seeded order over `prompts`, and the next group number.
@@ -89,6 +94,8 @@ pub struct Taken {
     pub in_flight: usize,
     /// Samples taken whose tokens span several weight versions.
     pub partial_samples: usize,
+    /// Trained tokens masked for being staler than the bound (`mask_stale`).
+    pub masked_tokens: usize,
     /// The engine, sampled every [`ENGINE_SAMPLE_SECS`] since the last step: the share of
     /// samples with a request running, and the mean number running.
     pub engine_busy: f64,
@@ -121,6 +128,7 @@ struct State {
     version: u64,
     started: usize,
     generated: usize,
+    masked: usize,
     dropped: BTreeMap<String, usize>,
     load: Load,
     failed: Option<RolloutError>,
@@ -222,6 +230,7 @@ impl Producer {
                 version,
                 started: 0,
                 generated: 0,
+                masked: 0,
                 dropped: BTreeMap::new(),
                 load: Load::default(),
                 failed: None,
@@ -257,11 +266,19 @@ impl Producer {
                 let version = st.version;
                 let ready = std::mem::take(&mut st.ready);
                 let before = ready.len();
-                for g in ready {
-                    if staleness(&g, version) > config.max_staleness {
-                        st.drop_group(g.group, "stale");
-                    } else {
+                let oldest = version.saturating_sub(config.max_staleness);
+                for mut g in ready {
+                    if staleness(&g, version) <= config.max_staleness {
                         st.ready.push_back(g);
+                    } else if config.mask_stale {
+                        st.masked += g
+                            .samples
+                            .iter_mut()
+                            .map(|s| s.mask_older_than(oldest))
+                            .sum::<usize>();
+                        st.ready.push_back(g);
+                    } else {
+                        st.drop_group(g.group, "stale");
                     }
                 }
                 if st.ready.len() < before {
@@ -277,6 +294,7 @@ impl Producer {
                     let taken = Taken {
                         version,
                         staleness: groups.iter().map(|g| staleness(g, version)).collect(),
+                        masked_tokens: std::mem::take(&mut st.masked),
                         partial_samples: groups
                             .iter()
                             .flat_map(|g| &g.samples)
@@ -499,6 +517,7 @@ mod tests {
             groups_per_step: 4,
             max_staleness,
             extra_groups,
+            mask_stale: false,
         };
         let mut st = State {
             draws: PromptDraws {
@@ -518,6 +537,7 @@ mod tests {
             version: 0,
             started: 0,
             generated: 0,
+            masked: 0,
             dropped: BTreeMap::new(),
             load: Load::default(),
             failed: None,

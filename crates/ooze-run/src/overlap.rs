@@ -117,13 +117,15 @@ impl Run {
             groups_per_step: r.batch_size,
             max_staleness: bounds.max_staleness,
             extra_groups: bounds.extra_groups,
+            mask_stale: bounds.mask_stale,
         };
         if self.is_first() {
             eprintln!(
-                "rollout: {}, {} groups a step, at most {} version(s) stale, {} extra group(s) in flight{}",
+                "rollout: {}, {} groups a step, at most {} version(s) stale ({} older tokens), {} extra group(s) in flight{}",
                 crate::recipe::quoted(&r.mode),
                 r.batch_size,
                 bounds.max_staleness,
+                if bounds.mask_stale { "masking" } else { "dropping groups with" },
                 bounds.extra_groups,
                 if self.state.unfinished.is_empty() {
                     String::new()
@@ -205,6 +207,7 @@ fn async_line(taken: &Taken, line: &mut Map<String, Value>) {
     line.insert("async/buffered_groups".into(), json!(taken.buffered));
     line.insert("async/in_flight_groups".into(), json!(taken.in_flight));
     line.insert("async/partial_samples".into(), json!(taken.partial_samples));
+    line.insert("async/masked_tokens".into(), json!(taken.masked_tokens));
     line.insert("async/engine_busy".into(), json!(taken.engine_busy));
     line.insert(
         "async/engine_concurrency".into(),

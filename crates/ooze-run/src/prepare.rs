@@ -144,8 +144,10 @@ impl Run {
         if let (Some(agent), Some(engine)) = (settings.agent.as_mut(), &engine) {
             agent.helpers = build_helpers(&recipe, helper_models, engine, &tokenizer, slot_len)?;
         }
+        // Rollouts, agents, the agent gateway and helper calls run here: half the CPUs (2 to
+        // 8), the rest left to the trainer and the agents' own processes.
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(runtime_workers())
             .enable_all()
             .build()?;
         let log = first
@@ -174,6 +176,13 @@ impl Run {
             last_eval: Vec::new(),
         })
     }
+}
+
+/// Worker threads of a run's async runtime: half the CPUs this process may use, 2 to 8.
+fn runtime_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get() / 2)
+        .clamp(2, 8)
 }
 
 /// Creates the run directory and saves the resolved recipe in it (rank 0).

@@ -2,7 +2,8 @@
 //! CPU with a tiny random model: under an agent program with random tool delays and a long tail
 //! of turns, no trained token is ever staler than `rollout.max_staleness`, every token records the
 //! weight version that drew it, and every group drawn is trained once or still pending at the
-//! end; a run killed after a checkpoint resumes without losing or repeating a group.
+//! end; stale tokens can be masked instead of their groups dropped; a run killed after a
+//! checkpoint resumes without losing or repeating a group.
 
 mod common;
 
@@ -302,5 +303,33 @@ fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
     assert!(
         lost <= stale,
         "{lost} groups in flight at the checkpoint were neither trained nor pending after it"
+    );
+}
+
+#[test]
+fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let run = dir.path().join("run");
+    let path = dir.path().join("recipe.toml");
+    let recipe = plain_recipe(&model, &run, "").replace(
+        "max_staleness = 1\n",
+        "max_staleness = 0\nstale = \"mask\"\n",
+    );
+    std::fs::write(&path, recipe).unwrap();
+    common::ooze_ok(&["train", path.to_str().unwrap()]);
+    // No trained token is older than the weights it trains, and no group was dropped for it.
+    check_bound_and_accounting(&run, 0);
+    let lines = metrics(&run);
+    assert!(lines
+        .iter()
+        .all(|l| !l.contains_key("rollout/dropped_stale")));
+    let masked: u64 = lines
+        .iter()
+        .filter_map(|l| l.get("async/masked_tokens").and_then(Value::as_u64))
+        .sum();
+    assert!(
+        masked > 0,
+        "groups started a version early had tokens to mask"
     );
 }

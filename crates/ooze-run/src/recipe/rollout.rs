@@ -82,6 +82,11 @@ pub struct RolloutSection {
     /// `batch_size` (APRIL's over-provisioning; default 0.5): a step takes the first complete
     /// groups and the rest carry into the next as partial rollouts.
     pub over_provision: Option<f64>,
+    /// With `async` / `one_step_off`: what becomes of a group with tokens staler than
+    /// `max_staleness`: `drop` the group (counted, `rollout/dropped_stale`) or `mask` those
+    /// tokens (kept in the sample, not trained, `async/masked_tokens`; the group's reward
+    /// still counts, so long trajectories are not selected against).
+    pub stale: StaleTokens,
     /// Seconds a weight update of engines outside the trainer may take (writing or gathering
     /// the weights, the engines loading them) before the step fails, naming the engines it
     /// waited for.
@@ -98,12 +103,23 @@ pub enum RolloutMode {
     Async,
 }
 
+/// `rollout.stale`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleTokens {
+    #[default]
+    Drop,
+    Mask,
+}
+
 /// `rollout.mode` resolved: the producer's bounds (none in `sync`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AsyncBounds {
     pub max_staleness: u64,
     /// Extra groups in flight (over-provisioning).
     pub extra_groups: usize,
+    /// Stale tokens masked, not their groups dropped.
+    pub mask_stale: bool,
 }
 
 /// `rollout.weight_sync`
@@ -145,6 +161,7 @@ impl Default for RolloutSection {
             trainer_address: "127.0.0.1".into(),
             deterministic: false,
             mode: RolloutMode::Sync,
+            stale: StaleTokens::Drop,
             max_staleness: None,
             over_provision: None,
             weight_update_timeout_secs: 600.0,
@@ -175,11 +192,13 @@ impl RolloutSection {
             RolloutMode::OneStepOff => Some(AsyncBounds {
                 max_staleness: 1,
                 extra_groups: 0,
+                mask_stale: self.stale == StaleTokens::Mask,
             }),
             RolloutMode::Async => Some(AsyncBounds {
                 max_staleness: self.max_staleness.unwrap_or(2),
                 extra_groups: (self.over_provision.unwrap_or(0.5) * self.batch_size as f64).ceil()
                     as usize,
+                mask_stale: self.stale == StaleTokens::Mask,
             }),
         }
     }
@@ -203,6 +222,9 @@ impl RolloutSection {
             && !self.outside_engines()
         {
             return Err("rollout.weight_update_timeout_secs applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file): the embedded engine's update is the trainer's own step".into());
+        }
+        if self.mode == RolloutMode::Sync && self.stale != StaleTokens::Drop {
+            return Err("rollout.stale applies to rollout.mode = \"async\" or \"one_step_off\" (here \"sync\": nothing is stale)".into());
         }
         let name = match self.mode {
             RolloutMode::Sync => "sync",
@@ -335,7 +357,8 @@ mod tests {
             r.rollout.async_bounds(),
             Some(AsyncBounds {
                 max_staleness: 0,
-                extra_groups: 0
+                extra_groups: 0,
+                mask_stale: false
             })
         );
         let r = parse(MIN, &["rollout.mode=\"one_step_off\""]).unwrap();
@@ -343,7 +366,8 @@ mod tests {
             r.rollout.async_bounds(),
             Some(AsyncBounds {
                 max_staleness: 1,
-                extra_groups: 0
+                extra_groups: 0,
+                mask_stale: false
             })
         );
         for (sets, says) in [
@@ -369,6 +393,10 @@ mod tests {
                     "rollout.over_sampling_batch_size=4",
                 ][..],
                 "set rollout.over_provision",
+            ),
+            (
+                &["rollout.stale=\"mask\""][..],
+                "rollout.stale applies to rollout.mode = \"async\"",
             ),
             (
                 &["rollout.weight_update_timeout_secs=5"][..],

@@ -256,6 +256,13 @@ pub fn cases() -> Vec<Case> {
             &["rollout.mode=\"async\"", "rollout.over_provision=3"],
             Metric("async/started_groups"),
         ),
+        // Its effect needs a run long enough to go stale (tests/asynchronous.rs masks them).
+        case(
+            &["rollout.stale"],
+            &[],
+            &["rollout.stale=\"mask\""],
+            Refused("rollout.stale applies to rollout.mode = \"async\""),
+        ),
         case(
             &["rollout.weight_update_timeout_secs"],
             &["rollout.gpus=1"],
