@@ -54,7 +54,7 @@ for name in "${modes[@]}"; do
     --set "agent.command=[\"$python\", \"recipes/long_tail/agent.py\"]" \
     --set "rollout.mode=\"$mode\"" --set "rollout.num_rollouts=$rollouts" \
     --set "logging.run_dir=\"$out/$name\"" --set logging.progress=false "${sets[@]}" \
-    >"$out/$name.log" 2>&1 || { tail -30 "$out/$name.log"; exit 1; }
+    >"$out/$name.log" 2>&1 || { rc=$?; tail -30 "$out/$name.log"; echo "ooze train exited with $rc"; exit 1; }
   "$python" - "$out/$name/metrics.jsonl" "$name" "$(( $(date +%s) - start ))" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

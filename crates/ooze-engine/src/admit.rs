@@ -89,12 +89,6 @@ impl EngineLoop {
             let sequence = front.sequence();
             let tokens: &[u32] = &sequence;
             let min = self.config.min_prefix_reuse;
-            if planned
-                .iter()
-                .any(|p| common_prefix(&p.waiting.sequence(), tokens) >= min)
-            {
-                break;
-            }
             // At least the last token is computed: its logits start the output. Scored prompt
             // positions are computed too.
             let scored_from = match (&front.progress, front.prompt_log_probs_from) {
@@ -103,6 +97,14 @@ impl EngineLoop {
             };
             let usable = (tokens.len() - 1).min(scored_from);
             let plan = self.kv.plan(tokens, usable, min);
+            // Wait for the next pass only where a planned request computes enough of this one's
+            // prefix beyond what is kept already: requests that share only a kept prefix (an
+            // agent's system prompt) go in the same pass, not one per pass.
+            if planned.iter().any(|p| {
+                common_prefix(&p.waiting.sequence(), tokens) >= plan.reused().saturating_add(min)
+            }) {
+                break;
+            }
             let new_tokens = (tokens.len() - plan.reused()) as i64;
             let (next_rows, next_longest) = (rows + 1, longest.max(new_tokens));
             if !planned.is_empty() && next_rows * next_longest > PREFILL_TOKENS {
