@@ -136,6 +136,25 @@ struct State {
 }
 
 impl State {
+    fn new(draws: PromptDraws, restart: Vec<Unfinished>, version: u64) -> State {
+        State {
+            draws,
+            restart: restart.into(),
+            pending: BTreeMap::new(),
+            ready: VecDeque::new(),
+            admitted: 0,
+            updates: 0,
+            version,
+            started: 0,
+            generated: 0,
+            masked: 0,
+            dropped: BTreeMap::new(),
+            load: Load::default(),
+            failed: None,
+            stopping: false,
+        }
+    }
+
     fn allowed(&self, config: &AsyncConfig) -> u64 {
         (self.updates + config.max_staleness + 1) * config.groups_per_step as u64
             + config.extra_groups as u64
@@ -220,22 +239,7 @@ impl Producer {
             a.restart();
         }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                draws,
-                restart: restart.into(),
-                pending: BTreeMap::new(),
-                ready: VecDeque::new(),
-                admitted: 0,
-                updates: 0,
-                version,
-                started: 0,
-                generated: 0,
-                masked: 0,
-                dropped: BTreeMap::new(),
-                load: Load::default(),
-                failed: None,
-                stopping: false,
-            }),
+            state: Mutex::new(State::new(draws, restart, version)),
             config,
             to_driver: Notify::new(),
             to_taker: Notify::new(),
@@ -519,30 +523,18 @@ mod tests {
             extra_groups,
             mask_stale: false,
         };
-        let mut st = State {
-            draws: PromptDraws {
+        let mut st = State::new(
+            PromptDraws {
                 order: PromptOrder::new(3, 1, true, Position::default()),
                 prompts: Arc::new(Vec::new()),
                 next_group: 10,
             },
-            restart: vec![Unfinished {
+            vec![Unfinished {
                 group: 2,
                 prompt: 1,
-            }]
-            .into(),
-            pending: BTreeMap::new(),
-            ready: VecDeque::new(),
-            admitted: 0,
-            updates: 0,
-            version: 0,
-            started: 0,
-            generated: 0,
-            masked: 0,
-            dropped: BTreeMap::new(),
-            load: Load::default(),
-            failed: None,
-            stopping: false,
-        };
+            }],
+            0,
+        );
         assert_eq!(st.allowed(&config(0, 0)), 4, "synchronous");
         assert_eq!(st.allowed(&config(2, 3)), 15);
         st.updates = 2;

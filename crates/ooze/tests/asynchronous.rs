@@ -9,22 +9,9 @@ mod common;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn tiny_model(dir: &Path) -> PathBuf {
-    let model = dir.join("model");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
-    model
-}
 
 /// An agent with a long tail: 1 to 8 turns (most of them few, as drawn from the session id), and
 /// between turns a "tool" that sleeps 0 to 150 ms. Standard library only.
@@ -127,6 +114,14 @@ fn trained_versions(sample: &Value) -> Vec<u64> {
     }
 }
 
+/// The groups a run state names as started and not trained.
+fn unfinished(state: &Value) -> BTreeSet<u64> {
+    state["unfinished"]
+        .as_array()
+        .map(|u| u.iter().map(|u| u["group"].as_u64().unwrap()).collect())
+        .unwrap_or_default()
+}
+
 /// The run's state in its newest checkpoint (`unfinished` groups, where the order is).
 fn last_state(run: &Path) -> Value {
     let latest = std::fs::read_to_string(run.join("latest")).unwrap();
@@ -183,10 +178,7 @@ fn check_bound_and_accounting(run: &Path, max_staleness: u64) -> usize {
         assert!(l.contains_key("async/engine_busy") && l.contains_key("time/elapsed"));
     }
     let state = last_state(run);
-    let pending: BTreeSet<u64> = state["unfinished"]
-        .as_array()
-        .map(|u| u.iter().map(|u| u["group"].as_u64().unwrap()).collect())
-        .unwrap_or_default();
+    let pending = unfinished(&state);
     assert!(
         trained.is_disjoint(&pending),
         "a trained group still pending"
@@ -203,7 +195,7 @@ fn check_bound_and_accounting(run: &Path, max_staleness: u64) -> usize {
 #[test]
 fn staleness_stays_bounded_under_random_tool_delays() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let data = dir.path().join("train.jsonl");
     let rows: Vec<String> = (0..40)
         .map(|i| {
@@ -244,7 +236,7 @@ fn staleness_stays_bounded_under_random_tool_delays() {
 #[test]
 fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let run = dir.path().join("run");
     let path = dir.path().join("recipe.toml");
     std::fs::write(&path, plain_recipe(&model, &run, "")).unwrap();
@@ -271,13 +263,11 @@ fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
     child.kill().unwrap();
     child.wait().unwrap();
     let at_kill = last_state(&run);
-    let unfinished: Vec<u64> = at_kill["unfinished"]
-        .as_array()
-        .expect("the checkpoint names the groups in flight")
-        .iter()
-        .map(|u| u["group"].as_u64().unwrap())
-        .collect();
-    assert!(!unfinished.is_empty(), "{at_kill}");
+    let in_flight = unfinished(&at_kill);
+    assert!(
+        !in_flight.is_empty(),
+        "the checkpoint names the groups in flight: {at_kill}"
+    );
     common::ooze_ok(&["train", "--resume", run.to_str().unwrap()]);
     check_bound_and_accounting(&run, 1);
     // The groups in flight at the checkpoint were started again, not lost: each is trained in a
@@ -287,16 +277,13 @@ fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
         .range(checkpointed + 1..)
         .flat_map(|(_, groups)| groups.iter().map(|g| g["group"].as_u64().unwrap()))
         .collect();
-    let pending: BTreeSet<u64> = last_state(&run)["unfinished"]
-        .as_array()
-        .map(|u| u.iter().map(|u| u["group"].as_u64().unwrap()).collect())
-        .unwrap_or_default();
+    let pending = unfinished(&last_state(&run));
     let stale: u64 = metrics(&run)
         .iter()
         .filter(|l| l["rollout"].as_u64().unwrap_or(0) > checkpointed)
         .filter_map(|l| l.get("rollout/dropped_stale").and_then(Value::as_u64))
         .sum();
-    let lost = unfinished
+    let lost = in_flight
         .iter()
         .filter(|g| !later.contains(g) && !pending.contains(g))
         .count() as u64;
@@ -309,7 +296,7 @@ fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
 #[test]
 fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let run = dir.path().join("run");
     let path = dir.path().join("recipe.toml");
     let recipe = plain_recipe(&model, &run, "").replace(

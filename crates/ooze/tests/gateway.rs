@@ -18,20 +18,6 @@ fn python() -> PathBuf {
         .unwrap_or_else(|| root().join(".venv/bin/python"))
 }
 
-/// A tiny random chat model in `dir`.
-fn tiny_model(dir: &Path) -> PathBuf {
-    let model = dir.join("model");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
-    model
-}
-
 /// Prompts with labels, one per line.
 fn write_prompts(path: &Path, n: usize) {
     let rows: Vec<String> = (0..n)
@@ -132,7 +118,7 @@ run_dir = {run:?}
 #[test]
 fn misbehaving_agent_programs_are_killed_and_scored_zero() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let data = dir.path().join("train.jsonl");
     write_prompts(&data, 4);
     let program = dir.path().join("agent.py");
@@ -217,7 +203,7 @@ print(json.dumps({"answer": text, "metrics": {"reached_host": reached}}))
 #[test]
 fn agent_programs_reach_the_gateway_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let data = dir.path().join("train.jsonl");
     write_prompts(&data, 2);
     let program = dir.path().join("agent.py");
@@ -272,7 +258,7 @@ fn agent_programs_reach_the_gateway_and_nothing_else() {
 /// executions, on a random model and the recipe's own generated data, with `sets`; returns the
 /// run directory. Every execution's calls must be recorded as samples, token-exactly.
 fn train_shipped_recipe(dir: &Path, name: &str, sets: &[String]) -> PathBuf {
-    let model = tiny_model(dir);
+    let model = common::tiny_model(dir);
     let data = dir.join("data");
     let made = std::process::Command::new(python())
         .arg(root().join(format!("recipes/{name}/make_data.py")))
@@ -400,7 +386,7 @@ print(json.dumps({"answer": "0", "metrics": {"seen_at_once": seen}}))
 fn two_hundred_fifty_six_agent_programs_at_once() {
     const N: usize = 256;
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
+    let model = common::tiny_model(dir.path());
     let data = dir.path().join("train.jsonl");
     write_prompts(&data, 32);
     let program = dir.path().join("agent.py");

@@ -134,6 +134,21 @@ pub fn ooze_ok(args: &[&str]) -> std::process::Output {
     ooze_ok_with(args, &[])
 }
 
+/// A tiny random Qwen2-family chat model written by `ooze init-model` into `dir/model`.
+#[allow(dead_code)]
+pub fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    ooze_ok(&[
+        "init-model",
+        "--family",
+        "qwen2",
+        "--size",
+        "tiny",
+        model.to_str().unwrap(),
+    ]);
+    model
+}
+
 /// [`ooze_ok`] with environment variables `envs` set.
 #[allow(dead_code)]
 pub fn ooze_ok_with(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
