@@ -95,6 +95,8 @@ pub enum RolloutError {
     Reward { line: usize, failure: RewardFailure },
     #[error("decoding a response: {0}")]
     Decode(String),
+    #[error("generating group {group}: the task ended without its groups ({why})")]
+    Lost { group: u64, why: String },
 }
 
 /// Seconds between the samples of a rollout's activity series.

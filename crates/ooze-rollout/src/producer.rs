@@ -394,6 +394,7 @@ pub fn staleness(group: &Group, version: u64) -> u64 {
 async fn drive(shared: Arc<Shared>, generation: Arc<Generation>) {
     let limit = Arc::new(Semaphore::new(generation.settings.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
+    let mut ids = std::collections::HashMap::new();
     loop {
         let notified = shared.to_driver.notified();
         {
@@ -405,7 +406,7 @@ async fn drive(shared: Arc<Shared>, generation: Arc<Generation>) {
                 let (group, index) = st.next_group();
                 let prompt = st.draws.prompts[index].clone();
                 let (generation, limit) = (generation.clone(), limit.clone());
-                tasks.spawn(async move {
+                let handle = tasks.spawn(async move {
                     let on_sample = generation.on_sample.clone();
                     let groups = generate_groups_limited(
                         &generation.engine,
@@ -420,12 +421,26 @@ async fn drive(shared: Arc<Shared>, generation: Arc<Generation>) {
                     .await;
                     (group, groups)
                 });
+                ids.insert(handle.id(), group);
             }
         }
         tokio::select! {
-            Some(joined) = tasks.join_next() => {
-                let (group, result) = joined.expect("invariant: group tasks do not panic");
-                file(&shared, group, result, &generation.settings);
+            Some(joined) = tasks.join_next_with_id() => {
+                match joined {
+                    Ok((id, (group, result))) => {
+                        ids.remove(&id);
+                        file(&shared, group, result, &generation.settings);
+                    }
+                    // A group's task that panicked ends the run with its group named, not a
+                    // step waiting for ever.
+                    Err(e) => {
+                        let group = ids.remove(&e.id()).unwrap_or(u64::MAX);
+                        shared.lock().failed.get_or_insert(RolloutError::Lost {
+                            group,
+                            why: e.to_string(),
+                        });
+                    }
+                }
                 shared.to_taker.notify_one();
             }
             _ = notified => {}
