@@ -66,13 +66,20 @@ run_dir = {run:?}
     )
 }
 
-/// Every saved rollout's groups: rollout index → groups.
+/// Every saved rollout's groups: rollout index → groups (a killed run may have left the
+/// temporary file of an atomic write beside them; it is not a rollout).
 fn rollouts(run: &Path) -> BTreeMap<u64, Vec<Value>> {
     let mut out = BTreeMap::new();
     for entry in std::fs::read_dir(run.join("rollouts")).unwrap() {
         let path = entry.unwrap().path();
-        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
-        let index: u64 = name.trim_start_matches("rollout-").parse().unwrap();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let Some(index) = name
+            .strip_prefix("rollout-")
+            .and_then(|n| n.strip_suffix(".jsonl"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
         let text = std::fs::read_to_string(&path).unwrap();
         let groups = text
             .lines()
