@@ -342,13 +342,10 @@ impl CommandAgent {
             });
         }
         let started = Instant::now();
-        // With `pre_exec` the spawn is a whole fork of this process, whose page tables (a CUDA
-        // context, the weights' host mappings) take a while to copy: on a blocking thread, so
-        // the runtime's workers (the gateway, the other executions) never wait for it.
-        let spawned = tokio::task::spawn_blocking(move || cmd.spawn())
-            .await
-            .map_err(|e| AgentError::Agent(format!("starting the program: {e}")))?;
-        let mut child = spawned.map_err(|e| {
+        // Forked from this runtime worker, not a blocking-pool thread: `PR_SET_PDEATHSIG` fires
+        // when the forking *thread* exits, and idle blocking threads exit after 10 s, which
+        // would kill the program with them.
+        let mut child = cmd.spawn().map_err(|e| {
             AgentError::Agent(format!(
                 "agent.command: starting {:?}: {e}",
                 self.config.command[0]
