@@ -93,8 +93,9 @@ pub struct Sample {
     /// Engine log-probs, `log_softmax(logits / T)` at each response token (0 where the policy did
     /// not generate it); empty for sequences the policy never generated (SFT data).
     pub rollout_log_probs: Vec<f32>,
-    /// Weight versions of the policy that generated the response, one per engine call that
-    /// changed it (more than one after a partial rollout continued under new weights).
+    /// Weight versions of the policy that generated the response, oldest first, each once per
+    /// run of tokens it drew (more than one after a turn or a partial rollout continued under
+    /// new weights); [`Sample::push_generated`] keeps it.
     pub weight_versions: Vec<u64>,
     /// Per response token: the weight version that drew it (0 where the policy did not generate
     /// it); empty where unknown (SFT data, rollouts saved before versions were kept per token).
@@ -259,7 +260,7 @@ impl Sample {
 
     /// Appends tokens the policy generated, with their engine log-probs and the weight version
     /// that drew each (`versions`: one per token, or empty where unknown); they are trained
-    /// (mask 1).
+    /// (mask 1), and their versions join `weight_versions`.
     pub fn push_generated(
         &mut self,
         tokens: &[u32],
@@ -289,6 +290,11 @@ impl Sample {
         }
         self.extend(tokens, 1, 0);
         self.rollout_log_probs.extend_from_slice(log_probs);
+        for &v in versions {
+            if self.weight_versions.last() != Some(&v) {
+                self.weight_versions.push(v);
+            }
+        }
         Ok(())
     }
 
@@ -474,7 +480,7 @@ mod tests {
         s.push_generated(&[10, 11], &[-0.5, -1.0], &[3, 3]).unwrap();
         s.push_observation(&[12]);
         s.push_generated(&[13, 14], &[-0.1, -0.2], &[5, 6]).unwrap();
-        s.weight_versions = vec![3, 5, 6];
+        assert_eq!(s.weight_versions, vec![3, 5, 6]);
         assert_eq!(s.token_versions, vec![3, 3, 0, 5, 6]);
         assert_eq!(s.oldest_trained_version(), Some(3));
         assert_eq!(s.mask_older_than(5), 2);

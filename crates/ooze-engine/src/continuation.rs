@@ -57,6 +57,7 @@ impl Continuation {
     /// tokens are left to draw: the output then ends at its length). Otherwise the whole output,
     /// every call's tokens in order, is returned.
     pub fn absorb(&mut self, output: Output, paused: bool) -> Option<Output> {
+        let paused = paused && output.finish == FinishReason::Abort;
         let merged = match self.so_far.take() {
             None => Output {
                 token_versions: output.versions(),
@@ -73,21 +74,14 @@ impl Continuation {
             }
         };
         self.so_far = Some(merged);
-        if paused && output_was_aborted(self.so_far.as_ref()) && !self.exhausted() {
+        if paused && !self.exhausted() {
             return None;
         }
         let mut done = self.so_far.take().expect("set above");
-        if paused && done.finish == FinishReason::Abort {
+        if paused {
             done.finish = FinishReason::Length;
         }
-        if done
-            .token_versions
-            .iter()
-            .all(|&v| v == done.weight_version)
-        {
-            done.token_versions.clear();
-        }
-        Some(done)
+        Some(one_version_implicit(done))
     }
 
     /// The output so far, ended as aborted, for a caller that gives up while an update is in
@@ -106,19 +100,20 @@ impl Continuation {
             seed: self.request.sampling.seed.unwrap_or(0),
         });
         output.finish = FinishReason::Abort;
-        if output
-            .token_versions
-            .iter()
-            .all(|&v| v == output.weight_version)
-        {
-            output.token_versions.clear();
-        }
-        output
+        one_version_implicit(output)
     }
 }
 
-fn output_was_aborted(output: Option<&Output>) -> bool {
-    output.is_some_and(|o| o.finish == FinishReason::Abort)
+/// `token_versions` left empty when every token has the output's `weight_version`.
+fn one_version_implicit(mut output: Output) -> Output {
+    if output
+        .token_versions
+        .iter()
+        .all(|&v| v == output.weight_version)
+    {
+        output.token_versions.clear();
+    }
+    output
 }
 
 #[cfg(test)]

@@ -157,7 +157,7 @@ pub struct Output {
     pub weight_version: u64,
     /// The weight version each of `tokens` was drawn under, where they span several (a partial
     /// output continued after weight updates: [`crate::continuation`]); empty when every token
-    /// was drawn under `weight_version`. See [`Output::version_of_token`].
+    /// was drawn under `weight_version`. See [`Output::versions`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub token_versions: Vec<u64>,
     /// The seed the tokens were drawn with (given or drawn by the engine).
@@ -165,19 +165,13 @@ pub struct Output {
 }
 
 impl Output {
-    /// The weight version token `i` was drawn under.
-    pub fn version_of_token(&self, i: usize) -> u64 {
-        self.token_versions
-            .get(i)
-            .copied()
-            .unwrap_or(self.weight_version)
-    }
-
     /// The weight version of every token, one per token.
     pub fn versions(&self) -> Vec<u64> {
-        (0..self.tokens.len())
-            .map(|i| self.version_of_token(i))
-            .collect()
+        if self.token_versions.is_empty() {
+            vec![self.weight_version; self.tokens.len()]
+        } else {
+            self.token_versions.clone()
+        }
     }
 }
 
@@ -359,6 +353,12 @@ impl EngineHandle {
         *self.gate.borrow()
     }
 
+    /// Whether a weight update has begun since `gate` was read (a request submitted then may
+    /// have been paused by it).
+    pub fn updated_since(&self, gate: UpdateGate) -> bool {
+        self.gate().updates != gate.updates
+    }
+
     /// Waits while a weight update is in progress; returns the gate once open.
     pub async fn until_open(&self) -> UpdateGate {
         let mut watcher = self.gate.subscribe();
@@ -447,8 +447,7 @@ impl EngineHandle {
                     None => return Err(EngineError::Stopped),
                 }
             };
-            let paused = self.gate().updates != gate.updates;
-            if let Some(done) = continuation.absorb(output, paused) {
+            if let Some(done) = continuation.absorb(output, self.updated_since(gate)) {
                 return Ok(done);
             }
         }
@@ -519,7 +518,7 @@ impl EngineHandle {
     }
 
     /// Sends a weight update and waits for the new version.
-    async fn update_weights(&self, source: WeightSource) -> Result<u64, EngineError> {
+    pub async fn update_weights(&self, source: WeightSource) -> Result<u64, EngineError> {
         let (reply, rx) = oneshot::channel();
         self.commands
             .send(Command::UpdateWeights { source, reply })

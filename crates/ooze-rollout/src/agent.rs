@@ -463,11 +463,6 @@ impl AgentContext {
         conv.sample
             .push_generated(&output.tokens, &output.log_probs, &output.versions())
             .map_err(|e| AgentError::Agent(e.to_string()))?;
-        for v in output.versions() {
-            if conv.sample.weight_versions.last() != Some(&v) {
-                conv.sample.weight_versions.push(v);
-            }
-        }
         conv.sample.finish(&output.finish);
         conv.turns += 1;
         // The turn is closed only when the model produced a stop token (the end of turn). The

@@ -73,7 +73,7 @@ pub(crate) async fn wait_output(
             on_token,
         )
         .await?;
-        let paused = !ended_here && engine.gate().updates != gate.updates;
+        let paused = !ended_here && engine.updated_since(gate);
         if let Some(done) = continuation.absorb(output, paused) {
             return Ok(done);
         }

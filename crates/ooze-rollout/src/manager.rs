@@ -386,7 +386,6 @@ async fn generate_plain_groups(
                 group,
                 execution: index,
                 seed: out.seed,
-                weight_versions: distinct_versions(&out),
                 response: tokenizer
                     .decode(&out.tokens, true)
                     .map_err(|e| RolloutError::Decode(e.to_string()))?,
@@ -409,16 +408,6 @@ async fn generate_plain_groups(
     }
     score(scorer, &mut groups).await?;
     Ok(groups)
-}
-
-/// The weight versions that drew an output's tokens, oldest first, each once.
-fn distinct_versions(out: &ooze_engine::Output) -> Vec<u64> {
-    let mut versions = out.versions();
-    versions.dedup();
-    if versions.is_empty() {
-        versions.push(out.weight_version);
-    }
-    versions
 }
 
 /// Fills in the rewards (remote scorers run on blocking threads, groups in parallel).

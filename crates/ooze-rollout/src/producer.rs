@@ -512,8 +512,6 @@ mod tests {
                     let mut s = Sample::with_prompt(vec![1]);
                     s.push_generated(&vec![2; v.len()], &vec![-1.0; v.len()], v)
                         .unwrap();
-                    s.weight_versions = v.to_vec();
-                    s.weight_versions.dedup();
                     s
                 })
                 .collect(),

@@ -143,7 +143,7 @@ impl Run {
             config,
             PromptDraws {
                 order,
-                prompts: Arc::new(self.prompts.clone()),
+                prompts: self.prompts.clone(),
                 next_group: self.state.next_group,
             },
             std::mem::take(&mut self.state.unfinished),

@@ -158,7 +158,7 @@ impl Run {
             run_dir: run_dir.to_owned(),
             started,
             tokenizer,
-            prompts,
+            prompts: Arc::new(prompts),
             order,
             evals,
             scorer,

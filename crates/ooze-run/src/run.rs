@@ -77,7 +77,8 @@ pub struct Run {
     pub(crate) run_dir: PathBuf,
     pub(crate) started: Instant,
     pub(crate) tokenizer: Arc<Tokenizer>,
-    pub(crate) prompts: Vec<PromptItem>,
+    /// Shared with the asynchronous producer.
+    pub(crate) prompts: Arc<Vec<PromptItem>>,
     pub(crate) order: PromptOrder,
     pub(crate) evals: Vec<EvalSet>,
     /// The training reward (none in replay mode).

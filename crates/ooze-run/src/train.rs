@@ -13,6 +13,7 @@ use crate::reward::mean;
 use crate::run::Run;
 use anyhow::bail;
 use ooze_core::Sample;
+use ooze_engine::WeightSource;
 use ooze_rollout::manager::{Batch, Group};
 use ooze_train::StepMetrics;
 use serde_json::{json, Map, Value};
@@ -29,10 +30,11 @@ impl Run {
     ) -> anyhow::Result<()> {
         let (mut train_seconds, mut sync_seconds) = (0.0, 0.0);
         let mut push = false;
-        // Asynchronous beside the embedded engine: it pauses for the step (partial outputs kept,
-        // continued under the new weights), since it shares the trainer's device and tensors.
-        let pause_embedded =
-            self.recipe.rollout.mode != RolloutMode::Sync && !self.external_engines;
+        // Asynchronous rollouts pause the engine while its weights change (partial outputs kept,
+        // continued under the new weights): the embedded engine for the whole step, since it
+        // shares the trainer's device and tensors; engines outside it for the push only.
+        let overlapped = self.recipe.rollout.mode != RolloutMode::Sync;
+        let pause_embedded = overlapped && !self.external_engines;
         if let Some(trainer) = self.trainer.as_mut() {
             let t_sync = Instant::now();
             if let Some(engine) = &self.engine {
@@ -79,9 +81,7 @@ impl Run {
         }
         if push {
             let t_sync = Instant::now();
-            let overlapped = self.recipe.rollout.mode != RolloutMode::Sync;
             if let (true, Some(engine)) = (overlapped, &self.engine) {
-                // Requests in flight end with their partial outputs and continue after it.
                 engine.begin_weight_update();
             }
             let pushed = self.push_weights();
@@ -107,40 +107,25 @@ impl Run {
         // Every rank takes part in gathering a sharded policy; rank 0 alone sends it.
         let deadline = Duration::from_secs_f64(self.recipe.rollout.weight_update_timeout_secs);
         let t = Instant::now();
-        let sent = match self.recipe.rollout.weight_sync() {
+        let source = match self.recipe.rollout.weight_sync() {
             WeightSync::Disk | WeightSync::Auto => {
-                let dir = ooze_train::checkpoint::export_weights(
+                WeightSource::Dir(ooze_train::checkpoint::export_weights(
                     &self.run_dir.join("weights"),
                     &self.recipe.model.path,
                     trainer,
-                )?;
-                match &self.engine {
-                    Some(engine) => {
-                        let left = deadline.saturating_sub(t.elapsed());
-                        // The timer belongs to the runtime: made inside it.
-                        self.runtime.block_on(async {
-                            tokio::time::timeout(left, engine.update_weights_from_disk(dir)).await
-                        })
-                    }
-                    None => return Ok(()),
-                }
+                )?)
             }
-            WeightSync::Distributed => {
-                let weights = trainer.whole_weights()?;
-                match &self.engine {
-                    Some(engine) => {
-                        let left = deadline.saturating_sub(t.elapsed());
-                        // The timer belongs to the runtime: made inside it.
-                        self.runtime.block_on(async {
-                            tokio::time::timeout(left, engine.update_weights_from_tensors(weights))
-                                .await
-                        })
-                    }
-                    None => return Ok(()),
-                }
-            }
+            WeightSync::Distributed => WeightSource::Tensors(trainer.whole_weights()?),
         };
-        match sent {
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        let left = deadline.saturating_sub(t.elapsed());
+        // The timer belongs to the runtime: made inside it.
+        match self
+            .runtime
+            .block_on(async { tokio::time::timeout(left, engine.update_weights(source)).await })
+        {
             Ok(version) => {
                 version?;
                 Ok(())
