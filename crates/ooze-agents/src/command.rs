@@ -36,7 +36,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -294,8 +293,9 @@ impl CommandAgent {
             python_path.push(":");
             python_path.push(outer);
         }
-        let mut cmd = tokio::process::Command::new(&self.config.command[0]);
-        cmd.args(&self.config.command[1..])
+        let mut program = ooze_env::spawn::Program::new(&self.config.command[0]);
+        program
+            .args(&self.config.command[1..])
             .env("PYTHONPATH", python_path)
             .envs(&self.config.env)
             .env("OPENAI_BASE_URL", format!("{url}/v1"))
@@ -306,18 +306,14 @@ impl CommandAgent {
             .env("OOZE_SESSION_ID", token)
             .env("HOME", home.path())
             .env("TMPDIR", home.path())
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .env("PYTHONUNBUFFERED", "1");
         if let Some(cwd) = &self.config.cwd {
-            cmd.current_dir(cwd);
+            program.current_dir(cwd);
         }
         let memory = self.config.memory_bytes;
-        // SAFETY: only async-signal-safe system calls, on values computed before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
+        let mut hook = move || {
+            // SAFETY: only async-signal-safe system calls, on values computed before the spawn.
+            unsafe {
                 if libc::setsid() == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -338,21 +334,23 @@ impl CommandAgent {
                     };
                     libc::setrlimit(libc::RLIMIT_AS, &limit);
                 }
-                Ok(())
-            });
-        }
+            }
+            Ok(())
+        };
         let started = Instant::now();
-        // Forked from this runtime worker, not a blocking-pool thread: `PR_SET_PDEATHSIG` fires
-        // when the forking *thread* exits, and idle blocking threads exit after 10 s, which
-        // would kill the program with them.
-        let mut child = cmd.spawn().map_err(|e| {
+        // Started from this runtime worker, not a blocking-pool thread: `PR_SET_PDEATHSIG` fires
+        // when the starting *thread* exits, and idle blocking threads exit after 10 s, which
+        // would kill the program with them. Not forked: a fork of a trainer this size stalls it
+        // (see `ooze_env::spawn`).
+        // SAFETY: the hook makes async-signal-safe calls only.
+        let mut child = unsafe { program.spawn(&mut hook) }.map_err(|e| {
             AgentError::Agent(format!(
                 "agent.command: starting {:?}: {e}",
                 self.config.command[0]
             ))
         })?;
         let tree = ProcessTree {
-            pgid: child.id().map(|id| id as i32),
+            pgid: Some(child.id() as i32),
             marker: format!("OOZE_SESSION_ID={token}"),
         };
         // The relay into the program's namespace, stopped with the execution.

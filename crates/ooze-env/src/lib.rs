@@ -8,6 +8,7 @@
 //!   limits, per-command timeouts and capped output; files in and out.
 //! - [`task`]: task directories in Harbor's layout, their loader and verifier.
 //! - [`cgroup`], [`launch`] and [`files`]: the mechanics below those.
+//! - [`spawn`]: programs started without `fork` (a hook before `exec`, the exit through a pidfd).
 
 pub mod cgroup;
 pub mod episode;
@@ -17,6 +18,7 @@ pub mod files;
 pub mod image;
 mod launch;
 pub mod sandbox;
+pub mod spawn;
 pub mod task;
 
 pub use episode::{CommandOutput, Ending, Episode, EpisodeReport};
