@@ -291,6 +291,54 @@ fn a_run_starts_its_own_engines_beside_two_trainer_ranks_and_stops_them() {
     assert!(run.join("final-model/model.safetensors").exists(), "{log}");
 }
 
+/// Asynchronous rollouts beside several trainer ranks: rank 0 keeps groups generating on the
+/// run's own engine while both ranks train on the exchanged groups, and the engine takes every
+/// step's weights over the group. Every step trains whole groups, none staler than the bound,
+/// and groups in flight at an update go on under the new weights.
+#[test]
+fn asynchronous_rollouts_feed_two_trainer_ranks_within_the_staleness_bound() {
+    let setup = Setup::new();
+    let training = setup.train(
+        &[],
+        &[
+            "trainer.gpus=2".into(),
+            "rollout.gpus=1".into(),
+            "rollout.mode=\"async\"".into(),
+            "rollout.max_staleness=1".into(),
+        ],
+    );
+    let run = training.run.clone();
+    let log = training.finish();
+    assert!(log.contains("ranks: 2 joined over Gloo"), "{log}");
+    assert!(log.contains("rollout: \"async\""), "{log}");
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 4, "{log}");
+    for (i, m) in lines.iter().enumerate() {
+        assert_eq!(m["rollout/samples"], 128, "{m}");
+        assert_eq!(m["async/policy_version"], i as u64, "{m}");
+        assert!(m["async/staleness_max"].as_u64().unwrap() <= 1, "{m}");
+    }
+    let partial: u64 = lines
+        .iter()
+        .map(|m| m["async/partial_samples"].as_u64().unwrap())
+        .sum();
+    let started: u64 = lines
+        .iter()
+        .map(|m| m["async/started_groups"].as_u64().unwrap())
+        .sum();
+    assert!(
+        started > 4 * 16,
+        "groups beyond the steps' own were in flight: {started}"
+    );
+    let engine_log = std::fs::read_to_string(run.join("engines/engine-0.log")).unwrap();
+    assert!(
+        engine_log.contains("weights version 4: "),
+        "the engine took every update: {engine_log}"
+    );
+    assert!(partial > 0, "no sample went on across a weight update");
+    assert!(run.join("final-model/model.safetensors").exists(), "{log}");
+}
+
 /// The same run over vLLM's API (`rollout.engine_api = "vllm"`): generation through
 /// `/v1/completions` with token ids (`return_token_ids`, `logprobs`), new weights through
 /// `/collective_rpc` `reload_weights` and `/reset_prefix_cache` — what a vLLM server started with
