@@ -6,10 +6,11 @@
 //!   within `(updates + max_staleness + 1) × groups_per_step + extra_groups`, `updates` being the
 //!   weight updates so far (AReaL's rule): with `max_staleness` 0 and no extra groups that is a
 //!   synchronous run. A step never trains a group any of whose trained tokens was drawn more
-//!   than `max_staleness` versions before the weights being trained: such a group is dropped
-//!   (counted as `stale`) when a step would take it, or (`mask_stale`) kept with those tokens no
-//!   longer trained (slime's masking of a partial rollout's old-policy part): its reward still
-//!   counts, and long trajectories are not selected against.
+//!   than `max_staleness` versions before the weights being trained. When a step would take
+//!   such a group ([`StalePolicy`]) it is dropped (counted as `stale`); or kept with those tokens
+//!   no longer trained (slime's masking of a partial rollout's old-policy part: its reward
+//!   still counts, and long trajectories are not selected against); or regenerated: its prompt
+//!   starts again under the same group number, once (a second time it is dropped).
 //! - **Over-provisioning** (APRIL): `extra_groups` more groups run than the bound needs; a step
 //!   takes the first complete ones and the others go on into the next step as partial rollouts.
 //! - **Partial rollouts.** At a weight update the engine pauses and the requests in flight keep
@@ -46,9 +47,20 @@ pub struct AsyncConfig {
     pub max_staleness: u64,
     /// Groups started beyond what the staleness bound allows (over-provisioning).
     pub extra_groups: usize,
-    /// Tokens staler than the bound stop training (their groups are kept) instead of the whole
-    /// group being dropped.
-    pub mask_stale: bool,
+    /// What becomes of a group with tokens staler than the bound.
+    pub stale: StalePolicy,
+}
+
+/// What a step does with a group whose trained tokens are staler than the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StalePolicy {
+    /// The group is dropped (counted as `stale`).
+    Drop,
+    /// The stale tokens stop training; the group and its reward are kept.
+    Mask,
+    /// The group's prompt starts again under the current weights, once; a regenerated group
+    /// that is stale again is dropped.
+    Regenerate,
 }
 
 /// Where prompts come from: the seeded order over `prompts`, and the next group number.
@@ -94,8 +106,10 @@ pub struct Taken {
     pub in_flight: usize,
     /// Samples taken whose tokens span several weight versions.
     pub partial_samples: usize,
-    /// Trained tokens masked for being staler than the bound (`mask_stale`).
+    /// Trained tokens masked for being staler than the bound ([`StalePolicy::Mask`]).
     pub masked_tokens: usize,
+    /// Stale groups started again since the last step ([`StalePolicy::Regenerate`]).
+    pub regenerated_groups: usize,
     /// The engine, sampled every [`ENGINE_SAMPLE_SECS`] since the last step: the share of
     /// samples with a request running, and the mean number running.
     pub engine_busy: f64,
@@ -129,6 +143,9 @@ struct State {
     started: usize,
     generated: usize,
     masked: usize,
+    regenerated: usize,
+    /// Groups started again for being stale (a second time they are dropped).
+    regenerated_once: std::collections::BTreeSet<u64>,
     dropped: BTreeMap<String, usize>,
     load: Load,
     failed: Option<RolloutError>,
@@ -148,6 +165,8 @@ impl State {
             started: 0,
             generated: 0,
             masked: 0,
+            regenerated: 0,
+            regenerated_once: std::collections::BTreeSet::new(),
             dropped: BTreeMap::new(),
             load: Load::default(),
             failed: None,
@@ -181,6 +200,21 @@ impl State {
         self.pending.remove(&group);
         self.admitted -= 1;
         *self.dropped.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    /// Starts a stale group's prompt again, first of the groups to start, under its own number;
+    /// false (nothing done) if it was regenerated before.
+    fn regenerate(&mut self, group: u64) -> bool {
+        if !self.regenerated_once.insert(group) {
+            return false;
+        }
+        let Some(prompt) = self.pending.remove(&group) else {
+            return false;
+        };
+        self.admitted -= 1;
+        self.regenerated += 1;
+        self.restart.push_front(Unfinished { group, prompt });
+        true
     }
 }
 
@@ -274,15 +308,21 @@ impl Producer {
                 for mut g in ready {
                     if staleness(&g, version) <= config.max_staleness {
                         st.ready.push_back(g);
-                    } else if config.mask_stale {
-                        st.masked += g
-                            .samples
-                            .iter_mut()
-                            .map(|s| s.mask_older_than(oldest))
-                            .sum::<usize>();
-                        st.ready.push_back(g);
-                    } else {
-                        st.drop_group(g.group, "stale");
+                        continue;
+                    }
+                    match config.stale {
+                        StalePolicy::Mask => {
+                            st.masked += g
+                                .samples
+                                .iter_mut()
+                                .map(|s| s.mask_older_than(oldest))
+                                .sum::<usize>();
+                            st.ready.push_back(g);
+                        }
+                        StalePolicy::Regenerate if st.regenerate(g.group) => {}
+                        StalePolicy::Regenerate | StalePolicy::Drop => {
+                            st.drop_group(g.group, "stale")
+                        }
                     }
                 }
                 if st.ready.len() < before {
@@ -299,6 +339,7 @@ impl Producer {
                         version,
                         staleness: groups.iter().map(|g| staleness(g, version)).collect(),
                         masked_tokens: std::mem::take(&mut st.masked),
+                        regenerated_groups: std::mem::take(&mut st.regenerated),
                         partial_samples: groups
                             .iter()
                             .flat_map(|g| &g.samples)
@@ -534,7 +575,7 @@ mod tests {
             groups_per_step: 4,
             max_staleness,
             extra_groups,
-            mask_stale: false,
+            stale: StalePolicy::Drop,
         };
         let mut st = State::new(
             PromptDraws {
@@ -561,5 +602,12 @@ mod tests {
         assert_eq!(st.admitted, 1);
         assert_eq!(st.pending.keys().copied().collect::<Vec<_>>(), vec![2]);
         assert_eq!(st.dropped["zero_std"], 1);
+        // A stale group regenerated goes first, under its number and with its prompt, once.
+        let (g, prompt) = st.next_group();
+        assert!(st.regenerate(g));
+        assert_eq!(st.admitted, 1);
+        assert_eq!(st.regenerated, 1);
+        assert_eq!(st.next_group(), (g, prompt));
+        assert!(!st.regenerate(g), "a second time it is dropped");
     }
 }

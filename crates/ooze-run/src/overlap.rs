@@ -20,7 +20,7 @@ use crate::recipe::AsyncBounds;
 use crate::run::Run;
 use anyhow::bail;
 use ooze_rollout::manager::Batch;
-use ooze_rollout::producer::{AsyncConfig, Generation, Producer, PromptDraws, Taken};
+use ooze_rollout::producer::{AsyncConfig, Generation, Producer, PromptDraws, StalePolicy, Taken};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -117,7 +117,7 @@ impl Run {
             groups_per_step: r.batch_size,
             max_staleness: bounds.max_staleness,
             extra_groups: bounds.extra_groups,
-            mask_stale: bounds.mask_stale,
+            stale: bounds.stale,
         };
         if self.is_first() {
             eprintln!(
@@ -125,7 +125,11 @@ impl Run {
                 crate::recipe::quoted(&r.mode),
                 r.batch_size,
                 bounds.max_staleness,
-                if bounds.mask_stale { "masking" } else { "dropping groups with" },
+                match bounds.stale {
+                    StalePolicy::Drop => "dropping groups with",
+                    StalePolicy::Mask => "masking",
+                    StalePolicy::Regenerate => "regenerating groups with",
+                },
                 bounds.extra_groups,
                 if self.state.unfinished.is_empty() {
                     String::new()
@@ -208,6 +212,10 @@ fn async_line(taken: &Taken, line: &mut Map<String, Value>) {
     line.insert("async/in_flight_groups".into(), json!(taken.in_flight));
     line.insert("async/partial_samples".into(), json!(taken.partial_samples));
     line.insert("async/masked_tokens".into(), json!(taken.masked_tokens));
+    line.insert(
+        "async/regenerated_groups".into(),
+        json!(taken.regenerated_groups),
+    );
     line.insert("async/engine_busy".into(), json!(taken.engine_busy));
     line.insert(
         "async/engine_concurrency".into(),

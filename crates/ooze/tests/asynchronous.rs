@@ -327,3 +327,28 @@ fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
         "groups started a version early had tokens to mask"
     );
 }
+
+#[test]
+fn stale_groups_can_be_regenerated_under_the_current_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny_model(dir.path());
+    let run = dir.path().join("run");
+    let path = dir.path().join("recipe.toml");
+    let recipe = plain_recipe(&model, &run, "").replace(
+        "max_staleness = 1\n",
+        "max_staleness = 0\nstale = \"regenerate\"\n",
+    );
+    std::fs::write(&path, recipe).unwrap();
+    common::ooze_ok(&["train", path.to_str().unwrap()]);
+    // Every trained token is of the weights it trains; each group is trained once (a
+    // regenerated one under its own number), pending, or dropped after its second chance.
+    check_bound_and_accounting(&run, 0);
+    let regenerated: u64 = metrics(&run)
+        .iter()
+        .filter_map(|l| l.get("async/regenerated_groups").and_then(Value::as_u64))
+        .sum();
+    assert!(
+        regenerated > 0,
+        "groups started a version early were started again"
+    );
+}

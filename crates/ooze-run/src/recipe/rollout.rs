@@ -83,9 +83,11 @@ pub struct RolloutSection {
     /// groups and the rest carry into the next as partial rollouts.
     pub over_provision: Option<f64>,
     /// With `async` / `one_step_off`: what becomes of a group with tokens staler than
-    /// `max_staleness`: `drop` the group (counted, `rollout/dropped_stale`) or `mask` those
+    /// `max_staleness`: `drop` the group (counted, `rollout/dropped_stale`), `mask` those
     /// tokens (kept in the sample, not trained, `async/masked_tokens`; the group's reward
-    /// still counts, so long trajectories are not selected against).
+    /// still counts, so long trajectories are not selected against), or `regenerate` it (its
+    /// prompt starts again under the current weights, counted as `async/regenerated_groups`;
+    /// a regenerated group stale again is dropped).
     pub stale: StaleTokens,
     /// Seconds a weight update of engines outside the trainer may take (writing or gathering
     /// the weights, the engines loading them) before the step fails, naming the engines it
@@ -110,6 +112,18 @@ pub enum StaleTokens {
     #[default]
     Drop,
     Mask,
+    Regenerate,
+}
+
+impl StaleTokens {
+    fn policy(self) -> ooze_rollout::producer::StalePolicy {
+        use ooze_rollout::producer::StalePolicy;
+        match self {
+            StaleTokens::Drop => StalePolicy::Drop,
+            StaleTokens::Mask => StalePolicy::Mask,
+            StaleTokens::Regenerate => StalePolicy::Regenerate,
+        }
+    }
 }
 
 /// `rollout.mode` resolved: the producer's bounds (none in `sync`).
@@ -118,8 +132,8 @@ pub struct AsyncBounds {
     pub max_staleness: u64,
     /// Extra groups in flight (over-provisioning).
     pub extra_groups: usize,
-    /// Stale tokens masked, not their groups dropped.
-    pub mask_stale: bool,
+    /// What becomes of stale groups.
+    pub stale: ooze_rollout::producer::StalePolicy,
 }
 
 /// `rollout.weight_sync`
@@ -192,13 +206,13 @@ impl RolloutSection {
             RolloutMode::OneStepOff => Some(AsyncBounds {
                 max_staleness: 1,
                 extra_groups: 0,
-                mask_stale: self.stale == StaleTokens::Mask,
+                stale: self.stale.policy(),
             }),
             RolloutMode::Async => Some(AsyncBounds {
                 max_staleness: self.max_staleness.unwrap_or(2),
                 extra_groups: (self.over_provision.unwrap_or(0.5) * self.batch_size as f64).ceil()
                     as usize,
-                mask_stale: self.stale == StaleTokens::Mask,
+                stale: self.stale.policy(),
             }),
         }
     }
@@ -358,7 +372,7 @@ mod tests {
             Some(AsyncBounds {
                 max_staleness: 0,
                 extra_groups: 0,
-                mask_stale: false
+                stale: ooze_rollout::producer::StalePolicy::Drop
             })
         );
         let r = parse(MIN, &["rollout.mode=\"one_step_off\""]).unwrap();
@@ -367,7 +381,7 @@ mod tests {
             Some(AsyncBounds {
                 max_staleness: 1,
                 extra_groups: 0,
-                mask_stale: false
+                stale: ooze_rollout::producer::StalePolicy::Drop
             })
         );
         for (sets, says) in [

@@ -256,7 +256,8 @@ pub fn cases() -> Vec<Case> {
             &["rollout.mode=\"async\"", "rollout.over_provision=3"],
             Metric("async/started_groups"),
         ),
-        // Its effect needs a run long enough to go stale (tests/asynchronous.rs masks them).
+        // Its effect needs a run long enough to go stale (tests/asynchronous.rs masks and
+        // regenerates them).
         case(
             &["rollout.stale"],
             &[],
