@@ -210,6 +210,12 @@ impl Program {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
         drop(stack);
         if pid == -1 {
+            if clone_error.raw_os_error() == Some(libc::EINVAL) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD) refused ({clone_error}): Linux 5.2 or later is needed"),
+                ));
+            }
             return Err(clone_error);
         }
         // SAFETY: the clone succeeded, so the kernel wrote a new pidfd.

@@ -300,30 +300,41 @@ fn a_killed_async_run_resumes_without_losing_or_repeating_a_group() {
     );
 }
 
-#[test]
-fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = common::tiny_model(dir.path());
-    let run = dir.path().join("run");
-    let path = dir.path().join("recipe.toml");
+/// A run with `max_staleness` 0 and `stale = POLICY` (groups started a version early go stale),
+/// checked for the bound and the accounting; its run directory.
+fn run_going_stale(dir: &Path, policy: &str) -> std::path::PathBuf {
+    let model = common::tiny_model(dir);
+    let run = dir.join("run");
+    let path = dir.join("recipe.toml");
     let recipe = plain_recipe(&model, &run, "").replace(
         "max_staleness = 1\n",
-        "max_staleness = 0\nstale = \"mask\"\n",
+        &format!("max_staleness = 0\nstale = \"{policy}\"\n"),
     );
     std::fs::write(&path, recipe).unwrap();
     common::ooze_ok(&["train", path.to_str().unwrap()]);
-    // No trained token is older than the weights it trains, and no group was dropped for it.
+    // No trained token is older than the weights it trains; each group is trained once (a
+    // regenerated one under its own number), pending, or dropped as stale.
     check_bound_and_accounting(&run, 0);
-    let lines = metrics(&run);
-    assert!(lines
+    run
+}
+
+/// `key` summed over the run's metrics lines.
+fn total(run: &Path, key: &str) -> u64 {
+    metrics(run)
+        .iter()
+        .filter_map(|l| l.get(key).and_then(Value::as_u64))
+        .sum()
+}
+
+#[test]
+fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_going_stale(dir.path(), "mask");
+    assert!(metrics(&run)
         .iter()
         .all(|l| !l.contains_key("rollout/dropped_stale")));
-    let masked: u64 = lines
-        .iter()
-        .filter_map(|l| l.get("async/masked_tokens").and_then(Value::as_u64))
-        .sum();
     assert!(
-        masked > 0,
+        total(&run, "async/masked_tokens") > 0,
         "groups started a version early had tokens to mask"
     );
 }
@@ -331,24 +342,9 @@ fn stale_tokens_can_be_masked_instead_of_dropping_their_groups() {
 #[test]
 fn stale_groups_can_be_regenerated_under_the_current_weights() {
     let dir = tempfile::tempdir().unwrap();
-    let model = common::tiny_model(dir.path());
-    let run = dir.path().join("run");
-    let path = dir.path().join("recipe.toml");
-    let recipe = plain_recipe(&model, &run, "").replace(
-        "max_staleness = 1\n",
-        "max_staleness = 0\nstale = \"regenerate\"\n",
-    );
-    std::fs::write(&path, recipe).unwrap();
-    common::ooze_ok(&["train", path.to_str().unwrap()]);
-    // Every trained token is of the weights it trains; each group is trained once (a
-    // regenerated one under its own number), pending, or dropped after its second chance.
-    check_bound_and_accounting(&run, 0);
-    let regenerated: u64 = metrics(&run)
-        .iter()
-        .filter_map(|l| l.get("async/regenerated_groups").and_then(Value::as_u64))
-        .sum();
+    let run = run_going_stale(dir.path(), "regenerate");
     assert!(
-        regenerated > 0,
+        total(&run, "async/regenerated_groups") > 0,
         "groups started a version early were started again"
     );
 }
