@@ -350,7 +350,7 @@ impl CommandAgent {
             ))
         })?;
         let tree = ProcessTree {
-            pgid: Some(child.id() as i32),
+            pgid: child.id() as i32,
             marker: format!("OOZE_SESSION_ID={token}"),
         };
         // The relay into the program's namespace, stopped with the execution.
@@ -581,7 +581,7 @@ fn parse_result(stdout: &str) -> ProgramResult {
 
 /// A program's processes: its process group, and every process carrying its marker variable.
 struct ProcessTree {
-    pgid: Option<i32>,
+    pgid: i32,
     marker: String,
 }
 
@@ -589,11 +589,9 @@ impl ProcessTree {
     /// SIGKILLs them all, repeating while new ones appear (a fork racing the kill).
     fn kill(&self) {
         for _ in 0..50 {
-            if let Some(pgid) = self.pgid {
-                // SAFETY: a plain system call.
-                unsafe {
-                    libc::killpg(pgid, libc::SIGKILL);
-                }
+            // SAFETY: a plain system call.
+            unsafe {
+                libc::killpg(self.pgid, libc::SIGKILL);
             }
             let marked = processes_with(&self.marker);
             if marked.is_empty() {

@@ -171,7 +171,8 @@ fn spawn_on_launcher(cmd: Command) -> std::io::Result<Child> {
         .map_err(|_| std::io::Error::other("the launcher thread is gone"))?
 }
 
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+/// A pipe, both ends closed on exec.
+pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [0; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {

@@ -15,6 +15,7 @@
 //! The exit is watched through a pidfd and the child reaped here; a [`Child`] dropped before its
 //! exit kills it.
 
+use crate::launch::pipe;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 use tokio::io::unix::AsyncFd;
-use tokio::net::unix::pipe;
+use tokio::net::unix::pipe as async_pipe;
 
 /// The child's stack until it execs (the hook's frames and `execve`'s).
 const CHILD_STACK_BYTES: usize = 256 << 10;
@@ -47,9 +48,9 @@ pub struct Child {
     pid: libc::pid_t,
     pidfd: AsyncFd<OwnedFd>,
     status: Option<ExitStatus>,
-    pub stdin: Option<pipe::Sender>,
-    pub stdout: Option<pipe::Receiver>,
-    pub stderr: Option<pipe::Receiver>,
+    pub stdin: Option<async_pipe::Sender>,
+    pub stdout: Option<async_pipe::Receiver>,
+    pub stderr: Option<async_pipe::Receiver>,
 }
 
 impl Program {
@@ -173,9 +174,9 @@ impl Program {
             .map(|a| a.as_ptr())
             .chain(std::iter::once(std::ptr::null()))
             .collect();
-        let (stdin_r, stdin_w) = pipe_pair()?;
-        let (stdout_r, stdout_w) = pipe_pair()?;
-        let (stderr_r, stderr_w) = pipe_pair()?;
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
         let mut args = ChildArgs {
             path: &path,
             argv: argv_ptrs.as_ptr(),
@@ -233,9 +234,9 @@ impl Program {
                 // SAFETY: a pidfd this `AsyncFd` owns from here on.
                 pidfd: AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)?,
                 status: None,
-                stdin: Some(pipe::Sender::from_owned_fd(stdin_w)?),
-                stdout: Some(pipe::Receiver::from_owned_fd(stdout_r)?),
-                stderr: Some(pipe::Receiver::from_owned_fd(stderr_r)?),
+                stdin: Some(async_pipe::Sender::from_owned_fd(stdin_w)?),
+                stdout: Some(async_pipe::Receiver::from_owned_fd(stdout_r)?),
+                stderr: Some(async_pipe::Receiver::from_owned_fd(stderr_r)?),
             })
         };
         child().inspect_err(|_| {
@@ -306,17 +307,6 @@ fn errno() -> i32 {
     io::Error::last_os_error()
         .raw_os_error()
         .unwrap_or(libc::EINVAL)
-}
-
-/// A pipe, both ends closed on exec (the child's end is dup'ed onto its standard stream).
-fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: two new descriptors owned by nothing else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// `waitpid` for `pid`: its status once it has exited (`flags` 0 waits for that).

@@ -51,10 +51,13 @@ pub struct AsyncConfig {
     pub stale: StalePolicy,
 }
 
-/// What a step does with a group whose trained tokens are staler than the bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a step does with a group whose trained tokens are staler than the bound
+/// (`rollout.stale`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StalePolicy {
     /// The group is dropped (counted as `stale`).
+    #[default]
     Drop,
     /// The stale tokens stop training; the group and its reward are kept.
     Mask,

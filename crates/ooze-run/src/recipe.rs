@@ -22,7 +22,7 @@ pub use agent::{
     TerminalSection, ToolOrchestraSection,
 };
 pub use models::{CriticSection, TeacherSection};
-pub use rollout::{AsyncBounds, EngineApi, RolloutMode, RolloutSection, StaleTokens, WeightSync};
+pub use rollout::{AsyncBounds, EngineApi, RolloutMode, RolloutSection, StalePolicy, WeightSync};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]

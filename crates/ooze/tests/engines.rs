@@ -56,15 +56,7 @@ struct Setup {
 impl Setup {
     fn new() -> Setup {
         let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model");
-        common::ooze_ok(&[
-            "init-model",
-            "--family",
-            "qwen2",
-            "--size",
-            "tiny",
-            model.to_str().unwrap(),
-        ]);
+        let model = common::tiny_model(dir.path());
         Setup { dir, model }
     }
 

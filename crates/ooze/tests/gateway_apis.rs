@@ -41,15 +41,7 @@ fn anthropic_and_responses_tool_loops_grow_one_sample() {
 #[test]
 fn anthropic_and_responses_stream_text() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
+    let model = common::tiny_model(dir.path());
     let (_server, root) = serve_gateway(&model);
     sdk_check("anthropic_gateway_check.py", &root, "text", &[]);
     sdk_check("openai_responses_check.py", &root, "text", &[]);

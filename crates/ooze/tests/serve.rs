@@ -44,15 +44,7 @@ fn openai_python_client_works_against_ooze_serve() {
 #[test]
 fn sglang_router_routes_to_ooze_serve() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-chat");
-    common::ooze_ok(&[
-        "init-model",
-        "--family",
-        "qwen2",
-        "--size",
-        "tiny",
-        model.to_str().unwrap(),
-    ]);
+    let model = common::tiny_model(dir.path());
     let (_server, url) = serve(&model);
     client_check("sglang_router_check.py", &url);
 }

@@ -2,6 +2,7 @@
 //! generates: the embedded engine beside the trainer, engines the run starts on GPUs of their own
 //! (`rollout.gpus`), or running servers (`rollout.engines`).
 
+pub use ooze_rollout::producer::StalePolicy;
 pub use ooze_router::EngineApi;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -88,7 +89,7 @@ pub struct RolloutSection {
     /// still counts, so long trajectories are not selected against), or `regenerate` it (its
     /// prompt starts again under the current weights, counted as `async/regenerated_groups`;
     /// a regenerated group stale again is dropped).
-    pub stale: StaleTokens,
+    pub stale: StalePolicy,
     /// Seconds a weight update of engines outside the trainer may take (writing or gathering
     /// the weights, the engines loading them) before the step fails, naming the engines it
     /// waited for.
@@ -105,27 +106,6 @@ pub enum RolloutMode {
     Async,
 }
 
-/// `rollout.stale`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum StaleTokens {
-    #[default]
-    Drop,
-    Mask,
-    Regenerate,
-}
-
-impl StaleTokens {
-    fn policy(self) -> ooze_rollout::producer::StalePolicy {
-        use ooze_rollout::producer::StalePolicy;
-        match self {
-            StaleTokens::Drop => StalePolicy::Drop,
-            StaleTokens::Mask => StalePolicy::Mask,
-            StaleTokens::Regenerate => StalePolicy::Regenerate,
-        }
-    }
-}
-
 /// `rollout.mode` resolved: the producer's bounds (none in `sync`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AsyncBounds {
@@ -133,7 +113,7 @@ pub struct AsyncBounds {
     /// Extra groups in flight (over-provisioning).
     pub extra_groups: usize,
     /// What becomes of stale groups.
-    pub stale: ooze_rollout::producer::StalePolicy,
+    pub stale: StalePolicy,
 }
 
 /// `rollout.weight_sync`
@@ -175,7 +155,7 @@ impl Default for RolloutSection {
             trainer_address: "127.0.0.1".into(),
             deterministic: false,
             mode: RolloutMode::Sync,
-            stale: StaleTokens::Drop,
+            stale: StalePolicy::Drop,
             max_staleness: None,
             over_provision: None,
             weight_update_timeout_secs: 600.0,
@@ -206,13 +186,13 @@ impl RolloutSection {
             RolloutMode::OneStepOff => Some(AsyncBounds {
                 max_staleness: 1,
                 extra_groups: 0,
-                stale: self.stale.policy(),
+                stale: self.stale,
             }),
             RolloutMode::Async => Some(AsyncBounds {
                 max_staleness: self.max_staleness.unwrap_or(2),
                 extra_groups: (self.over_provision.unwrap_or(0.5) * self.batch_size as f64).ceil()
                     as usize,
-                stale: self.stale.policy(),
+                stale: self.stale,
             }),
         }
     }
@@ -237,7 +217,7 @@ impl RolloutSection {
         {
             return Err("rollout.weight_update_timeout_secs applies to engines outside the trainer (rollout.gpus, rollout.engines or rollout.engines_file): the embedded engine's update is the trainer's own step".into());
         }
-        if self.mode == RolloutMode::Sync && self.stale != StaleTokens::Drop {
+        if self.mode == RolloutMode::Sync && self.stale != StalePolicy::Drop {
             return Err("rollout.stale applies to rollout.mode = \"async\" or \"one_step_off\" (here \"sync\": nothing is stale)".into());
         }
         let name = match self.mode {
@@ -372,7 +352,7 @@ mod tests {
             Some(AsyncBounds {
                 max_staleness: 0,
                 extra_groups: 0,
-                stale: ooze_rollout::producer::StalePolicy::Drop
+                stale: StalePolicy::Drop
             })
         );
         let r = parse(MIN, &["rollout.mode=\"one_step_off\""]).unwrap();
@@ -381,7 +361,7 @@ mod tests {
             Some(AsyncBounds {
                 max_staleness: 1,
                 extra_groups: 0,
-                stale: ooze_rollout::producer::StalePolicy::Drop
+                stale: StalePolicy::Drop
             })
         );
         for (sets, says) in [
